@@ -1,0 +1,31 @@
+"""Pre-norm decoder block: h = x + Attn(Norm(x)); out = h + FFN(Norm(h))."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from astrai.model.attention import Attention
+from astrai.model.config import ModelConfig
+from astrai.model.context import ForwardContext
+from astrai.model.mlp import SwiGLU
+from astrai.model.moe import MoE
+from astrai.model.norm import RMSNorm
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attn = Attention(config, layer)
+        self.mlp_norm = RMSNorm(config.dim, config.norm_eps)
+        self.is_moe = config.is_moe_layer(layer)
+        self.mlp = MoE(config) if self.is_moe else SwiGLU(config.dim, config.ffn_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        h = x + self.attn(self.attn_norm(x), cos, sin, ctx)
+        if self.is_moe:
+            ffn, aux = self.mlp(self.mlp_norm(h))
+            return h + ffn, aux
+        return h + self.mlp(self.mlp_norm(h)), None

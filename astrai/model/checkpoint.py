@@ -1,0 +1,185 @@
+"""The self-contained checkpoint directory (DESIGN.md "Checkpoint directory").
+
+    config.json          ModelConfig
+    model.safetensors    weights (tied embeddings stored once)
+    tokenizer.json ...   tokenizer files (+ chat template), so chat needs nothing else
+    meta.json            step, epoch, consumed_samples, timestamp, version, train config
+    optimizer.pt, scheduler.pt, trainer_state.pt   (training runs; loaded weights_only=True)
+
+Writes go to a temporary sibling directory that is renamed into place, so a crash never
+leaves a half checkpoint that looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from astrai import __version__
+from astrai.errors import CheckpointError
+from astrai.model.config import ModelConfig
+from astrai.model.transformer import Transformer
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+META = "meta.json"
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+)
+
+
+@contextlib.contextmanager
+def atomic_dir(final: str | Path, *, overwrite: bool = True) -> Iterator[Path]:
+    """Yield a temporary directory beside `final`; rename it into place only on success."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+        if final.exists():
+            if not overwrite:
+                raise CheckpointError(f"{final}: already exists; choose another path")
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def save_weights(state_dict: dict[str, torch.Tensor], path: str | Path) -> None:
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
+    save_file(tensors, str(path), metadata={"format": "pt", "producer": f"astrai {__version__}"})
+
+
+def copy_tokenizer(src: str | Path, dst: str | Path) -> None:
+    """Copy the tokenizer files present in `src` into `dst`."""
+    for name in TOKENIZER_FILES:
+        f = Path(src) / name
+        if f.is_file():
+            shutil.copy2(f, Path(dst) / name)
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: Transformer | dict[str, torch.Tensor],
+    config: ModelConfig,
+    *,
+    tokenizer_dir: str | Path | None = None,
+    meta: dict[str, Any] | None = None,
+    extras: dict[str, Any] | None = None,
+) -> Path:
+    """Write a complete checkpoint directory atomically. `extras` maps name -> object for
+    `{name}.pt` files (optimizer, scheduler, trainer_state)."""
+    state = model.state_dict() if isinstance(model, torch.nn.Module) else model
+    with atomic_dir(path) as tmp:
+        config.save(tmp / CONFIG)
+        save_weights(state, tmp / WEIGHTS)
+        if tokenizer_dir is not None:
+            copy_tokenizer(tokenizer_dir, tmp)
+        full_meta = {"version": __version__, "timestamp": time.time(), **(meta or {})}
+        (tmp / META).write_text(json.dumps(full_meta, indent=2, default=str) + "\n")
+        for name, obj in (extras or {}).items():
+            torch.save(obj, tmp / f"{name}.pt")
+    return Path(path)
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    f = Path(path) / META
+    if not f.is_file():
+        return {}
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{f}: line {e.lineno}: invalid JSON ({e.msg})") from None
+
+
+def load_extra(path: str | Path, name: str) -> Any:
+    """Load `{name}.pt` with weights_only=True (no arbitrary code), or None if absent."""
+    f = Path(path) / f"{name}.pt"
+    if not f.is_file():
+        return None
+    return torch.load(f, map_location="cpu", weights_only=True)
+
+
+def read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    """All tensors of one or more safetensors files; a corrupt file is a CheckpointError."""
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for key in fh.keys():
+                    out[key] = fh.get_tensor(key)
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise CheckpointError(
+                f"{f}: not a readable safetensors file ({e}); re-export or re-download it"
+            ) from None
+    return out
+
+
+def check_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """One error listing every missing, unexpected or mis-shaped tensor."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    misshaped = [
+        f"{k} {tuple(state[k].shape)} (expected {expected[k]})"
+        for k in sorted(set(expected) & set(state)) if tuple(state[k].shape) != expected[k]
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing {_few(missing)}")
+    if unexpected:
+        problems.append(f"unexpected {_few(unexpected)}")
+    if misshaped:
+        problems.append(f"mis-shaped {_few(misshaped)}")
+    if problems:
+        raise CheckpointError(
+            f"{source}: weights do not match config.json: {'; '.join(problems)}"
+        )
+
+
+def _few(items: list[str], n: int = 8) -> str:
+    head = ", ".join(items[:n])
+    return head + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def require_checkpoint_dir(path: str | Path) -> Path:
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory; pass a checkpoint directory")
+    missing = [n for n in (CONFIG, WEIGHTS) if not (path / n).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"{path}: not a complete checkpoint, missing {', '.join(missing)}"
+        )
+    return path
+
+
+def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
+                    dtype: torch.dtype | None = None) -> tuple[Transformer, ModelConfig, dict]:
+    """(model in eval mode, config, meta) from an astrai checkpoint directory."""
+    path = require_checkpoint_dir(path)
+    config = ModelConfig.load(path / CONFIG)
+    state = read_safetensors([path / WEIGHTS])
+    with torch.device("meta"):
+        model = Transformer(config)
+    check_state_dict(model, state, str(path / WEIGHTS))
+    model.load_state_dict(state, assign=True)
+    model.reset_rope("cpu")
+    model = model.to(device=device, dtype=dtype) if dtype else model.to(device)
+    model.eval()
+    return model, config, read_meta(path)

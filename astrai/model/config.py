@@ -1,0 +1,168 @@
+"""ModelConfig: the typed, validated description of a decoder-only transformer.
+
+It round-trips through JSON (`config.json` in every checkpoint). Validation errors are
+raised as `ConfigError` naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from astrai.errors import CheckpointError, ConfigError
+
+RopeScalingType = Literal["none", "linear", "ntk", "llama3", "yarn"]
+
+
+class RopeScaling(BaseModel):
+    """RoPE frequency scaling for context extension (HF `rope_scaling` semantics)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: RopeScalingType = "none"
+    """Scaling method: none, linear (position interpolation), ntk (static NTK-aware base
+    change), llama3 (Llama 3.1 wavelength-banded), yarn (NTK-by-parts + attention factor)."""
+    factor: float = 1.0
+    """Context extension factor."""
+    original_max_position_embeddings: int | None = None
+    """Context length the model was pre-trained with (llama3, yarn)."""
+    low_freq_factor: float = 1.0
+    """llama3: wavelengths above original_len / low_freq_factor are fully scaled."""
+    high_freq_factor: float = 4.0
+    """llama3: wavelengths below original_len / high_freq_factor are left unscaled."""
+    beta_fast: float = 32.0
+    """yarn: rotations at which interpolation starts."""
+    beta_slow: float = 1.0
+    """yarn: rotations at which interpolation is complete."""
+    attention_factor: float | None = None
+    """yarn: scale applied to cos/sin; default 0.1 * ln(factor) + 1."""
+
+
+class ModelConfig(BaseModel):
+    """Architecture of a pre-norm decoder-only transformer (Llama / Qwen2 / Mistral family)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+    vocab_size: int = Field(32000, gt=0)
+    """Number of token embeddings."""
+    dim: int = Field(512, gt=0)
+    """Residual stream width."""
+    n_layers: int = Field(8, gt=0)
+    """Number of decoder blocks (L)."""
+    n_heads: int = Field(8, gt=0)
+    """Query heads (H)."""
+    n_kv_heads: int | None = None
+    """Key/value heads (K) for grouped-query attention; None means n_heads (MHA)."""
+    head_dim: int | None = None
+    """Per-head width (D); None means dim // n_heads."""
+    ffn_dim: int = Field(1376, gt=0)
+    """Hidden width of the SwiGLU MLP (and of each MoE expert)."""
+    max_seq_len: int = Field(2048, gt=0)
+    """Longest sequence the RoPE table covers."""
+    rope_theta: float = Field(10000.0, gt=0)
+    """RoPE base frequency."""
+    rope_scaling: RopeScaling = Field(default_factory=RopeScaling)
+    """RoPE scaling for context extension."""
+    norm_eps: float = Field(1e-5, gt=0)
+    """RMSNorm epsilon."""
+    tie_embeddings: bool = False
+    """Share the token embedding with the output projection (stored once)."""
+    qkv_bias: bool = False
+    """Bias on the q/k/v projections (Qwen2)."""
+    sliding_window: int | None = Field(None, gt=0)
+    """Attend only to the last `sliding_window` positions (Mistral); None = full causal."""
+    # Mixture of experts
+    n_experts: int = Field(0, ge=0)
+    """Routed experts per MoE layer; 0 disables MoE."""
+    moe_top_k: int = Field(2, gt=0)
+    """Experts each token is routed to."""
+    n_shared_experts: int = Field(0, ge=0)
+    """Always-on experts added to every token's output."""
+    moe_layers: list[int] | None = None
+    """Indices of the blocks that use MoE; None = every block (when n_experts > 0)."""
+    moe_aux_loss_coef: float = Field(0.01, ge=0)
+    """Default weight of the load-balancing loss (the train config may override)."""
+    init_std: float = Field(0.02, gt=0)
+    """Std of the normal init; W_o and W_down use init_std / sqrt(2L)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.head_dim is None:
+            if self.dim % self.n_heads:
+                raise ValueError(
+                    f"dim ({self.dim}) is not divisible by n_heads ({self.n_heads}): "
+                    "choose n_heads dividing dim, or set head_dim explicitly"
+                )
+            self.head_dim = self.dim // self.n_heads
+        if self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) is not divisible by n_kv_heads ({self.n_kv_heads}): "
+                "each KV head must serve a whole group of query heads"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
+        if self.n_experts:
+            if self.moe_top_k > self.n_experts:
+                raise ValueError(
+                    f"moe_top_k ({self.moe_top_k}) exceeds n_experts ({self.n_experts})"
+                )
+            for i in self.moe_layers or []:
+                if not 0 <= i < self.n_layers:
+                    raise ValueError(f"moe_layers entry {i} is outside 0..{self.n_layers - 1}")
+        return self
+
+    # -- derived ---------------------------------------------------------------
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether block `layer` uses a mixture-of-experts FFN."""
+        if not self.n_experts:
+            return False
+        return self.moe_layers is None or layer in self.moe_layers
+
+    @property
+    def kv_heads(self) -> int:
+        return int(self.n_kv_heads)  # type: ignore[arg-type]
+
+    @property
+    def hdim(self) -> int:
+        return int(self.head_dim)  # type: ignore[arg-type]
+
+    # -- I/O ---------------------------------------------------------------------
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "model config") -> "ModelConfig":
+        """Validate a dict; errors name `source` and the offending field."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(f"{source}: {format_validation_error(e)}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: file not found") from None
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+        return cls.from_dict(data, source=str(path))
+
+
+def format_validation_error(e: ValidationError) -> str:
+    """One line naming each bad field and what pydantic says about it."""
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "config"
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)
