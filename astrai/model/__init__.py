@@ -7,6 +7,15 @@ from astrai.model.presets import PRESETS, get_preset
 from astrai.model.transformer import ModelOutput, Transformer
 
 __all__ = [
-    "AttentionBackend", "ForwardContext", "ModelConfig", "ModelOutput", "PRESETS",
-    "RopeScaling", "SdpaBackend", "Transformer", "build_model", "get_preset", "init_weights",
+    "PRESETS",
+    "AttentionBackend",
+    "ForwardContext",
+    "ModelConfig",
+    "ModelOutput",
+    "RopeScaling",
+    "SdpaBackend",
+    "Transformer",
+    "build_model",
+    "get_preset",
+    "init_weights",
 ]

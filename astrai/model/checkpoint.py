@@ -18,8 +18,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -121,7 +122,7 @@ def read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as fh:
-                for key in fh.keys():
+                for key in fh.keys():  # noqa: SIM118 (safe_open is not iterable)
                     out[key] = fh.get_tensor(key)
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(

@@ -89,7 +89,7 @@ class ModelConfig(BaseModel):
     """Std of the normal init; W_o and W_down use init_std / sqrt(2L)."""
 
     @model_validator(mode="after")
-    def _check(self) -> "ModelConfig":
+    def _check(self) -> ModelConfig:
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.head_dim is None:
@@ -139,7 +139,7 @@ class ModelConfig(BaseModel):
         Path(path).write_text(self.to_json() + "\n")
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "model config") -> "ModelConfig":
+    def from_dict(cls, data: dict, source: str = "model config") -> ModelConfig:
         """Validate a dict; errors name `source` and the offending field."""
         try:
             return cls.model_validate(data)
@@ -147,7 +147,7 @@ class ModelConfig(BaseModel):
             raise ConfigError(f"{source}: {format_validation_error(e)}") from None
 
     @classmethod
-    def load(cls, path: str | Path) -> "ModelConfig":
+    def load(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
         try:
             data = json.loads(path.read_text())

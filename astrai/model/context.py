@@ -30,7 +30,7 @@ class AttentionBackend(Protocol):
     name: str
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
-               ctx: "ForwardContext") -> torch.Tensor: ...
+               ctx: ForwardContext) -> torch.Tensor: ...
 
 
 @dataclass

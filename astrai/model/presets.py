@@ -7,25 +7,26 @@ from astrai.model.config import ModelConfig
 
 PRESETS: dict[str, dict] = {
     # ~7M parameters: CPU tests and the quickstart.
-    "tiny": dict(
-        vocab_size=8192, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64,
-        ffn_dim=768, max_seq_len=1024,
-    ),
+    "tiny": {
+        "vocab_size": 8192, "dim": 256, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2,
+        "head_dim": 64, "ffn_dim": 768, "max_seq_len": 1024,
+    },
     # ~58M parameters.
-    "small": dict(
-        vocab_size=32000, dim=512, n_layers=8, n_heads=8, n_kv_heads=4, ffn_dim=1536,
-        max_seq_len=2048,
-    ),
+    "small": {
+        "vocab_size": 32000, "dim": 512, "n_layers": 8, "n_heads": 8, "n_kv_heads": 4,
+        "ffn_dim": 1536, "max_seq_len": 2048,
+    },
     # ~117M parameters (GPT-2 small scale, tied embeddings).
-    "125m": dict(
-        vocab_size=32000, dim=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_dim=2304,
-        max_seq_len=2048, tie_embeddings=True,
-    ),
+    "125m": {
+        "vocab_size": 32000, "dim": 768, "n_layers": 12, "n_heads": 12, "n_kv_heads": 12,
+        "ffn_dim": 2304, "max_seq_len": 2048, "tie_embeddings": True,
+    },
     # The paper's 1.2B model (seeds/paper-bf16-lockin.tex, Table 1).
-    "1.2b": dict(
-        vocab_size=100000, dim=1536, n_layers=24, n_heads=24, n_kv_heads=4, head_dim=64,
-        ffn_dim=6912, max_seq_len=2048, norm_eps=1e-5, rope_theta=10000.0,
-    ),
+    "1.2b": {
+        "vocab_size": 100000, "dim": 1536, "n_layers": 24, "n_heads": 24, "n_kv_heads": 4,
+        "head_dim": 64, "ffn_dim": 6912, "max_seq_len": 2048, "norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+    },
 }
 
 

@@ -1,0 +1,257 @@
+"""Hugging Face interop at the boundary: load Llama / Qwen2 / Mistral directories, export to them.
+
+`load_pretrained` accepts an astrai checkpoint directory or a HF-format directory
+(config.json + model.safetensors, or shards + model.safetensors.index.json). Weights only
+ever come from safetensors; nothing downloads; transformers is never imported and no remote
+code runs. Tokenizer files stay where they are for the tokenizer loader.
+
+HF's Llama family uses the same rotate-half RoPE layout as astrai, so weights map by name
+alone — no q/k permutation.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from astrai import __version__
+from astrai.errors import CheckpointError, UnsupportedModelError
+from astrai.model.checkpoint import (
+    CONFIG,
+    TOKENIZER_FILES,
+    WEIGHTS,
+    atomic_dir,
+    check_state_dict,
+    load_checkpoint,
+    read_safetensors,
+    save_weights,
+)
+from astrai.model.config import ModelConfig
+from astrai.model.hf_config import config_from_hf, config_to_hf, is_hf_config
+from astrai.model.transformer import Transformer
+
+INDEX = "model.safetensors.index.json"
+HF_TOKENIZER_FILES = TOKENIZER_FILES + (
+    "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+)
+
+# (HF name pattern, astrai name template); {i} is the layer index.
+_LAYER_MAP = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "mlp_norm.weight",
+    **{f"self_attn.{p}_proj.{w}": f"attn.{p}_proj.{w}"
+       for p in ("q", "k", "v", "o") for w in ("weight", "bias")},
+    **{f"mlp.{p}_proj.weight": f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
+}
+_TOP_MAP = {"model.embed_tokens.weight": "embed_tokens.weight", "model.norm.weight": "norm.weight",
+            "lm_head.weight": "lm_head.weight"}
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def hf_to_astrai_name(name: str) -> str | None:
+    """astrai state-dict name for a HF tensor name; None for tensors astrai recomputes
+    (old checkpoints store `rotary_emb.inv_freq`). Unknown names pass through unchanged so
+    the shape check lists them as unexpected."""
+    if name.endswith("rotary_emb.inv_freq"):
+        return None
+    if name in _TOP_MAP:
+        return _TOP_MAP[name]
+    m = _LAYER_RE.match(name)
+    if m and m.group(2) in _LAYER_MAP:
+        return f"layers.{m.group(1)}.{_LAYER_MAP[m.group(2)]}"
+    return name
+
+
+def astrai_to_hf_name(name: str) -> str:
+    inverse_top = {v: k for k, v in _TOP_MAP.items()}
+    if name in inverse_top:
+        return inverse_top[name]
+    m = re.match(r"^layers\.(\d+)\.(.+)$", name)
+    inverse_layer = {v: k for k, v in _LAYER_MAP.items()}
+    if m and m.group(2) in inverse_layer:
+        return f"model.layers.{m.group(1)}.{inverse_layer[m.group(2)]}"
+    raise UnsupportedModelError(f"tensor '{name}' has no HF Llama/Qwen2/Mistral name")
+
+
+# -- reading ------------------------------------------------------------------------------
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file not found") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def is_hf_dir(path: str | Path) -> bool:
+    f = Path(path) / CONFIG
+    return f.is_file() and is_hf_config(read_json(f))
+
+
+def read_config(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
+    """(ModelConfig, info) of a checkpoint directory of either format, without weights."""
+    path = Path(path)
+    f = path / CONFIG
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory; pass a checkpoint directory")
+    data = read_json(f)
+    if not is_hf_config(data):
+        return ModelConfig.from_dict(data, source=str(f)), {"format": "astrai"}
+    config, notes = config_from_hf(data, source=str(f))
+    info = {"format": "hf", "model_type": data["model_type"],
+            "architectures": data.get("architectures"), "notes": notes}
+    return config, info
+
+
+def hf_weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a HF directory: model.safetensors, or the shards its index names."""
+    if (path / WEIGHTS).is_file():
+        return [path / WEIGHTS]
+    if (path / INDEX).is_file():
+        weight_map = read_json(path / INDEX).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{path / INDEX}: no 'weight_map' object")
+        names = sorted(set(weight_map.values()))
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise CheckpointError(
+                f"{path}: shards named in {INDEX} are missing: {', '.join(missing)}"
+            )
+        return [path / n for n in names]
+    shards = sorted(path.glob("*.safetensors"))
+    if shards:
+        return shards
+    other = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
+    hint = ""
+    if other:
+        hint = (f" (found {', '.join(sorted(other))}: astrai reads weights only from "
+                "safetensors; convert with transformers' save_pretrained(safe_serialization=True))")
+    raise CheckpointError(f"{path}: no {WEIGHTS} or {INDEX}{hint}")
+
+
+def _target_dtype(state: dict[str, torch.Tensor], hf: dict) -> torch.dtype:
+    dtypes = {t.dtype for t in state.values() if t.is_floating_point()}
+    if len(dtypes) == 1:
+        return dtypes.pop()
+    return _DTYPES.get(str(hf.get("dtype") or hf.get("torch_dtype")), torch.float32)
+
+
+def load_pretrained(path: str | Path, device: str | torch.device = "cpu",
+                    dtype: torch.dtype | None = None, *, max_seq_len: int | None = None,
+                    ) -> tuple[Transformer, ModelConfig, dict[str, Any]]:
+    """(model in eval mode, config, meta_or_info) from an astrai checkpoint or a HF directory.
+
+    astrai directories return their meta.json; HF directories return
+    {"format": "hf", "model_type", "architectures", "notes"}. `dtype` None keeps the stored
+    dtype; `max_seq_len` overrides the RoPE table length (HF max_position_embeddings).
+    """
+    path = Path(path)
+    config, info = read_config(path)
+    if info["format"] == "astrai":
+        if max_seq_len is None:
+            return load_checkpoint(path, device=device, dtype=dtype)
+        model, config, meta = load_checkpoint(path, device="cpu", dtype=dtype)
+        return _with_max_len(model, config, max_seq_len).to(device), model.config, meta
+    if max_seq_len is not None:
+        config = config.model_copy(update={"max_seq_len": max_seq_len})
+    hf = read_json(path / CONFIG)
+    raw = read_safetensors(hf_weight_files(path))
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in raw.items():
+        ours = hf_to_astrai_name(name)
+        if ours is None or (ours == "lm_head.weight" and config.tie_embeddings):
+            continue  # recomputed RoPE buffer, or a tied head some exporters store twice
+        state[ours] = tensor
+    dtype = dtype or _target_dtype(state, hf)
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    with torch.device("meta"):
+        model = Transformer(config)
+    check_state_dict(model, state, str(path))
+    model.load_state_dict(state, assign=True)
+    model.reset_rope("cpu")
+    return model.to(device).eval(), config, info
+
+
+def _with_max_len(model: Transformer, config: ModelConfig, max_seq_len: int) -> Transformer:
+    model.config = config.model_copy(update={"max_seq_len": max_seq_len})
+    model.reset_rope("cpu")
+    return model
+
+
+# -- export -------------------------------------------------------------------------------
+
+def export_hf(checkpoint: str | Path, out_dir: str | Path, *, dtype: torch.dtype | None = None,
+              overwrite: bool = False) -> Path:
+    """Write a HF-format directory (config.json, model.safetensors, generation_config.json and
+    the tokenizer files) that transformers' AutoModelForCausalLM.from_pretrained loads.
+    Written atomically; an existing `out_dir` is replaced only with `overwrite`."""
+    checkpoint, out_dir = Path(checkpoint), Path(out_dir)
+    config, _ = read_config(checkpoint)
+    dtype_name = None if dtype is None else _dtype_name(dtype)
+    config_to_hf(config)  # refuse MoE before reading any weights
+    if out_dir.exists() and not overwrite and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise CheckpointError(f"{out_dir}: already exists; choose another path or pass --overwrite")
+    model, config, _ = load_pretrained(checkpoint, dtype=dtype)
+    state = {astrai_to_hf_name(k): v for k, v in model.state_dict().items()}
+    dtype_name = dtype_name or _dtype_name(next(iter(state.values())).dtype)
+    hf_config = config_to_hf(config, dtype_name)
+    special = special_token_ids(checkpoint)
+    hf_config.update({k: v for k, v in special.items() if v is not None})
+    with atomic_dir(out_dir, overwrite=True) as tmp:
+        (tmp / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
+        save_weights(state, tmp / WEIGHTS)
+        gen = {"_from_model_config": True, "producer": f"astrai {__version__}",
+               **{k: v for k, v in special.items() if v is not None}}
+        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+        for name in HF_TOKENIZER_FILES:
+            if (checkpoint / name).is_file():
+                shutil.copy2(checkpoint / name, tmp / name)
+        if (tmp / "tokenizer.json").is_file() and not (tmp / "tokenizer_config.json").is_file():
+            # Without it AutoTokenizer does not know which class reads tokenizer.json.
+            (tmp / "tokenizer_config.json").write_text(
+                json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}, indent=2) + "\n"
+            )
+    return out_dir
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    for name, d in _DTYPES.items():
+        if d == dtype:
+            return name
+    raise UnsupportedModelError(
+        f"dtype {dtype} cannot be exported; use float32, bfloat16 or float16"
+    )
+
+
+def special_token_ids(path: Path) -> dict[str, int | None]:
+    """bos/eos/pad token ids named by tokenizer_config.json and resolved in tokenizer.json."""
+    cfg_file, tok_file = path / "tokenizer_config.json", path / "tokenizer.json"
+    if not (cfg_file.is_file() and tok_file.is_file()):
+        return {}
+    try:
+        cfg, tok = json.loads(cfg_file.read_text()), json.loads(tok_file.read_text())
+    except json.JSONDecodeError:
+        return {}
+    added = [t for t in tok.get("added_tokens", []) if isinstance(t, dict)]
+    ids = {t.get("content"): t.get("id") for t in added}
+    vocab = (tok.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict):
+        ids = {**vocab, **ids}
+    out: dict[str, int | None] = {}
+    for key in ("bos", "eos", "pad"):
+        token = cfg.get(f"{key}_token")
+        if isinstance(token, dict):
+            token = token.get("content")
+        if isinstance(token, str) and isinstance(ids.get(token), int):
+            out[f"{key}_token_id"] = ids[token]
+    return out

@@ -1,0 +1,48 @@
+"""`astrai export CHECKPOINT OUT_DIR --format hf`: a directory transformers loads."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+
+class ExportFormat(str, Enum):
+    hf = "hf"
+
+
+class ExportDtype(str, Enum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("export")
+    def export_cmd(
+        checkpoint: Annotated[Path, typer.Argument(
+            metavar="CHECKPOINT", help="Checkpoint directory (astrai or HF format).")],
+        out_dir: Annotated[Path, typer.Argument(
+            metavar="OUT_DIR", help="Directory to write (must not exist, or be empty, unless --overwrite).")],
+        fmt: Annotated[ExportFormat, typer.Option(
+            "--format", help="Output format: hf (Llama / Qwen2 / Mistral layout).")
+        ] = ExportFormat.hf,
+        dtype: Annotated[ExportDtype, typer.Option(
+            "--dtype", help="Weight dtype to write; auto keeps the checkpoint's.")
+        ] = ExportDtype.auto,
+        overwrite: Annotated[bool, typer.Option(
+            "--overwrite", help="Replace an existing OUT_DIR.")] = False,
+    ) -> None:
+        """Export a checkpoint to Hugging Face format (AutoModelForCausalLM.from_pretrained)."""
+        import torch  # lazily: `astrai --help` stays fast
+
+        from astrai.model.hf import export_hf
+
+        torch_dtype = None if dtype is ExportDtype.auto else getattr(torch, dtype.value)
+        out = export_hf(checkpoint, out_dir, dtype=torch_dtype, overwrite=overwrite)
+        files = ", ".join(sorted(p.name for p in out.iterdir()))
+        Console(highlight=False).print(f"exported {checkpoint} → {out} ({fmt.value}): {files}")
