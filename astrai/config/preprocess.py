@@ -1,0 +1,217 @@
+"""The preprocessing spec (`astrai preprocess spec.json`): typed, validated, no unknown keys.
+
+Paths are taken as given (relative paths resolve against the current directory), like every
+other astrai path option.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from astrai.errors import ConfigError
+
+Kind = Literal["pretrain", "sft", "dpo", "grpo"]
+Mask = Literal["train", "mask"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                              use_attribute_docstrings=True)
+
+
+class Section(_Strict):
+    """One field of a record, tokenized in order; the sections' tokens are concatenated."""
+
+    field: str
+    """Record key holding the text (a string) or, with template: true, a message list."""
+    action: Literal["train", "mask", "$role"] = "train"
+    """train: loss on these tokens; mask: no loss; $role: per message, by the `roles` rules."""
+    template: bool = False
+    """Render the field (a message list) through the tokenizer's chat template."""
+
+    @model_validator(mode="after")
+    def _role_needs_template(self) -> Section:
+        if self.action == "$role" and not self.template:
+            raise ValueError(f"section '{self.field}': action '$role' needs template: true")
+        return self
+
+
+class Filters(_Strict):
+    """Record filters, applied to pretrain text only (chat and task records are kept)."""
+
+    min_chars: int = Field(50, ge=0)
+    """Drop pretrain records shorter than this many characters."""
+    max_chars: int = Field(2_000_000, ge=1)
+    """Drop pretrain records longer than this many characters."""
+
+
+class Packing(_Strict):
+    """How tokenized records are placed into training rows."""
+
+    mode: Literal["none", "simple", "bfd", "bfd_split"] | None = None
+    """none: one record per row; simple: sequential fill; bfd: best-fit decreasing;
+    bfd_split: split records longer than max_seq_len, then bfd. Default: bfd_split for
+    pretrain, none otherwise."""
+    max_len: int | None = Field(None, ge=2)
+    """Capacity of a packed row in tokens (default: max_seq_len)."""
+    buffer: int = Field(2048, ge=1)
+    """bfd works on this many records at a time, so memory stays flat on any input size."""
+
+
+class PreprocessSpec(_Strict):
+    """`astrai preprocess` spec: JSONL records in, a dataset directory out."""
+
+    kind: Kind
+    """pretrain (text), sft (chat / prompt-response), dpo (preference pairs), grpo (prompts)."""
+    inputs: list[str] = Field(min_length=1)
+    """Training files or globs (.jsonl, .jsonl.gz)."""
+    val_inputs: list[str] = []
+    """Held-out files or globs, written as the `val` split."""
+    tokenizer: str
+    """Tokenizer directory (astrai or HF); a copy goes into the dataset."""
+    output: str
+    """Dataset directory to create (written to a temporary directory, then renamed)."""
+    overwrite: bool = False
+    """Replace an existing output directory."""
+    sections: list[Section] | None = None
+    """Fields to tokenize, in order. Default per kind: pretrain [text: train];
+    sft [messages: $role, template]. dpo and grpo use their fixed record keys."""
+    roles: dict[str, Mask] = {"system": "mask", "user": "mask", "assistant": "train",
+                              "tool": "mask"}
+    """Mask rule per message role for $role sections; a role with no rule is an error."""
+    filters: Filters = Field(default_factory=Filters)
+    """Record filters (pretrain text only)."""
+    max_records: int | None = Field(None, ge=1)
+    """Read at most this many records of the training inputs."""
+    max_seq_len: int = Field(2048, ge=2)
+    """Longest record in tokens; longer ones are truncated (bfd_split splits them instead)."""
+    truncation: Literal["right", "left"] = "right"
+    """Which end of an over-long record is cut."""
+    packing: Packing = Field(default_factory=Packing)
+    """Packing of records into rows."""
+    position_ids: Literal["none", "doc_reset", "continuous"] = "doc_reset"
+    """none: no position ids; doc_reset: restart at 0 per document; continuous: 0..T-1."""
+    add_bos: bool = True
+    """Prepend BOS to each non-template record (template mode always starts with BOS)."""
+    add_eos: bool = True
+    """Append EOS to each non-template record (trained when the last section is)."""
+    format: Literal["h5", "bin"] = "h5"
+    """Shard format: HDF5 (.h5) or raw memory-mapped arrays (.bin + .idx)."""
+    max_tokens_per_shard: int = Field(100_000_000, ge=1)
+    """Start a new shard before a shard would exceed this many tokens."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PreprocessSpec:
+        if self.packing.mode is None:
+            self.packing.mode = "bfd_split" if self.kind == "pretrain" else "none"
+        if self.kind in ("dpo", "grpo") and self.packing.mode != "none":
+            raise ValueError(f"packing.mode: {self.kind} records are never packed; use 'none'")
+        if self.kind in ("dpo", "grpo") and self.sections is not None:
+            raise ValueError(f"sections: {self.kind} uses fixed record keys "
+                             "(see docs/formats.md); remove 'sections'")
+        if self.packing.max_len is not None and self.packing.max_len < self.max_seq_len:
+            raise ValueError(f"packing.max_len ({self.packing.max_len}) is below max_seq_len "
+                             f"({self.max_seq_len}); raise it or lower max_seq_len")
+        if self.filters.min_chars > self.filters.max_chars:
+            raise ValueError("filters.min_chars is above filters.max_chars")
+        return self
+
+    @property
+    def resolved_sections(self) -> list[Section]:
+        if self.sections is not None:
+            return self.sections
+        if self.kind == "sft":
+            return [Section(field="messages", action="$role", template=True)]
+        return [Section(field="text", action="train")]
+
+    @property
+    def row_len(self) -> int:
+        """Capacity of one stored row."""
+        return self.packing.max_len or self.max_seq_len
+
+    @property
+    def has_loss_mask(self) -> bool:
+        """seeds/internals.md "text config detection": all-train, no template -> no mask."""
+        secs = self.resolved_sections
+        return any(s.template or s.action != "train" for s in secs)
+
+
+def _format_error(e: ValidationError, source: str) -> str:
+    parts = []
+    for err in e.errors()[:5]:
+        loc = ".".join(str(x) for x in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key; check the spelling (see `astrai preprocess --schema`)"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    more = f" (+{len(e.errors()) - 5} more)" if len(e.errors()) > 5 else ""
+    return f"{source}: " + "; ".join(parts) + more
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`key.sub=value` -> (["key", "sub"], value); value parsed as JSON when it is JSON."""
+    if "=" not in item:
+        raise ConfigError(f"--set '{item}': expected key=value (e.g. --set packing.mode=bfd)")
+    key, raw = item.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return [k for k in key.strip().split(".") if k], value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply `--set key=value` items to a spec dict (dotted keys reach nested fields)."""
+    out = json.loads(json.dumps(data))
+    for item in overrides:
+        keys, value = parse_override(item)
+        if not keys:
+            raise ConfigError(f"--set '{item}': empty key")
+        node = out
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set '{item}': '{k}' is not a section of the spec")
+        node[keys[-1]] = value
+    return out
+
+
+def load_spec(path: str | Path | None = None, overrides: list[str] | None = None,
+              data: dict | None = None) -> PreprocessSpec:
+    """Read a JSON (or YAML) spec file, apply `--set` overrides, validate."""
+    source = str(path) if path is not None else "spec"
+    if data is None:
+        if path is None:
+            raise ConfigError("no spec given: pass a spec file (see examples/specs/)")
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{p}: spec file does not exist")
+        text = p.read_text(encoding="utf-8")
+        if p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{p}: invalid YAML ({e})") from e
+        else:
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{p}:{e.lineno}: invalid JSON ({e.msg})") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: the spec must be a JSON object")
+    data = apply_overrides(data, overrides or [])
+    try:
+        return PreprocessSpec.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e, source)) from None
+
+
+def spec_schema() -> dict:
+    """The JSON Schema of the spec, for editors (`astrai preprocess --schema`)."""
+    return PreprocessSpec.model_json_schema()

@@ -1,0 +1,397 @@
+"""`astrai preprocess`: JSONL records -> a dataset directory (manifest + shards + tokenizer).
+
+Reading, packing and writing stream with bounded buffers, so memory stays flat on any input
+size. Tokenization runs in the Rust library's parallel `encode_batch`, and with
+`workers > 1` in worker processes as well (output order does not depend on the count).
+The directory is written under a temporary name and renamed at the end: an interrupted or
+failed run never leaves a dataset that looks complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from astrai.config.preprocess import PreprocessSpec
+from astrai.data.encode import RecordEncoder
+from astrai.data.manifest import MANIFEST, write_manifest
+from astrai.data.packing import Packer, split_spans, truncate_span
+from astrai.data.records import expand_inputs, iter_lines
+from astrai.data.store import ShardWriter
+from astrai.data.tokenizer import Tokenizer
+from astrai.errors import ConfigError, DataError
+
+CHUNK_BYTES = 2 << 20  # raw JSONL bytes per encode_batch call
+CHUNK_LINES = 4096
+MAX_LISTED_ERRORS = 5
+
+
+@dataclass
+class SplitStats:
+    """Counts for one split; the closing summary of `astrai preprocess`."""
+
+    records_read: int = 0
+    records_kept: int = 0
+    filtered_short: int = 0
+    filtered_long: int = 0
+    malformed: int = 0
+    samples: int = 0
+    tokens: int = 0
+    dropped_tokens: int = 0
+    capacity: int = 0
+    shards: list[dict] = field(default_factory=list)
+
+    @property
+    def packing_efficiency(self) -> float | None:
+        return self.tokens / self.capacity if self.capacity else None
+
+
+@dataclass
+class BuildResult:
+    """What `build_dataset` returns (and `astrai preprocess --json` prints)."""
+
+    output: str
+    kind: str
+    format: str
+    splits: dict[str, SplitStats]
+    errors: list[str]
+    elapsed_s: float
+    startup_s: float
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.splits.values())
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        splits = {}
+        for name, s in self.splits.items():
+            d = asdict(s)
+            d["packing_efficiency"] = s.packing_efficiency
+            splits[name] = d
+        return {"output": self.output, "kind": self.kind, "format": self.format,
+                "splits": splits, "tokens": self.tokens, "skipped_errors": self.errors[:20],
+                "elapsed_s": round(self.elapsed_s, 3), "startup_s": round(self.startup_s, 3),
+                "tokens_per_s": round(self.tokens_per_s, 1)}
+
+
+# ---- tokenization workers (one RecordEncoder per process) ----------------------------
+_WORKER: RecordEncoder | None = None  # per-process state of a pool worker, set once
+
+
+def _worker_init(spec_json: str, tok_dir: str) -> None:
+    global _WORKER
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the pool is the parallelism
+    _WORKER = RecordEncoder(PreprocessSpec.model_validate_json(spec_json), Tokenizer.load(tok_dir))
+
+
+def _worker_encode(lines: list[tuple[str, int, str]]) -> list[tuple]:
+    assert _WORKER is not None
+    return _WORKER.encode_lines(lines)
+
+
+def _chunks(files: list[Path], limit: int | None) -> Iterator[list[tuple[str, int, str]]]:
+    chunk: list[tuple[str, int, str]] = []
+    size = read = 0
+    for path in files:
+        for n, line in iter_lines(path):
+            if limit is not None and read >= limit:
+                break
+            chunk.append((str(path), n, line))
+            size += len(line)
+            read += 1
+            if size >= CHUNK_BYTES or len(chunk) >= CHUNK_LINES:
+                yield chunk
+                chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+class _Encoders:
+    """In-process encoding, or a fork pool with a bounded number of chunks in flight."""
+
+    def __init__(self, spec: PreprocessSpec, tok: Tokenizer, tok_dir: Path, workers: int):
+        self.pool = None
+        self.local = RecordEncoder(spec, tok) if workers <= 1 else None
+        if workers > 1:
+            import multiprocessing as mp
+
+            ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+            self.pool = ctx.Pool(workers, _worker_init, (spec.model_dump_json(), str(tok_dir)))
+            self.depth = 2 * workers
+
+    def map(self, chunks: Iterator[list]) -> Iterator[list[tuple]]:
+        if self.pool is None:
+            for c in chunks:
+                yield self.local.encode_lines(c)  # type: ignore[union-attr]
+            return
+        pending: deque = deque()
+        for c in chunks:
+            pending.append(self.pool.apply_async(_worker_encode, (c,)))
+            if len(pending) >= self.depth:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
+class _SplitWriter:
+    """Rows -> shards of one split, starting a new shard before max_tokens_per_shard."""
+
+    def __init__(self, root: Path, split: str, fmt: str, dtypes: dict[str, str],
+                 token_keys: tuple[str, ...], max_tokens: int, stats: SplitStats) -> None:
+        self.root, self.split, self.fmt, self.dtypes = root, split, fmt, dtypes
+        self.token_keys, self.max_tokens, self.stats = token_keys, max_tokens, stats
+        (root / split).mkdir(parents=True, exist_ok=True)
+        self.cur: ShardWriter | None = None
+        self.cur_tokens = 0
+
+    def _close_shard(self) -> None:
+        if self.cur is not None:
+            self.cur.close()
+            name = self.cur.path.relative_to(self.root).as_posix()
+            self.stats.shards.append({"path": name, "samples": self.cur.n,
+                                      "tokens": self.cur_tokens})
+            self.cur = None
+
+    def add(self, row: dict[str, np.ndarray]) -> None:
+        n = sum(len(row[k]) for k in self.token_keys)
+        if self.cur is not None and self.cur_tokens + n > self.max_tokens:
+            self._close_shard()
+        if self.cur is None:
+            i = len(self.stats.shards)
+            name = f"shard_{i:05d}.h5" if self.fmt == "h5" else f"shard_{i:05d}"
+            self.cur = ShardWriter(self.root / self.split / name, self.fmt, self.dtypes)
+            self.cur_tokens = 0
+        self.cur.add(row)
+        self.cur_tokens += n
+        self.stats.samples += 1
+        self.stats.tokens += n
+
+    def close(self) -> None:
+        self._close_shard()
+
+
+class _Sink:
+    """Rows of one split -> its shard writer (opened at the first row, when the grpo mode is
+    known); counts packed capacity for the efficiency figure."""
+
+    TOKEN_KEYS = ("input_ids", "chosen", "rejected", "prompts", "responses")
+
+    def __init__(self, root: Path, split: str, spec: PreprocessSpec, token_dtype: str,
+                 stats: SplitStats, groups: dict) -> None:
+        self.root, self.split, self.spec, self.token_dtype = root, split, spec, token_dtype
+        self.stats, self.groups = stats, groups
+        self.writer: _SplitWriter | None = None
+
+    def add(self, row: dict) -> None:
+        if self.writer is None:
+            dtypes = dtypes_for(self.spec, self.token_dtype, self.groups.get("mode") == "offline")
+            self.writer = _SplitWriter(
+                self.root, self.split, self.spec.format, dtypes,
+                tuple(k for k in self.TOKEN_KEYS if k in dtypes),
+                self.spec.max_tokens_per_shard, self.stats)
+        self.writer.add(row)
+        if self.spec.kind in ("pretrain", "sft"):
+            self.stats.capacity += self.spec.row_len
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def dtypes_for(spec: PreprocessSpec, token_dtype: str, offline_grpo: bool) -> dict[str, str]:
+    """Stored keys and their dtypes per kind (docs/formats.md)."""
+    if spec.kind in ("pretrain", "sft"):
+        d = {"input_ids": token_dtype, "doc_lens": "int32"}
+        if spec.has_loss_mask:
+            d["loss_mask"] = "uint8"
+        return d
+    if spec.kind == "dpo":
+        return {"chosen": token_dtype, "rejected": token_dtype,
+                "chosen_mask": "uint8", "rejected_mask": "uint8"}
+    if offline_grpo:
+        return {"prompts": token_dtype, "responses": token_dtype, "response_lens": "int32",
+                "masks": "uint8", "rewards": "float32"}
+    return {"prompts": token_dtype, "reference": "uint8"}
+
+
+def _cut(arrs: dict[str, np.ndarray], keys: tuple[str, ...], span: tuple[int, int]) -> dict:
+    return {k: (arrs[k][span[0]:span[1]] if k in keys else arrs[k]) for k in arrs}
+
+
+def _docs(spec: PreprocessSpec, payload: dict, stats: SplitStats) -> Iterator[dict]:
+    """Truncate (or, for bfd_split, split) a pretrain/sft record into packable documents."""
+    n = len(payload["input_ids"])
+    keys = tuple(payload)
+    if n > spec.max_seq_len and spec.packing.mode == "bfd_split":
+        for span in split_spans(n, spec.max_seq_len):
+            yield _cut(payload, keys, span)
+        return
+    span = truncate_span(n, spec.max_seq_len, spec.truncation)
+    stats.dropped_tokens += n - (span[1] - span[0])
+    yield _cut(payload, keys, span)
+
+
+def _truncate_pair(spec: PreprocessSpec, payload: dict, stats: SplitStats) -> dict:
+    out = dict(payload)
+    for key in ("chosen", "rejected", "prompts"):
+        if key in payload:
+            n = len(payload[key])
+            span = truncate_span(n, spec.max_seq_len, spec.truncation)
+            stats.dropped_tokens += n - (span[1] - span[0])
+            out[key] = payload[key][span[0]:span[1]]
+            if f"{key}_mask" in payload:
+                out[f"{key}_mask"] = payload[f"{key}_mask"][span[0]:span[1]]
+    return out
+
+
+ProgressFn = Callable[[dict], None]
+
+
+def build_dataset(spec: PreprocessSpec, *, workers: int = 1, on_error: str = "fail",
+                  progress: ProgressFn | None = None) -> BuildResult:
+    """Run the spec; return the summary. Raises ConfigError / DataError on bad input, leaving
+    the output directory untouched."""
+    t0 = time.perf_counter()
+    if on_error not in ("fail", "skip"):
+        raise ConfigError(f"--on-error '{on_error}': choose fail or skip")
+    out = Path(spec.output)
+    if out.exists() and not spec.overwrite:
+        raise ConfigError(f"output: {out} already exists; remove it, choose another output, "
+                          "or pass --set overwrite=true")
+    if not Path(spec.tokenizer).exists():
+        raise ConfigError(f"tokenizer: {spec.tokenizer} does not exist; train one with "
+                          "`astrai tokenizer train` or fix the spec's 'tokenizer' path")
+    tok = Tokenizer.load(spec.tokenizer)
+    splits = {"train": expand_inputs(spec.inputs, "inputs")}
+    if spec.val_inputs:
+        splits["val"] = expand_inputs(spec.val_inputs, "val_inputs")
+    token_dtype = "uint16" if tok.vocab_size <= 65536 else "uint32"
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    encoders = _Encoders(spec, tok, Path(spec.tokenizer), max(1, workers))
+    startup = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    errors: list[str] = []
+    all_stats: dict[str, SplitStats] = {}
+    groups: dict = {}  # grpo: the first record's mode and group size, which all must share
+    try:
+        for split, files in splits.items():
+            stats = all_stats[split] = SplitStats()
+            sink = _Sink(tmp, split, spec, token_dtype, stats, groups)
+            packer = Packer(spec.packing.mode or "none", spec.row_len, spec.packing.buffer)
+            limit = spec.max_records if split == "train" else None
+            for results in encoders.map(_chunks(files, limit)):
+                for res in results:
+                    stats.records_read += 1
+                    status, where = res[0], res[1]
+                    if status == "error":
+                        stats.malformed += 1
+                        if len(errors) < 10_000:
+                            errors.append(res[2])
+                        continue
+                    if status == "filtered":
+                        stats.filtered_short += res[2] == "short"
+                        stats.filtered_long += res[2] == "long"
+                        continue
+                    if errors and on_error == "fail":
+                        continue  # the run fails; keep scanning only to list more bad lines
+                    payload = res[2]
+                    bad = _grpo_mismatch(payload, groups) if spec.kind == "grpo" else None
+                    if bad:
+                        stats.malformed += 1
+                        errors.append(f"{where}: {bad}")
+                        continue
+                    stats.records_kept += 1
+                    if spec.kind in ("pretrain", "sft"):
+                        for doc in _docs(spec, payload, stats):
+                            for row in packer.add(doc):
+                                sink.add(row)
+                    else:
+                        sink.add(_truncate_pair(spec, payload, stats))
+                if errors and on_error == "fail" and len(errors) >= MAX_LISTED_ERRORS:
+                    break
+                if progress:
+                    progress({"split": split, "records": stats.records_read,
+                              "tokens": stats.tokens, "elapsed": time.perf_counter() - t1})
+            if errors and on_error == "fail":
+                raise DataError(_error_summary(errors))
+            for row in packer.finish():
+                sink.add(row)
+            sink.close()
+            _check_split(split, files, stats)
+        elapsed = time.perf_counter() - t1
+        tok.save(tmp / "tokenizer")
+        offline = groups.get("mode") == "offline"
+        write_manifest(tmp / MANIFEST, spec=spec, tok=tok, token_dtype=token_dtype,
+                       dtypes=dtypes_for(spec, token_dtype, offline),
+                       stats=all_stats, offline_grpo=offline)
+        _replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        encoders.close()
+    return BuildResult(str(out), spec.kind, spec.format, all_stats, errors, elapsed, startup)
+
+
+def _grpo_mismatch(payload: dict, first: dict) -> str | None:
+    """All grpo records share one mode (online/offline) and, offline, one group size."""
+    mode = "offline" if "responses" in payload else "online"
+    size = len(payload["response_lens"]) if mode == "offline" else 0
+    first.setdefault("mode", mode)
+    first.setdefault("size", size)
+    if mode != first["mode"]:
+        return ("mixes online records (prompt, reference) with offline groups (responses, "
+                "rewards); put them in two datasets")
+    if size != first["size"]:
+        return (f"has {size} responses but earlier records have {first['size']}; every offline "
+                "GRPO record needs the same group size")
+    return None
+
+
+def _error_summary(errors: list[str]) -> str:
+    shown = "; ".join(errors[:MAX_LISTED_ERRORS])
+    more = "" if len(errors) <= MAX_LISTED_ERRORS else " (first 5 shown)"
+    return (f"{len(errors)} bad record{'s' if len(errors) > 1 else ''}{more}: {shown} — fix "
+            "them, or pass --on-error skip to leave them out")
+
+
+def _check_split(split: str, files: list[Path], stats: SplitStats) -> None:
+    names = ", ".join(str(f) for f in files)
+    if stats.records_read == 0:
+        raise DataError(f"{'inputs' if split == 'train' else 'val_inputs'}: no records in "
+                        f"{names}; the input is empty")
+    if stats.samples == 0:
+        raise DataError(
+            f"{split}: no record kept of {stats.records_read} read ({stats.filtered_short} "
+            f"shorter than filters.min_chars, {stats.filtered_long} longer than "
+            f"filters.max_chars, {stats.malformed} malformed); adjust the filters or inputs")
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)

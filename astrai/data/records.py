@@ -1,0 +1,86 @@
+"""Reading raw input: files or globs of .jsonl / .jsonl.gz (and plain text for tokenizers)."""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from astrai.errors import DataError
+
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
+
+
+def expand_inputs(patterns: Sequence[str | Path], what: str = "inputs") -> list[Path]:
+    """Files named by `patterns` (globs allowed), in order, without duplicates."""
+    out: list[Path] = []
+    for pat in patterns:
+        pat = str(pat)
+        hits = sorted(glob.glob(pat, recursive=True)) if glob.has_magic(pat) else [pat]
+        hits = [h for h in hits if Path(h).is_file()]
+        if not hits:
+            raise DataError(f"{what}: '{pat}' matches no file; check the path")
+        out.extend(Path(h) for h in hits if Path(h) not in out)
+    return out
+
+
+def open_text(path: Path) -> io.TextIOBase:
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", errors="strict")  # type: ignore[return-value]
+    return open(path, encoding="utf-8")
+
+
+def is_jsonl(path: Path) -> bool:
+    return path.name.lower().endswith(JSONL_SUFFIXES)
+
+
+def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) for each non-blank line; a bad encoding names the file."""
+    try:
+        with open_text(path) as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    yield n, line
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not valid UTF-8 ({e.reason}); re-encode the file") from e
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path}: cannot be read ({e})") from e
+
+
+def parse_record(line: str, where: str) -> dict[str, Any]:
+    """One JSONL record; DataError naming `where` (file:line) when it is not a JSON object."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    return rec
+
+
+def record_text(rec: dict, field: str, where: str) -> str:
+    """Text of `field`: a string, or the contents of a message list joined by newlines."""
+    if field not in rec:
+        raise DataError(f"{where}: missing field '{field}' (keys: {', '.join(sorted(rec))})")
+    value = rec[field]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(m, dict) for m in value):
+        return "\n".join(str(m.get("content", "")) for m in value)
+    raise DataError(f"{where}: field '{field}' must be a string, got {type(value).__name__}")
+
+
+def iter_texts(files: Sequence[Path], field: str = "text") -> Iterator[str]:
+    """Texts for tokenizer training: `field` of JSONL records, or lines of plain text files."""
+    for path in files:
+        if is_jsonl(path):
+            for n, line in iter_lines(path):
+                where = f"{path}:{n}"
+                yield record_text(parse_record(line, where), field, where)
+        else:
+            for _, line in iter_lines(path):
+                yield line
