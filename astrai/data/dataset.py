@@ -60,6 +60,8 @@ class ShardDataset(Dataset):
         self.pad_id: int = tok["pad_id"]
         self.vocab_size: int = tok["vocab_size"]
         self.fingerprint: str = tok["fingerprint"]
+        self.seq_len: int = int(self.manifest.get("row_len") or self.manifest["max_seq_len"])
+        """Longest row (pretrain/sft) or sequence (dpo, grpo prompts) in tokens."""
 
     @property
     def tokenizer_dir(self) -> Path:
@@ -204,3 +206,10 @@ def make_collate(kind: str, pad_id: int, pad_to_multiple: int | None = None
     fn = {"pretrain": _collate_packed, "sft": _collate_packed, "dpo": _collate_dpo,
           "grpo": _collate_grpo}[kind]
     return partial(fn, pad_id=pad_id, multiple=pad_to_multiple)
+
+
+def collate_for(kind: str, pad_id: int = 0, pad_to_multiple: int | None = None
+                ) -> Callable[[list[dict]], dict]:
+    """`make_collate` with a default pad id (padding is never trained on; any id works for
+    pretrain/sft/dpo, while grpo prompts should use the dataset's pad id)."""
+    return make_collate(kind, pad_id, pad_to_multiple)
