@@ -1,0 +1,43 @@
+"""What an inference attention backend is (seeds/internals.md "Attention Backend").
+
+A backend implements the model's `AttentionBackend.attend(q, k, v, layer, ctx)` for the
+inference path: `ctx.cache` is the step's `KVCache` record, q [1, N, H, D] and k, v
+[1, N, K, D] are the step's ragged tokens (RoPE applied). It writes k and v at
+`out_cache_loc` into layer `layer`'s buffers, then attends: query i of request b (position
+kv_len_b - qo_len_b + i) attends causally to positions 0 .. kv_len_b - qo_len_b + i of its
+KV, and only to the last `ctx.sliding_window` of them when that is set. Scale 1/sqrt(D).
+
+Beyond `name` and `attend`, a backend may define
+  * `unavailable_reason()` (static/class method): None when usable in this process, else
+    why not (no CUDA, extension not built, package missing);
+  * `supports(q, ctx) -> str | None`: None when it can serve this call, else why not
+    (dtype, head dim, device) — the dispatcher then tries the next backend.
+A backend may also raise `BackendUnsupported` from `attend` before writing anything.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from astrai.model.context import ForwardContext
+
+
+class BackendUnsupported(Exception):
+    """This backend cannot serve this call; the dispatcher falls through to the next one."""
+
+
+class InferenceBackend(Protocol):
+    name: str
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+               ctx: ForwardContext) -> torch.Tensor: ...
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, layer: int, ctx: ForwardContext) -> None:
+    """Store this step's k, v [1, N, K, D] at the record's out_cache_loc slots of `layer`."""
+    c = ctx.cache
+    kb, vb = c.k_buf[layer], c.v_buf[layer]  # (S, K, D)
+    kb.index_copy_(0, c.out_cache_loc, k[0].to(kb.dtype))
+    vb.index_copy_(0, c.out_cache_loc, v[0].to(vb.dtype))

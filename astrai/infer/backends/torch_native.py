@@ -1,0 +1,146 @@
+"""TorchNativeBackend: write K/V, gather through the page table, torch SDPA. Always there.
+
+Per step (on the first layer) it plans from the record alone, and the other layers reuse
+the plan:
+  * requests with one query token (decodes) form one padded batch: their pages are
+    gathered page-wise — a page is P contiguous slots, so each copy is a memcpy of P rows
+    rather than P scattered ones — into [Bd, Lg, K, D], with a key-padding (and window)
+    mask;
+  * requests with several query tokens (prefill chunks) run one by one: a fresh prompt
+    attends over its own new k/v (is_causal); one with cached KV gathers its slots
+    through kv_indices under a bottom-right-aligned causal mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from astrai.infer.backends.base import write_kv
+from astrai.infer.cache.record import KVCache
+from astrai.model.context import SDPA, ForwardContext
+
+
+@dataclass
+class _DecodePlan:
+    q_index: torch.Tensor | None  # (Bd,) flat token rows; None when all N tokens are decodes
+    page_ids: torch.Tensor  # (Bd * n_pages,) int64
+    page_size: int  # P
+    span: int  # slots read from each page: P, or Lmax when one page covers every request
+    mask: torch.Tensor | None  # (Bd, 1, 1, Lg) bool; None when nothing is masked
+
+
+@dataclass
+class _ExtendPlan:
+    q0: int  # query rows q0:q1 of the step
+    q1: int
+    slots: torch.Tensor | None  # (kv_len,) int64; None = no cached prefix, use the new k/v
+    mask: torch.Tensor | None  # (qo_len, kv_len) bool; None = plain causal
+
+
+class TorchNativeBackend:
+    name = "torch_native"
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        return None
+
+    def supports(self, q: torch.Tensor, ctx: ForwardContext) -> str | None:
+        return None
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+               ctx: ForwardContext) -> torch.Tensor:
+        c = ctx.cache
+        if c is None:  # no cache: the training path
+            return SDPA.attend(q, k, v, layer, ctx)
+        write_kv(k, v, layer, ctx)
+        plan = c.plans.get(self.name)
+        if plan is None:
+            plan = c.plans[self.name] = plan_step(c, ctx.sliding_window)
+        decode, extends = plan
+        kb, vb = c.k_buf[layer], c.v_buf[layer]  # (S, K, D)
+        if decode is not None and decode.q_index is None:  # a pure decode step
+            return _decode(q[0], kb, vb, decode).unsqueeze(0)  # (1, N, H, D)
+        out = torch.empty_like(q[0])  # (N, H, D)
+        if decode is not None:
+            out[decode.q_index] = _decode(q[0, decode.q_index], kb, vb, decode)
+        for e in extends:
+            s = slice(e.q0, e.q1)
+            out[s] = _extend(q[0, s], k[0, s], v[0, s], kb, vb, e)
+        return out.unsqueeze(0)
+
+
+def plan_step(c: KVCache, window: int | None) -> tuple[_DecodePlan | None, list[_ExtendPlan]]:
+    """Split the step into the decode batch and the prefill requests (shared by layers)."""
+    qo, seq, P = c.qo_lens_cpu, c.seq_lens_cpu, c.page_size
+    dev = c.req_to_token.device
+    qo_ptr, kv_ptr = [0], [0]
+    for a, b in zip(qo, seq):
+        qo_ptr.append(qo_ptr[-1] + a)
+        kv_ptr.append(kv_ptr[-1] + b)
+    dec = [b for b, n in enumerate(qo) if n == 1]
+    decode = None
+    if dec:
+        all_dec = len(dec) == len(qo)
+        rows = c.req_pool_indices if all_dec else c.req_pool_indices[torch.tensor(dec, device=dev)]
+        seqs = [seq[b] for b in dec]
+        l_max = max(seqs)
+        n_pages = -(-l_max // P)
+        span = P if n_pages > 1 else l_max
+        cols = torch.arange(n_pages, device=dev) * P
+        page_ids = (c.req_to_token[rows[:, None], cols[None, :]] // P).long().flatten()
+        l_g = n_pages * span
+        mask = None
+        if min(seqs) < l_g or window is not None:
+            s = torch.tensor(seqs, device=dev)[:, None]
+            j = torch.arange(l_g, device=dev)[None, :]
+            valid = j < s
+            if window is not None:  # the query sits at position s - 1
+                valid &= j >= s - window
+            mask = valid[:, None, None, :]  # (Bd, 1, 1, Lg)
+        q_index = None if all_dec else torch.tensor([qo_ptr[b] for b in dec], device=dev)
+        decode = _DecodePlan(q_index, page_ids, P, span, mask)
+    extends = []
+    for b, n in enumerate(qo):
+        if n == 1:
+            continue
+        prefix = seq[b] - n
+        slots = None if prefix == 0 else c.kv_indices[kv_ptr[b]:kv_ptr[b + 1]].long()
+        mask = None
+        if prefix > 0 or window is not None:
+            i = torch.arange(n, device=dev)[:, None] + prefix  # query positions
+            j = torch.arange(seq[b] if prefix else n, device=dev)[None, :]
+            mask = j <= i
+            if window is not None:
+                mask &= j > i - window
+        extends.append(_ExtendPlan(qo_ptr[b], qo_ptr[b + 1], slots, mask))
+    return decode, extends
+
+
+def _decode(q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, d: _DecodePlan) -> torch.Tensor:
+    """q [Bd, H, D] (one token per request) -> [Bd, H, D]."""
+    Bd, K, D = q.shape[0], kb.shape[1], kb.shape[2]
+    pages_k = kb.view(-1, d.page_size, K * D)[:, : d.span]  # (NP, span, K*D) view
+    pages_v = vb.view(-1, d.page_size, K * D)[:, : d.span]
+    kk = pages_k.index_select(0, d.page_ids).view(Bd, -1, K, D)  # (Bd, Lg, K, D)
+    vv = pages_v.index_select(0, d.page_ids).view(Bd, -1, K, D)
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2), kk.transpose(1, 2).to(q.dtype), vv.transpose(1, 2).to(q.dtype),
+        attn_mask=d.mask, enable_gqa=q.shape[1] != K,
+    )  # (Bd, H, 1, D)
+    return out.squeeze(2)
+
+
+def _extend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: torch.Tensor,
+            vb: torch.Tensor, e: _ExtendPlan) -> torch.Tensor:
+    """One request's T query tokens q [T, H, D] -> [T, H, D]."""
+    if e.slots is not None:  # cached prefix: read every position back from the pool
+        k = kb.index_select(0, e.slots).to(q.dtype)  # (kv_len, K, D)
+        v = vb.index_select(0, e.slots).to(q.dtype)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        attn_mask=e.mask, is_causal=e.mask is None, enable_gqa=q.shape[1] != k.shape[1],
+    )  # (H, T, D)
+    return out.transpose(0, 1)

@@ -1,0 +1,65 @@
+"""Model and tokenizer for an engine, from a checkpoint directory (chat needs nothing else)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from astrai.errors import CheckpointError, ConfigError
+from astrai.infer.config import DTYPES
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """'auto' = cuda when present, else cpu."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"device '{device}': use auto, cpu, cuda or cuda:N") from None
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """None/'auto' = bf16 on CUDA, fp32 on CPU (DESIGN.md "Device and precision")."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype '{dtype}': use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def load_model(path: str | Path, *, device: str | torch.device = "auto",
+               dtype: str | torch.dtype | None = None) -> torch.nn.Module:
+    """An eval-mode Transformer from an astrai checkpoint or (through the model room's
+    `astrai.model.hf.load_pretrained`, when present) a HF-format directory."""
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a checkpoint directory")
+    try:
+        hf = importlib.import_module("astrai.model.hf")
+    except ModuleNotFoundError:
+        hf = None
+    if hf is not None and hasattr(hf, "load_pretrained"):
+        loaded = hf.load_pretrained(path, device=dev, dtype=dt)
+    else:
+        from astrai.model.checkpoint import load_checkpoint
+
+        loaded = load_checkpoint(path, device=dev, dtype=dt)
+    model = loaded[0] if isinstance(loaded, tuple) else loaded
+    return model.eval()
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer stored in the checkpoint directory, or None when there is none."""
+    if not (Path(path) / "tokenizer.json").is_file():
+        return None
+    from astrai.data.tokenizer import Tokenizer
+
+    return Tokenizer.load(path)

@@ -1,0 +1,140 @@
+"""A request's life in the engine, and what the engine reports about it.
+
+Timestamps are `time.perf_counter()` seconds, so serving metrics (TTFT, TPOT, ITL,
+end-to-end latency) are differences of them.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from astrai.infer.cache.pool import KVHandle
+from astrai.infer.params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestMetrics:
+    """When things happened to one request (perf_counter seconds)."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    """When each output token was produced (the first one is first_token_time)."""
+    finished_time: float | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def e2e(self) -> float | None:
+        """End-to-end latency."""
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
+
+    @property
+    def itl(self) -> list[float]:
+        """Inter-token latencies (gaps between consecutive output tokens)."""
+        t = self.token_times
+        return [b - a for a, b in itertools.pairwise(t)]
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token, excluding the first (vLLM's definition)."""
+        t = self.token_times
+        return None if len(t) < 2 else (t[-1] - t[0]) / (len(t) - 1)
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    """Prompt tokens served from the prefix cache at admission."""
+
+
+@dataclass
+class RequestOutput:
+    """One step's news about a request: a delta while streaming, the end when finished."""
+
+    request_id: str
+    delta_token_ids: list[int]
+    delta_text: str
+    token_ids: list[int]
+    """All output tokens so far."""
+    text: str
+    """All output text so far (empty without a tokenizer)."""
+    finished: bool
+    finish_reason: str | None
+    """"stop" (EOS, stop token or stop string), "length" (max_tokens or context), "abort"."""
+    usage: Usage
+    metrics: RequestMetrics
+    stop_reason: int | str | None = None
+    """The stop token id or stop string that ended the request."""
+    delta_logprobs: list[float] | None = None
+    """Raw-model log-probabilities of delta_token_ids (SamplingParams.logprobs)."""
+    logprobs: list[float] | None = None
+    """Log-probabilities of all output tokens so far."""
+    delta_top_logprobs: list[dict[int, float]] | None = None
+    """Per new token: the top_logprobs most likely ids -> log-probability."""
+    prompt_truncated: bool = False
+    """The prompt was cut to fit the context (prompt_overflow='truncate')."""
+    index: int | None = None
+    """Position of the prompt in `Engine.generate`'s list."""
+
+
+class Request:
+    """Mutable state of one request; owned by the scheduler."""
+
+    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                 arrival_time: float, stop_ids: frozenset[int] = frozenset()) -> None:
+        self.id = request_id
+        self.params = params
+        self.tokens: list[int] = list(prompt_ids)
+        """Prompt followed by the output so far."""
+        self.prompt_len = len(prompt_ids)
+        self.stop_ids = stop_ids
+        """Token ids that end the request with "stop"."""
+        self.status = Status.WAITING
+        self.kv: KVHandle | None = None
+        self.num_computed = 0
+        """Leading tokens whose K/V are in the pool (the last sampled token never is)."""
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.metrics = RequestMetrics(arrival_time)
+        self.cached_tokens = 0
+        self.admitted_once = False
+        self.num_preemptions = 0
+        self.logprobs: list[float] = []
+        self.top_logprobs: list[dict[int, float]] = []
+        self.truncated = False
+        self.sampler_state: Any = None
+        """Penalty bookkeeping of the sampler (counts), created on first use."""
+        self.text_state: Any = None
+        """The engine's incremental detokenizer / stop-string matcher."""
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def __repr__(self) -> str:
+        return (f"Request({self.id!r}, {self.status.value}, prompt={self.prompt_len}, "
+                f"out={self.num_output}, computed={self.num_computed})")

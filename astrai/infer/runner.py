@@ -1,0 +1,53 @@
+"""ModelRunner: turns a StepBatch into one forward pass over the ragged tokens.
+
+The step's tokens are flattened to input_ids [1, N] with their positions; the KV record is
+built once and handed to every layer through the ForwardContext. Only the rows that sample
+(the last token of each finished chunk) go through the LM head — a prefill of thousands of
+tokens costs one [B, V] projection, not [N, V].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from astrai.infer.cache.pool import PagePool
+from astrai.infer.cache.record import KVCache, build_kv_cache
+from astrai.infer.scheduler import StepBatch
+from astrai.model.context import AttentionBackend, ForwardContext
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, pool: PagePool) -> None:
+        self.model = model
+        self.pool = pool
+        self.device = pool.req_to_token.table.device
+
+    def build_record(self, batch: StepBatch) -> tuple[list[int], list[int], KVCache]:
+        ids: list[int] = []
+        rows, prefix, qo, sample_rows = [], [], [], []
+        for c in batch.chunks:
+            ids.extend(c.req.tokens[c.start:c.start + c.n])
+            rows.append(c.req.kv.row)
+            prefix.append(c.start)
+            qo.append(c.n)
+            if c.sample:
+                sample_rows.append(len(ids) - 1)
+        st = self.pool.storage
+        record = build_kv_cache(st.k, st.v, self.pool.req_to_token.table, rows, prefix, qo,
+                                self.pool.page_size)
+        return ids, sample_rows, record
+
+    @torch.inference_mode()
+    def run(self, batch: StepBatch, backend: AttentionBackend) -> torch.Tensor:
+        """Forward the step; returns fp32 logits [n_sampling, V] of the sampling rows."""
+        ids, sample_rows, record = self.build_record(batch)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device).view(1, -1)
+        ctx = ForwardContext(positions=record.positions.view(1, -1), cache=record,
+                             backend=backend)
+        out = self.model(input_ids, ctx, return_hidden=True, compute_logits=False)
+        h = out.hidden[0]  # (N, C)
+        if len(sample_rows) != h.shape[0]:
+            h = h[torch.tensor(sample_rows, device=self.device)]  # (B_s, C)
+        lm_head = getattr(self.model, "lm_head", None)
+        logits = lm_head(h) if lm_head is not None else h @ self.model.output_weight().T
+        return logits.float()

@@ -1,0 +1,101 @@
+"""Batch sampling: gathers per-request settings into row tensors and applies the pure
+functions of `sampling.py`, skipping every stage no request in the batch uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from astrai.infer import sampling as S
+from astrai.infer.request import Request
+
+
+@dataclass
+class _PenaltyState:
+    counts: torch.Tensor  # (V,) float: output-token counts
+    prompt_mask: torch.Tensor  # (V,) bool
+    seen: int  # output tokens already counted
+
+
+@dataclass
+class SampleResult:
+    tokens: list[int]
+    logprobs: list[float] | None
+    """Raw-model log-probabilities of `tokens` (None when no request asked)."""
+    top_logprobs: list[dict[int, float]] | None
+
+
+class Sampler:
+    def __init__(self, device: torch.device | str, seed: int = 0) -> None:
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    def _penalty_state(self, req: Request, V: int) -> _PenaltyState:
+        st = req.sampler_state
+        if st is None:
+            pm = torch.zeros(V, dtype=torch.bool, device=self.device)
+            pm[torch.tensor(req.tokens[:req.prompt_len], device=self.device)] = True
+            st = req.sampler_state = _PenaltyState(
+                torch.zeros(V, dtype=torch.float32, device=self.device), pm, 0)
+        out = req.tokens[req.prompt_len + st.seen:]
+        if out:
+            idx = torch.tensor(out, device=self.device)
+            st.counts.index_add_(0, idx, torch.ones(len(out), device=self.device))
+            st.seen += len(out)
+        return st
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
+        """logits [B, V] fp32 for `reqs` (in order) -> one new token per request."""
+        _B, V = logits.shape
+        ps = [r.params for r in reqs]
+        raw = logits
+        if any(p.has_penalties for p in ps):
+            states = [self._penalty_state(r, V) for r in reqs]
+            f32 = {"dtype": torch.float32, "device": self.device}
+            logits = S.apply_penalties(
+                logits, torch.stack([s.counts for s in states]),
+                torch.stack([s.prompt_mask for s in states]),
+                torch.tensor([p.repetition_penalty for p in ps], **f32),
+                torch.tensor([p.frequency_penalty for p in ps], **f32),
+                torch.tensor([p.presence_penalty for p in ps], **f32),
+            )
+        greedy = [p.is_greedy for p in ps]
+        if all(greedy):
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = self._draw(logits, reqs, greedy)
+        tok_list = tokens.tolist()
+        lp = tops = None
+        if any(p.logprobs or p.top_logprobs for p in ps):
+            logp = raw.float().log_softmax(dim=-1)
+            lp = logp.gather(1, tokens[:, None]).squeeze(1).tolist()
+            n_top = max(p.top_logprobs for p in ps)
+            if n_top:
+                vals, ids = logp.topk(n_top, dim=-1)
+                tops = [dict(zip(ids[b, :p.top_logprobs].tolist(), vals[b, :p.top_logprobs].tolist()))
+                        for b, p in enumerate(ps)]
+        return SampleResult(tok_list, lp, tops)
+
+    def _draw(self, logits: torch.Tensor, reqs: list[Request], greedy: list[bool]) -> torch.Tensor:
+        ps = [r.params for r in reqs]
+        f32 = {"dtype": torch.float32, "device": self.device}
+        x = S.apply_temperature(logits, torch.tensor([p.temperature for p in ps], **f32))
+        if any(p.top_k > 0 for p in ps):
+            x = S.top_k_mask(x, torch.tensor([max(p.top_k, 0) for p in ps], device=self.device))
+        if any(p.top_p < 1.0 for p in ps):
+            x = S.top_p_mask(x, torch.tensor([p.top_p for p in ps], **f32))
+        if any(p.min_p > 0.0 for p in ps):
+            x = S.min_p_mask(x, torch.tensor([p.min_p for p in ps], **f32))
+        probs = x.softmax(dim=-1)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        for b, (r, p) in enumerate(zip(reqs, ps)):
+            if p.seed is not None and not greedy[b]:
+                g = torch.Generator(device=self.device).manual_seed(S.seed_for(p.seed, r.num_output))
+                noise[b].exponential_(generator=g)
+        sampled = S.exponential_race(probs, noise)
+        if any(greedy):
+            g = torch.tensor(greedy, device=self.device)
+            sampled = torch.where(g, logits.argmax(dim=-1), sampled)
+        return sampled

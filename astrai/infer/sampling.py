@@ -1,0 +1,83 @@
+"""Sampling math as pure functions over a batch of logits [B, V] with per-row settings.
+
+Order (as in HF's logits processors and vLLM's sampler): penalties on the raw logits, then
+temperature, then top-k, top-p and min-p masks (-inf), then a draw. Greedy rows take the
+argmax of the penalized logits. Each function is tested against a naive per-row loop.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: torch.Tensor,
+                    repetition: torch.Tensor, frequency: torch.Tensor,
+                    presence: torch.Tensor) -> torch.Tensor:
+    """logits [B, V]; counts [B, V] output-token counts; prompt_mask [B, V] bool;
+    repetition/frequency/presence [B].
+
+    Repetition (Keskar et al., 2019, CTRL §4.1; HF/vLLM semantics) hits every token seen in
+    the prompt or output: a positive logit is divided by the penalty, a negative one
+    multiplied. Frequency and presence (OpenAI) subtract from output tokens only."""
+    seen = prompt_mask | (counts > 0)
+    rep = repetition[:, None]
+    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    return logits - frequency[:, None] * counts - presence[:, None] * (counts > 0).to(logits.dtype)
+
+
+def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """Divide row b by temperature[b]; rows with temperature 0 (greedy) stay as they are."""
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    return logits / t[:, None]
+
+
+def top_k_mask(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Keep each row's k[b] largest logits (ties with the k-th kept); k <= 0 keeps all."""
+    V = logits.shape[-1]
+    k = torch.where((k <= 0) | (k > V), torch.full_like(k, V), k)
+    kmax = int(k.max())
+    top = logits.topk(kmax, dim=-1).values  # (B, kmax) descending
+    thresh = top.gather(1, (k - 1).long()[:, None])  # (B, 1) the k-th largest
+    return logits.masked_fill(logits < thresh, NEG_INF)
+
+
+def top_p_mask(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Nucleus (Holtzman et al., 2020): keep the smallest prefix of the tokens sorted by
+    probability whose mass reaches p[b] (the top token always stays); p >= 1 keeps all."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above
+    drop_sorted = (mass_before >= p[:, None]) & (p[:, None] < 1.0)
+    drop_sorted[:, 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+    return logits.masked_fill(drop, NEG_INF)
+
+
+def min_p_mask(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p[b] times the row's top probability."""
+    probs = logits.softmax(dim=-1)
+    thresh = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
+    return logits.masked_fill(probs < thresh, NEG_INF)
+
+
+def exponential_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Sample rows of probs [B, V] with Exp(1) noise [B, V]: argmax p / E is distributed
+    as Categorical(p) (the exponential-race / Gumbel-max trick), so the randomness lives in
+    `noise`, which a per-request generator can own."""
+    return (probs / noise).argmax(dim=-1)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[b, tokens[b]] in fp32 -> [B]."""
+    return logits.float().log_softmax(dim=-1).gather(1, tokens[:, None].long()).squeeze(1)
+
+
+def seed_for(seed: int, index: int) -> int:
+    """A 63-bit generator seed for draw `index` of a request seeded with `seed`: draws do
+    not depend on batch composition or on preemption (which replays a request)."""
+    x = (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB)
+    x &= (1 << 64) - 1
+    x ^= x >> 31
+    return x & ((1 << 63) - 1)

@@ -1,0 +1,199 @@
+"""Continuous batching (Orca; vLLM v1 style), pure Python over the PagePool.
+
+Each step gets a token budget. Running requests come first, in admission order: a decode
+takes one token, an unfinished prefill takes a chunk of what budget is left (chunked
+prefill). Then waiting requests are admitted first-come first-served while rows, budget
+and pages (above a watermark) allow; their prompts skip the prefix the radix cache holds.
+Prefill chunks and decodes share one ragged step.
+
+When a running request needs a page and the pool has none (after evicting cache-only
+pages), the most recently admitted request is preempted: its KV is released (complete
+pages stay in the radix cache, so the replay is cheap) and it goes back to the front of the
+queue to be recomputed from prompt + output so far — never an out-of-memory crash.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from astrai.infer.cache.pool import PagePool
+from astrai.infer.config import SchedulerConfig
+from astrai.infer.request import Request, Status
+
+
+@dataclass
+class Chunk:
+    """One request's share of a step: tokens[start:start + n] are fed."""
+
+    req: Request
+    start: int
+    n: int
+    sample: bool
+    """The chunk reaches the end of the request's tokens: a new token is sampled."""
+
+
+@dataclass
+class StepBatch:
+    chunks: list[Chunk]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.n for c in self.chunks)
+
+    @property
+    def is_decode(self) -> bool:
+        return all(c.n == 1 for c in self.chunks)
+
+    @property
+    def sampled(self) -> list[Request]:
+        return [c.req for c in self.chunks if c.sample]
+
+
+class Scheduler:
+    def __init__(self, pool: PagePool, config: SchedulerConfig, max_context: int) -> None:
+        self.pool = pool
+        self.config = config
+        self.max_context = max_context
+        self.max_running = min(config.max_running or pool.config.max_requests,
+                               pool.config.max_requests)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self.peak_running = 0
+
+    # -- queue verbs -----------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, req: Request) -> bool:
+        """Drop a waiting or running request, freeing its KV; False if already finished."""
+        if req.finished:
+            return False
+        self.finish(req, "abort")
+        return True
+
+    def finish(self, req: Request, reason: str, stop_reason: int | str | None = None) -> None:
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+        elif req.status is Status.WAITING:
+            self.waiting.remove(req)
+        if req.kv is not None:
+            self.pool.close(req.kv, req.tokens[:req.num_computed])
+            req.kv = None
+        req.status = Status.FINISHED
+        req.finish_reason, req.stop_reason = reason, stop_reason
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.pool.close(req.kv, req.tokens[:req.num_computed])
+        req.kv, req.num_computed = None, 0
+        req.status = Status.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # -- one step --------------------------------------------------------------------------
+    def schedule(self) -> StepBatch | None:
+        budget = self.config.max_step_tokens
+        chunks: list[Chunk] = []
+        preempted = False
+        i = 0
+        while i < len(self.running):
+            req = self.running[i]
+            left = len(req.tokens) - req.num_computed
+            n = 1 if left == 1 else min(left, budget)  # decodes always run
+            if n <= 0:
+                i += 1
+                continue
+            while not self.pool.reserve(req.kv, req.num_computed + n):
+                victim = self.running[-1]  # the newest admitted: vLLM's recompute policy
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                chunks.append(Chunk(req, req.num_computed, n, n == left))
+                budget -= n
+                i += 1
+        if not preempted:
+            budget = self._admit(chunks, budget)
+        self.peak_running = max(self.peak_running, len(self.running))
+        return StepBatch(chunks) if chunks else None
+
+    def _admit(self, chunks: list[Chunk], budget: int) -> int:
+        pool = self.pool
+        watermark = int(self.config.watermark * pool.num_pages)
+        admitted: list[Request] = []
+        j = 0
+        while j < len(self.waiting) and budget > 0 and len(self.running) < self.max_running:
+            req = self.waiting[j]
+            handle = pool.open(req.tokens, count_hits=False)
+            if handle is None:
+                break
+            start = handle.cached_len
+            if self._defer(req, start, admitted):
+                pool.close(handle)
+                j += 1
+                continue
+            n = min(len(req.tokens) - start, budget)
+            need = pool.pages_for(start + n) - len(handle.pages)
+            floor = watermark if self.running else 0
+            if pool.available_pages() - need < floor or not pool.reserve(handle, start + n):
+                pool.close(handle)
+                break
+            del self.waiting[j]
+            if not req.admitted_once:  # hit rate over first admissions (not replays)
+                req.admitted_once, req.cached_tokens = True, start
+                pool.prefix_query_tokens += req.prompt_len
+                pool.prefix_hit_tokens += start
+            req.kv, req.num_computed, req.status = handle, start, Status.RUNNING
+            self.running.append(req)
+            admitted.append(req)
+            chunks.append(Chunk(req, start, n, start + n == len(req.tokens)))
+            budget -= n
+        return budget
+
+    def _defer(self, req: Request, start: int, admitted: list[Request]) -> bool:
+        """In-batch prefix sharing: a request whose next page is being computed by a request
+        admitted this very step waits one step, then finds that page in the radix cache."""
+        if self.pool.radix is None or not admitted:
+            return False
+        end = start + self.pool.page_size
+        if len(req.tokens) <= end:
+            return False
+        head = req.tokens[:end]
+        return any(a.num_computed <= start and len(a.tokens) > end and a.tokens[:end] == head
+                   for a in admitted)
+
+    def postprocess(self, batch: StepBatch, tokens: list[int], now: float) -> None:
+        """Advance every chunk and append the sampled `tokens` (one per sampling chunk, in
+        order); finish requests on a stop token, max_tokens or the context length."""
+        it = iter(tokens)
+        for c in batch.chunks:
+            req = c.req
+            tok = next(it) if c.sample else None
+            if req.status is not Status.RUNNING:  # finished during the step
+                continue
+            req.num_computed = c.start + c.n
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = now
+            if not c.sample:
+                self.pool.cache(req.kv, req.tokens[:req.num_computed])  # chunk done: share it
+                continue
+            if c.n > 1:
+                self.pool.cache(req.kv, req.tokens[:req.num_computed])
+            req.tokens.append(tok)
+            m = req.metrics
+            if m.first_token_time is None:
+                m.first_token_time = now
+            m.token_times.append(now)
+            if tok in req.stop_ids:
+                self.finish(req, "stop", tok)
+            elif req.num_output >= req.params.max_tokens or len(req.tokens) >= self.max_context:
+                self.finish(req, "length")
+            if req.finished:
+                m.finished_time = now
