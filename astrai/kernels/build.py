@@ -74,7 +74,7 @@ def source_files(root: Path | None = None) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.suffix in {".cu", ".cuh", ".h"})
 
 
-def parse_archs(spec: str | None) -> list[str]:
+def parse_archs(spec: str | None, source: str = "ASTRAI_CUDA_ARCHS") -> list[str]:
     """"80;90" / "8.0,9.0" / "sm_80 sm_90a" -> ["80", "90"] (default sm_80, sm_90)."""
     if not spec or not spec.strip():
         return list(DEFAULT_ARCHS)
@@ -83,10 +83,10 @@ def parse_archs(spec: str | None) -> list[str]:
         tok = tok.lower().removeprefix("sm_").removeprefix("compute_")
         m = re.fullmatch(r"(\d+)\.?(\d)([af]?)", tok)
         if not m:
-            raise ValueError(f"ASTRAI_CUDA_ARCHS: cannot read {tok!r}; write e.g. '80;90' or '9.0'")
+            raise ValueError(f"{source}: cannot read {tok!r}; write e.g. '80;90' or '9.0'")
         arch = f"{m.group(1)}{m.group(2)}{m.group(3)}"
         if int(arch.rstrip("af")) < 80:
-            raise ValueError(f"ASTRAI_CUDA_ARCHS: sm_{arch} is too old; the kernels need sm_80+")
+            raise ValueError(f"{source}: sm_{arch} is too old; the kernels need sm_80+")
         if arch not in out:
             out.append(arch)
     return out
@@ -219,7 +219,8 @@ def build_host_emulation(force: bool = False) -> Path:
     cxx, inc = find_host_compiler(), cuda_include_dir()
     if cxx is None or inc is None:
         raise KernelBuildError("host emulation needs a C++20 compiler and the CUDA headers")
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout[:80]
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
+                             check=False).stdout[:80]
     target = cache_root() / ("emu-" + build_key(["emu"], version)) / "libastrai_kernels_emu.so"
     if target.is_file() and not force:
         return target

@@ -42,7 +42,7 @@ class KernelUnavailable(RuntimeError):
     """The CUDA kernels cannot be used here; the message says why."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_library(path: str) -> ctypes.CDLL:
     """Open a built (or emulated) library and declare its launchers' signatures."""
     lib = ctypes.CDLL(path)
@@ -141,7 +141,7 @@ def prefill_supported(q: torch.Tensor, k_buf: torch.Tensor) -> str | None:
     return decode_supported(q, k_buf)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 

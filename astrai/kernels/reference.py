@@ -52,7 +52,7 @@ def paged_prefill_ref(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
     tokens last). Query i of request b sits at position kv_len - qo_len + i and, when causal,
     attends to key positions <= that. Returns [N, H, D] in q's dtype.
     """
-    N, H, D = q.shape
+    _, H, D = q.shape
     K = k_buf.shape[1]
     G = H // K
     out = torch.empty_like(q)

@@ -1,0 +1,69 @@
+"""`astrai kernels`: what CUDA kernels are built, for which GPUs, and why something is not."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+
+def render(st: dict, console: Console) -> None:
+    t = Table(title="CUDA kernels", show_header=False, title_justify="left")
+    t.add_column("item", style="cyan")
+    t.add_column("value", overflow="fold")
+    t.add_row("ready", "[green]yes[/]" if st["ready"] else "[yellow]no[/] (ops use torch references)")
+    t.add_row("sources", st["sources"] + ("" if st["sources_found"] else "  [red](missing)[/]"))
+    t.add_row("nvcc", f"{st['nvcc']} ({st['nvcc_version']})" if st["nvcc"] else "[red]not found[/]")
+    t.add_row("targets", ", ".join(f"sm_{a}" for a in st["archs"]) or "-")
+    t.add_row("device", st["device"] or "none")
+    lib = st["library"] or "-"
+    t.add_row("library", lib + ("" if st["built"] else "  (not built)"))
+    if st["built"]:
+        t.add_row("built for", ", ".join(f"sm_{a}" for a in st["built_archs"]))
+    if st["build_seconds"]:
+        t.add_row("build time", f"{st['build_seconds']:.1f} s")
+    for why in st["reasons"]:
+        t.add_row("why not", why)
+    console.print(t)
+    ops = Table(title="Ops (torch.ops.astrai.*)", title_justify="left")
+    for col in ("op", "kernel dtypes", "kernel head dims"):
+        ops.add_column(col)
+    for name, (dtypes, dims) in st["ops"].items():
+        ops.add_row(name, dtypes, dims)
+    console.print(ops)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("kernels")
+    def kernels_cmd(
+        build: Annotated[bool, typer.Option(
+            "--build", help="Build the library now (needs nvcc, not a GPU); cached afterwards.")
+        ] = False,
+        force: Annotated[bool, typer.Option("--force", help="With --build: rebuild.")] = False,
+        archs: Annotated[str | None, typer.Option(
+            "--archs", help="Targets, e.g. '80;90' [default: ASTRAI_CUDA_ARCHS or 80;90].")
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    ) -> None:
+        """Report the CUDA kernels: built or not, for which GPUs, and why not."""
+        from astrai.errors import ConfigError
+        from astrai.kernels.build import parse_archs
+        from astrai.kernels.status import kernel_status
+
+        try:
+            arch_list = parse_archs(archs, "--archs") if archs else None
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        if build:
+            Console(stderr=True).print("building CUDA kernels (nvcc; a minute or two the first "
+                                       "time)...")
+        st = kernel_status(build=build, force=force, archs=arch_list).to_dict()
+        if as_json:
+            typer.echo(json.dumps(st, indent=2))
+        else:
+            render(st, Console(highlight=False))
+        if build and not st["built"]:
+            raise typer.Exit(1)
