@@ -208,7 +208,7 @@ class _Sink:
                 tuple(k for k in self.TOKEN_KEYS if k in dtypes),
                 self.spec.max_tokens_per_shard, self.stats)
         self.writer.add(row)
-        if self.spec.kind in ("pretrain", "sft"):
+        if self.spec.kind in ("pretrain", "sft") and self.spec.packing.mode != "none":
             self.stats.capacity += self.spec.row_len
 
     def close(self) -> None:
