@@ -1,0 +1,222 @@
+"""TrainConfig: everything a training run needs, typed and validated.
+
+Precedence (DESIGN.md "Config precedence"): field defaults < `--config file.yaml|json` < CLI
+flags. The resolved config is saved in the run directory and in every checkpoint's
+meta.json, so `astrai resume RUN_DIR` needs no other argument.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from astrai.errors import ConfigError
+
+ScheduleType = Literal["cosine", "sgdr", "wsd"]
+
+
+class TrainConfig(BaseModel):
+    """One training run (seeds/training.md "Training CLI" plus the options users expect)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # -- what to train -------------------------------------------------------------------
+    strategy: str = "seq"
+    """Training objective: a registered strategy name (seq, sft; dpo, grpo, ... when present)."""
+    data: str | None = None
+    """Dataset directory written by `astrai preprocess` (required)."""
+    model: str | None = None
+    """Preset name, model config file (.json/.yaml), astrai checkpoint or HF model directory."""
+    model_overrides: dict[str, Any] = Field(default_factory=dict)
+    """ModelConfig fields to override on a preset or config file (e.g. {n_layers: 2})."""
+    out: str | None = None
+    """Run directory: resolved config, metrics.jsonl, checkpoints/step_N, `latest` pointer."""
+
+    # -- batch and length ----------------------------------------------------------------
+    batch_size: int = Field(8, gt=0)
+    """Sequences per micro-batch on each device (batch_per_device)."""
+    grad_accum_steps: int = Field(1, gt=0)
+    """Micro-batches per optimizer step; the loss is normalised over the whole window."""
+    window_size: int | None = Field(None, gt=0)
+    """Sequence length; None = the dataset's packed length. Longer rows are cut to it."""
+
+    # -- length of training --------------------------------------------------------------
+    epochs: int = Field(1, gt=0)
+    """Passes over the dataset (ignored when max_steps is set)."""
+    max_steps: int | None = Field(None, gt=0)
+    """Stop after this many optimizer steps (epochs continue as needed); None = epochs."""
+
+    # -- optimizer -----------------------------------------------------------------------
+    max_lr: float = Field(3e-4, gt=0)
+    """Peak learning rate (reached at the end of warmup)."""
+    min_lr: float | None = Field(None, ge=0)
+    """Final learning rate of the decay; None = max_lr / 10."""
+    weight_decay: float = Field(0.1, ge=0)
+    """AdamW decoupled weight decay, applied to matrices only (not norms, biases, embeddings)."""
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    """AdamW beta1."""
+    adam_beta2: float = Field(0.95, ge=0, lt=1)
+    """AdamW beta2."""
+    adam_eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon."""
+    max_grad_norm: float = Field(1.0, ge=0)
+    """Clip the global gradient L2 norm to this value; 0 = measure only, never clip."""
+
+    # -- schedule ------------------------------------------------------------------------
+    schedule: ScheduleType = "cosine"
+    """LR schedule: cosine (warmup, cosine to min), sgdr (warm restarts, t_mult 2), wsd."""
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    """Fraction of total steps spent in linear warmup (warmup_steps overrides)."""
+    warmup_steps: int | None = Field(None, ge=0)
+    """Warmup length in optimizer steps; None = warmup_ratio * total steps."""
+    sgdr_cycle_steps: int | None = Field(None, gt=0)
+    """sgdr: length of the first cycle after warmup; None = fit 3 cycles (1+2+4) in the run."""
+    wsd_decay_ratio: float = Field(0.2, gt=0, le=1)
+    """wsd: fraction of total steps in the final (quadratic) decay."""
+
+    # -- objective -----------------------------------------------------------------------
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    """Cross-entropy label smoothing (seq, sft)."""
+    moe_aux_loss_coef: float | None = Field(None, ge=0)
+    """Weight of the MoE load-balancing loss; None = the model config's moe_aux_loss_coef."""
+    strategy_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments for the strategy (used by dpo/grpo/...)."""
+
+    # -- checkpoints, metrics, validation ------------------------------------------------
+    ckpt_interval: int = Field(1000, ge=0)
+    """Save a checkpoint every N optimizer steps (and always at the end); 0 = only at the end."""
+    ckpt_dir: str | None = None
+    """Where checkpoints go; None = RUN_DIR/checkpoints."""
+    keep_last: int = Field(3, ge=0)
+    """Keep only the newest K checkpoints; 0 = keep all."""
+    log_interval: int = Field(1, gt=0)
+    """Write a metrics.jsonl record every N optimizer steps."""
+    eval_data: str | None = None
+    """Held-out dataset directory for validation loss / perplexity / bits per byte."""
+    val_split: float = Field(0.0, ge=0, lt=1)
+    """Hold out this fraction of the training samples for validation (when no eval_data)."""
+    eval_interval: int = Field(0, ge=0)
+    """Validate every N optimizer steps (and at the end when validation data exists); 0 = end."""
+    eval_max_batches: int | None = Field(None, gt=0)
+    """Validate on at most this many batches; None = the whole validation set."""
+    peak_tflops: float | None = Field(None, gt=0)
+    """Peak TFLOP/s of one device for MFU; None = a matmul measured at start."""
+
+    # -- runtime -------------------------------------------------------------------------
+    seed: int = 3407
+    """Seed of model init, data order and every RNG; CPU runs are bit-reproducible."""
+    device: str = "auto"
+    """auto (cuda when present, else cpu), cpu, cuda, cuda:N."""
+    precision: str = "auto"
+    """auto (bf16-mixed on CUDA, fp32 on CPU), fp32, bf16-mixed."""
+    parallel: str = "none"
+    """Executor: none (one process); ddp/fsdp when installed."""
+    executor_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments for the executor."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder block's activations in backward (saves memory, costs time)."""
+    num_workers: int = Field(0, ge=0)
+    """DataLoader worker processes."""
+    skip_nonfinite: int = Field(0, ge=0)
+    """Skip up to N optimizer steps whose loss or gradient is not finite instead of stopping."""
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.min_lr is not None and self.min_lr > self.max_lr:
+            raise ValueError(f"min_lr ({self.min_lr}) exceeds max_lr ({self.max_lr})")
+        if self.eval_data and self.val_split:
+            raise ValueError("give either eval_data or val_split, not both")
+        return self
+
+    # -- derived ------------------------------------------------------------------------
+    @property
+    def min_lr_value(self) -> float:
+        return self.max_lr / 10 if self.min_lr is None else self.min_lr
+
+    def require(self, *fields: str) -> None:
+        """Raise ConfigError for the first of `fields` that is unset."""
+        for f in fields:
+            if getattr(self, f) in (None, ""):
+                flag = "--" + f.replace("_", "-")
+                raise ConfigError(f"train config: `{f}` is required (pass {flag} or set it in --config)")
+
+    # -- I/O ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "train config") -> TrainConfig:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(f"{source}: {_format(e, source)}") from None
+
+
+def _format(e: ValidationError, source: str) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "config"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown key `{loc}` (see `astrai train --help` for the valid keys)")
+        else:
+            parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
+    return "; ".join(parts)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The mapping in a YAML or JSON config file; errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        raise ConfigError(f"{path}: {where}invalid YAML ({getattr(e, 'problem', e)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of train options, got {type(data).__name__}")
+    return data
+
+
+def _key_line(path: Path, key: str) -> int | None:
+    """1-based line of top-level `key` in a YAML/JSON file (JSON is YAML), if found."""
+    try:
+        node = yaml.compose(path.read_text())
+    except yaml.YAMLError:
+        return None
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    for k, _ in node.value:
+        if getattr(k, "value", None) == key:
+            return k.start_mark.line + 1
+    return None
+
+
+def load_train_config(config_file: str | Path | None = None,
+                      overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """defaults < config file < overrides (CLI flags; None values are 'not given')."""
+    data: dict[str, Any] = {}
+    if config_file is not None:
+        path = Path(config_file)
+        data = read_config_file(path)
+        unknown = [k for k in data if k not in TrainConfig.model_fields]
+        if unknown:
+            line = _key_line(path, unknown[0])
+            where = f"line {line}: " if line else ""
+            raise ConfigError(
+                f"{path}: {where}unknown key `{unknown[0]}`; valid keys are the long options of "
+                "`astrai train --help` with '_' for '-'"
+            )
+        TrainConfig.from_dict(data, source=str(path))  # field errors name the file
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return TrainConfig.from_dict(data, source=str(config_file) if config_file else "train options")

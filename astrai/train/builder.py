@@ -1,0 +1,160 @@
+"""Assemble a TrainContext from a TrainConfig (seeds/training.md "TrainContextBuilder").
+
+Order matters: validate everything (data kind, vocabulary, lengths, steps) before any file
+is written; weights are loaded before the model is wrapped; the executor creates and wraps
+the model, then the optimizer and scheduler over the wrapped parameters; on resume the
+optimizer, scheduler, counters, RNG and strategy states come back from the checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from astrai.config.train import TrainConfig
+from astrai.errors import ConfigError, DataError
+from astrai.train.context import RunPaths, TrainContext, TrainerState
+from astrai.train.data import TrainData
+from astrai.train.executor import ExecutorFactory
+from astrai.train.model_source import ModelSource, resolve_model
+from astrai.train.optim import build_adamw
+from astrai.train.plan import TrainPlan, make_plan, total_steps, warmup_steps, windows_per_epoch
+from astrai.train.precision import resolve_device, resolve_precision
+from astrai.train.schedule import SchedulerFactory
+from astrai.train.strategies import STRATEGIES, StrategyFactory
+
+
+@dataclass
+class Prepared:
+    """Everything validated, nothing built or written yet."""
+
+    config: TrainConfig
+    data: TrainData
+    source: ModelSource
+    plan: TrainPlan
+    device: torch.device
+
+
+def run_paths(config: TrainConfig) -> RunPaths:
+    run_dir = Path(config.out)
+    ckpt = Path(config.ckpt_dir) if config.ckpt_dir else run_dir / "checkpoints"
+    return RunPaths(run_dir, ckpt)
+
+
+def sampler_for(data: TrainData, config: TrainConfig, rank: int, world_size: int):
+    """The seeded, rank-sharded sampler of the training set (shuffled per epoch)."""
+    if data.sampler_fn is not None:
+        return data.sampler_fn(len(data.dataset), config.seed, rank, world_size)
+    from astrai.data.sampler import RDSampler
+
+    return RDSampler(len(data.dataset), seed=config.seed, rank=rank, world_size=world_size,
+                     shuffle=True)
+
+
+def prepare(config: TrainConfig, data: TrainData, *, world_size: int = 1,
+            source: ModelSource | None = None) -> Prepared:
+    """Check the run makes sense; raise a one-line AstraiError if not."""
+    strategy_cls = STRATEGIES.get(config.strategy)
+    if strategy_cls.dataset_kinds and data.kind not in strategy_cls.dataset_kinds:
+        raise DataError(
+            f"data: {data.path} is a '{data.kind}' dataset but strategy '{config.strategy}' "
+            f"trains on {' or '.join(strategy_cls.dataset_kinds)} data; preprocess with "
+            f"kind: {strategy_cls.dataset_kinds[0]} or choose another --strategy"
+        )
+    device = resolve_device(config.device)
+    precision = resolve_precision(config.precision, device)
+    if source is None:
+        config.require("model")
+        source = resolve_model(config.model, vocab_size=data.vocab_size, seq_len=data.seq_len,
+                               seed=config.seed, overrides=config.model_overrides,
+                               tokenizer_fingerprint=data.fingerprint)
+    n = len(data.dataset)
+    wpe = windows_per_epoch(n, config.batch_size, config.grad_accum_steps, world_size)
+    if wpe == 0:
+        raise DataError(
+            f"data: {data.path} has {n} samples, fewer than one optimizer step needs "
+            f"(batch_size {config.batch_size} x grad_accum_steps {config.grad_accum_steps} x "
+            f"{world_size} processes); lower them or add data"
+        )
+    plan = make_plan(config=config, model_config=source.config, model_desc=source.desc,
+                     dataset_kind=data.kind, dataset_len=n, seq_len=data.seq_len,
+                     world_size=world_size, device=str(device), precision=precision.name)
+    return Prepared(config, data, source, plan, device)
+
+
+def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
+                  ) -> tuple[TrainContext, dict[str, Any]]:
+    """Create executor, model, optimizer, scheduler, strategy; restore `resume` state
+    ({"optimizer", "scheduler", "trainer_state"}) when given. Returns the context and the
+    saved callback states (by callback name) to hand to the run's callbacks."""
+    config, data = p.config, p.data
+    torch.manual_seed(config.seed)
+    precision = resolve_precision(config.precision, p.device)
+    executor = ExecutorFactory.create(
+        config.parallel, grad_accum_steps=config.grad_accum_steps, device=p.device,
+        precision=precision, **config.executor_kwargs,
+    )
+    total = total_steps(len(data.dataset), config.batch_size, config.grad_accum_steps,
+                        executor.world_size, config.epochs, config.max_steps)
+    warmup = warmup_steps(total, config.warmup_ratio, config.warmup_steps)
+
+    def optimizer_fn(model):
+        return build_adamw(model, lr=config.max_lr, weight_decay=config.weight_decay,
+                           betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps)
+
+    def scheduler_fn(optimizer):
+        return SchedulerFactory.create(
+            config.schedule, optimizer, total_steps=total, warmup_steps=warmup,
+            min_rate=config.min_lr_value / config.max_lr, cycle_steps=config.sgdr_cycle_steps,
+            decay_ratio=config.wsd_decay_ratio,
+        )
+
+    model, optimizer, scheduler = executor.prepare(p.source.model_fn, optimizer_fn,
+                                                   scheduler_fn)
+    coef = config.moe_aux_loss_coef
+    if coef is None:
+        coef = p.source.config.moe_aux_loss_coef
+    strategy = StrategyFactory.create(
+        config.strategy, model, device=p.device, label_smoothing=config.label_smoothing,
+        moe_aux_loss_coef=coef, **config.strategy_kwargs,
+    )
+    byte_lengths = None
+    if data.eval_dataset is not None and data.tokenizer_dir is not None:
+        from astrai.train.bpb import token_byte_lengths
+
+        byte_lengths = token_byte_lengths(data.tokenizer_dir)
+    ctx = TrainContext(
+        config=config, model=model, model_config=p.source.config, optimizer=optimizer,
+        scheduler=scheduler, strategy=strategy, executor=executor, train_data=data.dataset,
+        sampler=sampler_for(data, config, executor.rank, executor.world_size),
+        collate_fn=data.collate_fn, total_steps=total,
+        windows_per_epoch=windows_per_epoch(len(data.dataset), config.batch_size,
+                                            config.grad_accum_steps, executor.world_size),
+        paths=run_paths(config), seq_len=data.seq_len, tokenizer_dir=data.tokenizer_dir,
+        eval_data=data.eval_dataset, byte_lengths=byte_lengths,
+        meta={"dataset": data.path, "dataset_kind": data.kind, "model_source": p.source.desc,
+              "seq_len": data.seq_len},
+    )
+    callback_states = restore(ctx, resume) if resume is not None else {}
+    return ctx, callback_states
+
+
+def restore(ctx: TrainContext, resume: dict[str, Any]) -> dict[str, Any]:
+    from astrai.train.context import set_rng_state
+
+    ts = resume["trainer_state"]
+    ctx.executor.load_optimizer_state_dict(ctx.optimizer, resume["optimizer"])
+    ctx.scheduler.load_state_dict(resume["scheduler"])
+    state = TrainerState(**ts["state"])
+    if state.step > ctx.total_steps:
+        raise ConfigError(f"checkpoint step {state.step} is past the run's {ctx.total_steps} "
+                          "total steps")
+    ctx.state = state
+    ctx.strategy.load_state_dict(ts.get("strategy", {}))
+    if ts.get("rng") is not None:
+        set_rng_state(ts["rng"])
+        ctx.boundary_rng = ts["rng"]
+    return ts.get("callbacks", {})

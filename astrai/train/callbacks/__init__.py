@@ -1,0 +1,42 @@
+"""Callbacks and the default set (seeds/training.md "Callback Lifecycle")."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from astrai.config.train import TrainConfig
+from astrai.train.callbacks.base import HOOKS, Callback, CallbackList
+from astrai.train.callbacks.checkpoint import CheckpointCallback
+from astrai.train.callbacks.clipping import GradientClippingCallback
+from astrai.train.callbacks.grad_ckpt import GradientCheckpointingCallback
+from astrai.train.callbacks.metrics import MetricsCallback
+from astrai.train.callbacks.progress import ProgressCallback
+
+
+def default_callbacks(config: TrainConfig, *, progress: bool = False,
+                      console: Console | None = None) -> list[Callback]:
+    """gradient_checkpointing (optional), metrics, checkpoint, progress (optional),
+    gradient_clipping (always).
+
+    Metrics come before checkpoint (the seeds list checkpoint first): both act at
+    on_step_end, and writing step N's record before checkpoint step_N exists means a run
+    killed in between never resumes with that record missing.
+    """
+    cbs: list[Callback] = []
+    if config.gradient_checkpointing:
+        cbs.append(GradientCheckpointingCallback())
+    cbs.append(MetricsCallback(log_interval=config.log_interval,
+                               eval_interval=config.eval_interval,
+                               eval_max_batches=config.eval_max_batches,
+                               peak_tflops=config.peak_tflops))
+    cbs.append(CheckpointCallback(config.ckpt_interval))
+    if progress:
+        cbs.append(ProgressCallback(console))
+    cbs.append(GradientClippingCallback(config.max_grad_norm))
+    return cbs
+
+
+__all__ = [
+    "HOOKS", "Callback", "CallbackList", "CheckpointCallback", "GradientCheckpointingCallback",
+    "GradientClippingCallback", "MetricsCallback", "ProgressCallback", "default_callbacks",
+]

@@ -1,0 +1,140 @@
+"""Metrics: one JSON line per logged optimizer step in RUN_DIR/metrics.jsonl (rank 0).
+
+A record: step, epoch, loss, lr, grad_norm, tokens, loss_tokens, tokens_per_s, mfu,
+memory_mb, consumed_samples, consumed_tokens, elapsed_s, the strategy's metrics
+(token-weighted means over the window: e.g. seq_loss, moe_aux_loss, moe_aux_loss_weighted),
+`skipped` when the step was skipped, and val_loss / val_ppl / val_bpb on validation steps.
+Validation runs every `eval_interval` steps and at the last step, inside the step's record.
+
+Records are flushed one by one, so a killed run keeps every line it logged. A resumed run
+first drops the records after its checkpoint's step, so no step appears twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from astrai.train.callbacks.base import Callback
+from astrai.train.evaluate import evaluate
+from astrai.train.flops import measure_peak_flops, mfu, train_flops_per_token
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """Keep only records with record['step'] <= step (atomically rewritten)."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill
+        if rec.get("step", 0) <= step:
+            keep.append(line)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(k + "\n" for k in keep))
+    tmp.replace(path)
+
+
+def memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+class MetricsCallback(Callback):
+    name = "metrics"
+
+    def __init__(self, *, log_interval: int = 1, eval_interval: int = 0,
+                 eval_max_batches: int | None = None, peak_tflops: float | None = None) -> None:
+        self.log_interval, self.eval_interval = log_interval, eval_interval
+        self.eval_max_batches = eval_max_batches
+        self.peak_tflops = peak_tflops
+        self.records: list[dict[str, Any]] = []
+        self._file = None
+        self._t0 = 0.0
+        self._elapsed_before = 0.0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def on_train_begin(self, ctx) -> None:
+        dev = ctx.executor.device
+        if self.peak_tflops:
+            self.peak = self.peak_tflops * 1e12
+        else:
+            dtype = torch.bfloat16 if ctx.executor.precision.name.startswith("bf16") \
+                else torch.float32
+            self.peak = measure_peak_flops(str(dev), dtype)
+        self.flops_per_token = train_flops_per_token(ctx.model_config, ctx.seq_len)
+        self._t0 = time.perf_counter()
+        if ctx.is_main:
+            truncate_after(ctx.paths.metrics, ctx.state.step)
+            self._file = ctx.paths.metrics.open("a")
+
+    def on_step_end(self, ctx) -> None:
+        step = ctx.state.step
+        if not (step % self.log_interval == 0 or ctx.done or self._eval_due(ctx)):
+            return
+        step_time = max(1e-9, time.perf_counter() - ctx.window_start)
+        tokens = ctx.window_tokens
+        tps = tokens / step_time
+        rec: dict[str, Any] = {
+            "step": step, "epoch": ctx.state.epoch,
+            "loss": _clean(ctx.step_loss), "lr": ctx.lr, "grad_norm": _clean(ctx.grad_norm),
+            "tokens": tokens, "loss_tokens": ctx.window_units,
+            "tokens_per_s": round(tps, 2),
+            "mfu": round(mfu(tps, self.flops_per_token, self.peak * ctx.world_size), 6),
+            "memory_mb": round(memory_mb(ctx.executor.device), 1),
+            "consumed_samples": ctx.state.consumed_samples,
+            "consumed_tokens": ctx.state.consumed_tokens,
+            "elapsed_s": round(self._elapsed_before + time.perf_counter() - self._t0, 3),
+        }
+        rec.update({k: _clean(v) for k, v in ctx.step_metrics.items()})
+        if ctx.skip_step:
+            rec["skipped"] = True
+        if self._eval_due(ctx):
+            ctx.last_eval = evaluate(ctx, self.eval_max_batches)
+            rec.update({k: _clean(v) for k, v in ctx.last_eval.items()})
+        self._write(ctx, rec)
+
+    def _eval_due(self, ctx) -> bool:
+        if ctx.eval_data is None:
+            return False
+        return ctx.done or (self.eval_interval > 0 and ctx.state.step % self.eval_interval == 0)
+
+    def _write(self, ctx, rec: dict[str, Any]) -> None:
+        self.records.append(rec)
+        if self._file is not None:
+            self._file.write(json.dumps(rec) + "\n")
+            self._file.flush()
+
+    def on_error(self, ctx, error: BaseException) -> None:
+        self._close()
+
+    def on_train_end(self, ctx) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    # elapsed time carries over a resume, so elapsed_s keeps growing
+    def state_dict(self) -> dict[str, Any]:
+        return {"elapsed_s": self._elapsed_before + time.perf_counter() - self._t0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._elapsed_before = float(state.get("elapsed_s", 0.0))
+
+
+def _clean(v: Any) -> Any:
+    """JSON has no NaN/inf: write them as strings so the line stays valid JSON."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v

@@ -1,0 +1,166 @@
+"""TrainContext: everything the loop and its callbacks share, passed explicitly.
+
+`TrainerState` is the committed state at the last optimizer-step boundary: it is what a
+checkpoint's trainer_state.pt stores, so a resumed run starts exactly at that boundary.
+The rest of the context is live, per-step bookkeeping.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from astrai.config.train import TrainConfig
+from astrai.model.config import ModelConfig
+from astrai.train.executor import Executor
+from astrai.train.optim import AccumOptimizer, AccumScheduler
+from astrai.train.strategies.base import Strategy
+
+
+@dataclass
+class TrainerState:
+    """Counters at the last optimizer-step boundary (saved in trainer_state.pt)."""
+
+    step: int = 0
+    """Optimizer steps completed (the N of checkpoints/step_N)."""
+    epoch: int = 0
+    """Current epoch (0-based)."""
+    epoch_batches: int = 0
+    """Micro-batches of the current epoch consumed by completed steps (sampler position)."""
+    consumed_samples: int = 0
+    """Samples consumed over all ranks: batch_per_device * world_size per micro-batch."""
+    consumed_tokens: int = 0
+    """Input tokens consumed over all ranks."""
+    skipped_steps: int = 0
+    """Steps skipped for a non-finite loss or gradient (--skip-nonfinite)."""
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a run may draw from (torch CPU/CUDA, numpy, python), in types that
+    torch.load(weights_only=True) accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss),
+                  float(gauss)),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class RunPaths:
+    """Where a run writes (DESIGN.md: run dir with metrics and checkpoints)."""
+
+    run_dir: Path
+    ckpt_dir: Path
+
+    @property
+    def metrics(self) -> Path:
+        return self.run_dir / "metrics.jsonl"
+
+    @property
+    def config(self) -> Path:
+        return self.run_dir / "train_config.json"
+
+    @property
+    def latest(self) -> Path:
+        return self.run_dir / "latest"
+
+
+@dataclass
+class TrainContext:
+    config: TrainConfig
+    model: nn.Module
+    """The (possibly wrapped) model being trained."""
+    model_config: ModelConfig
+    optimizer: AccumOptimizer
+    scheduler: AccumScheduler
+    strategy: Strategy
+    executor: Executor
+    train_data: Any
+    """The training Dataset."""
+    sampler: Any
+    """Resumable sampler: set_epoch(e), __iter__, __len__ (this rank's share)."""
+    collate_fn: Any
+    total_steps: int
+    windows_per_epoch: int
+    paths: RunPaths
+    seq_len: int = 0
+    """Tokens per row fed to the model (for FLOPs per token)."""
+    tokenizer_dir: Path | None = None
+    eval_data: Any = None
+    byte_lengths: torch.Tensor | None = None
+    """[V] UTF-8 bytes per token id, for bits per byte."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Extra facts saved in each checkpoint's meta.json (dataset, model source, ...)."""
+    state: TrainerState = field(default_factory=TrainerState)
+    callbacks: list[Any] = field(default_factory=list)
+    """The run's callbacks in order (set by the Trainer)."""
+
+    # -- live, per micro-batch ----------------------------------------------------------------
+    batch: dict[str, torch.Tensor] | None = None
+    loss: float = 0.0
+    """This micro-batch's contribution to the step loss (already window-normalised)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """This micro-batch's strategy metrics."""
+    window_batches: int = 0
+    window_samples: int = 0
+    window_tokens: int = 0
+    window_units: int = 0
+    normalizer: float = 1.0
+    window_start: float = 0.0
+    """perf_counter() when the current window began (data loading included)."""
+
+    # -- live, per optimizer step ----------------------------------------------------------
+    step_loss: float = 0.0
+    """Loss of the current step: the window's mean over its loss units."""
+    step_metrics: dict[str, float] = field(default_factory=dict)
+    grad_norm: float | None = None
+    lr: float = 0.0
+    """Learning rate used by the current step."""
+    skip_step: bool = False
+    """Set when the step's loss/gradient is not finite and skipping is allowed."""
+    last_eval: dict[str, float] = field(default_factory=dict)
+    in_update: bool = False
+    """True while optimizer.step() runs: weights may be half-updated, do not save."""
+    completed: bool = False
+    errors: list[str] = field(default_factory=list)
+    boundary_rng: dict[str, Any] | None = None
+    """RNG states at the last step boundary (saved with the committed TrainerState)."""
+
+    @property
+    def consumed_samples(self) -> int:
+        return self.state.consumed_samples + self.window_samples
+
+    @property
+    def is_main(self) -> bool:
+        return self.executor.is_main
+
+    @property
+    def world_size(self) -> int:
+        return self.executor.world_size
+
+    @property
+    def done(self) -> bool:
+        return self.state.step >= self.total_steps

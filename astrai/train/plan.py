@@ -1,0 +1,121 @@
+"""The numbers of a run, as pure functions: total steps, effective batch, memory estimate.
+
+Total optimizer steps (seeds/internals.md "Total optimizer steps"):
+
+    samples_per_replica = ceil(dataset_len / nprocs)
+    batches_per_replica = ceil(samples_per_replica / batch_per_device)
+    total_steps         = (batches_per_replica // grad_accum_steps) * n_epoch
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from astrai.model.config import ModelConfig
+from astrai.model.stats import flops_per_token, param_counts
+
+
+def windows_per_epoch(dataset_len: int, batch_size: int, grad_accum_steps: int,
+                      world_size: int = 1) -> int:
+    """Optimizer steps one epoch holds on each rank."""
+    samples_per_replica = math.ceil(dataset_len / world_size)
+    batches_per_replica = math.ceil(samples_per_replica / batch_size)
+    return batches_per_replica // grad_accum_steps
+
+
+def total_steps(dataset_len: int, batch_size: int, grad_accum_steps: int, world_size: int,
+                epochs: int, max_steps: int | None = None) -> int:
+    """max_steps when given (epochs then continue as needed), else the seeds' formula."""
+    if max_steps is not None:
+        return max_steps
+    return windows_per_epoch(dataset_len, batch_size, grad_accum_steps, world_size) * epochs
+
+
+def warmup_steps(total: int, warmup_ratio: float, warmup: int | None = None) -> int:
+    return min(total, warmup if warmup is not None else round(warmup_ratio * total))
+
+
+def memory_estimate(config: ModelConfig, batch_size: int, seq_len: int, *,
+                    param_bytes: int = 4, act_bytes: int = 4,
+                    gradient_checkpointing: bool = False) -> dict[str, int]:
+    """Rough peak bytes on one device: weights + grads + AdamW moments (fp32) + activations.
+
+    Activations per block follow Korthikanti et al. 2022 (Table 2, no parallelism) scaled
+    to our element size: B*T*(17*C + 2.5*H*T) elements, plus the fp32 logits and their
+    gradient (B*T*V*2). With gradient checkpointing only each block's input is kept.
+    """
+    n = param_counts(config).total
+    B, T, C, H, L, V = batch_size, seq_len, config.dim, config.n_heads, config.n_layers, \
+        config.vocab_size
+    per_block = B * T * (17 * C + 2.5 * H * T) * act_bytes
+    if gradient_checkpointing:
+        acts = L * B * T * C * act_bytes + per_block
+    else:
+        acts = L * per_block
+    logits = B * T * V * 4 * 2
+    out = {
+        "weights": n * param_bytes, "gradients": n * param_bytes, "optimizer": n * 8,
+        "activations": int(acts + logits),
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+@dataclass
+class TrainPlan:
+    """What `astrai train --dry-run` prints."""
+
+    strategy: str
+    dataset: str
+    dataset_kind: str
+    dataset_samples: int
+    seq_len: int
+    model: str
+    params: int
+    world_size: int
+    batch_size: int
+    grad_accum_steps: int
+    effective_batch: int
+    tokens_per_step: int
+    windows_per_epoch: int
+    epochs: float
+    total_steps: int
+    warmup_steps: int
+    total_tokens: int
+    flops_per_token: int
+    schedule: str
+    max_lr: float
+    min_lr: float
+    device: str
+    precision: str
+    memory_bytes: dict[str, int]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def make_plan(*, config, model_config: ModelConfig, model_desc: str, dataset_kind: str,
+              dataset_len: int, seq_len: int, world_size: int, device: str,
+              precision: str) -> TrainPlan:
+    wpe = windows_per_epoch(dataset_len, config.batch_size, config.grad_accum_steps, world_size)
+    total = total_steps(dataset_len, config.batch_size, config.grad_accum_steps, world_size,
+                        config.epochs, config.max_steps)
+    eff = world_size * config.batch_size * config.grad_accum_steps
+    return TrainPlan(
+        strategy=config.strategy, dataset=str(config.data), dataset_kind=dataset_kind,
+        dataset_samples=dataset_len, seq_len=seq_len, model=model_desc,
+        params=param_counts(model_config).total, world_size=world_size,
+        batch_size=config.batch_size, grad_accum_steps=config.grad_accum_steps,
+        effective_batch=eff, tokens_per_step=eff * seq_len, windows_per_epoch=wpe,
+        epochs=round(total / wpe, 3) if wpe else 0.0, total_steps=total,
+        warmup_steps=warmup_steps(total, config.warmup_ratio, config.warmup_steps),
+        total_tokens=total * eff * seq_len,
+        flops_per_token=flops_per_token(model_config, seq_len, training=True),
+        schedule=config.schedule, max_lr=config.max_lr, min_lr=config.min_lr_value,
+        device=device, precision=precision,
+        memory_bytes=memory_estimate(
+            model_config, config.batch_size, seq_len,
+            act_bytes=2 if precision.startswith("bf16") else 4,
+            gradient_checkpointing=config.gradient_checkpointing),
+    )

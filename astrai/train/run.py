@@ -1,0 +1,167 @@
+"""The library entry points behind `astrai train` and `astrai resume`.
+
+    plan_run(config)                 -> TrainPlan     (--dry-run: validates, writes nothing)
+    train(config)                    -> TrainSummary  (a new run directory)
+    resume(run_dir)                  -> TrainSummary  (continue from its newest checkpoint)
+
+Nothing is written before every input has been validated, so a bad flag, dataset or model
+leaves no run directory behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from astrai.config.train import TrainConfig
+from astrai.errors import CheckpointError, ConfigError, DataError
+from astrai.model.checkpoint import load_checkpoint
+from astrai.model.config import ModelConfig
+from astrai.train.builder import Prepared, build_context, prepare, run_paths
+from astrai.train.callbacks import Callback, default_callbacks
+from astrai.train.checkpointing import latest_checkpoint, load_training_state
+from astrai.train.context import RunPaths, TrainContext
+from astrai.train.data import TrainData, open_train_data
+from astrai.train.model_source import ModelSource
+from astrai.train.plan import TrainPlan
+from astrai.train.trainer import Trainer
+
+
+@dataclass
+class TrainSummary:
+    """What a finished (or resumed-and-finished) run reports."""
+
+    run_dir: str
+    checkpoint: str | None
+    steps: int
+    total_steps: int
+    epoch: int
+    consumed_samples: int
+    consumed_tokens: int
+    final_loss: float | None
+    elapsed_s: float
+    tokens_per_s: float
+    resumed_from: str | None = None
+    skipped_steps: int = 0
+    validation: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _data(config: TrainConfig, data: TrainData | None) -> TrainData:
+    if data is not None:
+        return data
+    config.require("data")
+    return open_train_data(config.data, window_size=config.window_size,
+                           eval_path=config.eval_data, val_split=config.val_split)
+
+
+def plan_run(config: TrainConfig, *, data: TrainData | None = None) -> TrainPlan:
+    """Validate the run and return its plan; builds no model weights, writes nothing."""
+    return prepare(config, _data(config, data)).plan
+
+
+def _check_new_run_dir(paths: RunPaths) -> None:
+    d = paths.run_dir
+    if d.exists() and (not d.is_dir() or any(d.iterdir())):
+        raise ConfigError(
+            f"out: {d} already exists and is not empty; continue it with `astrai resume {d}` "
+            "or choose another --out"
+        )
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _execute(ctx: TrainContext, callbacks: list[Callback], states: dict[str, Any],
+             resumed_from: str | None) -> TrainSummary:
+    for cb in callbacks:
+        if cb.name in states:
+            cb.load_state_dict(states[cb.name])
+    t0, start_tokens = time.perf_counter(), ctx.state.consumed_tokens
+    Trainer(ctx, callbacks).train()
+    elapsed = time.perf_counter() - t0
+    ckpt = ctx.paths.ckpt_dir / f"step_{ctx.state.step}"
+    return TrainSummary(
+        run_dir=str(ctx.paths.run_dir), checkpoint=str(ckpt) if ckpt.is_dir() else None,
+        steps=ctx.state.step, total_steps=ctx.total_steps, epoch=ctx.state.epoch,
+        consumed_samples=ctx.state.consumed_samples, consumed_tokens=ctx.state.consumed_tokens,
+        final_loss=ctx.step_loss if ctx.state.step else None, elapsed_s=round(elapsed, 3),
+        tokens_per_s=round((ctx.state.consumed_tokens - start_tokens) / max(elapsed, 1e-9), 1),
+        resumed_from=resumed_from, skipped_steps=ctx.state.skipped_steps,
+        validation=dict(ctx.last_eval), warnings=list(ctx.errors),
+    )
+
+
+def train(config: TrainConfig, *, data: TrainData | None = None,
+          callbacks: Sequence[Callback] = (), progress: bool = False,
+          console: Any = None) -> TrainSummary:
+    """Train a new run into config.out. `callbacks` run after the default ones."""
+    config.require("out")
+    paths = run_paths(config)
+    _check_new_run_dir(paths)
+    prepared = prepare(config, _data(config, data))
+    ctx, states = build_context(prepared)
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    _write_json_atomic(paths.config, config.to_dict())
+    cbs = default_callbacks(config, progress=progress, console=console) + list(callbacks)
+    return _execute(ctx, cbs, states, None)
+
+
+def find_resume_point(run_dir: str | Path) -> tuple[TrainConfig, Path]:
+    """(the run's resolved config, its newest complete checkpoint)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: not a run directory (no such directory)")
+    cfg_file = run_dir / "train_config.json"
+    ckpt_dir = run_dir / "checkpoints"
+    if cfg_file.is_file():
+        saved = TrainConfig.from_dict(json.loads(cfg_file.read_text()), source=str(cfg_file))
+        if saved.ckpt_dir:
+            ckpt_dir = Path(saved.ckpt_dir)
+    ckpt = latest_checkpoint(ckpt_dir, run_dir)
+    meta = json.loads((ckpt / "meta.json").read_text())
+    if "train_config" not in meta:
+        raise CheckpointError(f"{ckpt}: meta.json has no train_config; not a training checkpoint")
+    config = TrainConfig.from_dict(meta["train_config"], source=f"{ckpt}/meta.json")
+    config.out = str(run_dir)  # the run directory may have moved
+    return config, ckpt
+
+
+def resume(run_dir: str | Path, *, data: TrainData | None = None,
+           callbacks: Sequence[Callback] = (), progress: bool = False,
+           console: Any = None) -> TrainSummary:
+    """Continue a run from its newest complete checkpoint: weights, optimizer, scheduler,
+    sampler position, RNG states and counters; metrics.jsonl continues without duplicates."""
+    config, ckpt = find_resume_point(run_dir)
+    meta, opt_state, sched_state, trainer_state = load_training_state(ckpt)
+    data = _data(config, data)
+    model_config = ModelConfig.load(ckpt / "config.json")
+
+    def model_fn():
+        model, _, _ = load_checkpoint(ckpt)
+        return model.train()
+
+    source = ModelSource(model_config, model_fn, "checkpoint", f"checkpoint {ckpt}")
+    prepared: Prepared = prepare(config, data, source=source)
+    if meta.get("total_steps") not in (None, prepared.plan.total_steps):
+        raise DataError(
+            f"{ckpt}: the run had {meta['total_steps']} total steps but {config.data} now "
+            f"gives {prepared.plan.total_steps}; the dataset changed, so the run cannot "
+            "resume exactly (start a new run from this checkpoint with --model)"
+        )
+    ctx, states = build_context(prepared, resume={
+        "optimizer": opt_state, "scheduler": sched_state, "trainer_state": trainer_state,
+    })
+    cbs = default_callbacks(config, progress=progress, console=console) + list(callbacks)
+    return _execute(ctx, cbs, states, str(ckpt))

@@ -1,0 +1,129 @@
+"""The strategy contract: `strategy(batch) -> {"loss": Tensor, "metrics": {str: float}}`.
+
+The trainer knows no loss; strategies know no loop (DESIGN.md "Strategy"). What a
+strategy must say besides its loss:
+
+* `loss_units(batch)`: how many units (loss tokens, pairs, groups) the batch's loss is a
+  mean over. The trainer sums it over the accumulation window and passes the result back
+  as `normalizer`, so the window's gradient equals the one of a single big batch.
+* `dataset_kinds`: the dataset kinds it trains on (a mismatch is a user error).
+* `evaluate_batch` / `eval_summary`: validation sums and their reduction.
+* `on_optimizer_step`, `state_dict`, `load_state_dict`: hooks for stateful objectives
+  (GRPO's old policy, rollout buffers) so resume is exact.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, TypedDict
+
+import torch
+from torch import nn
+
+from astrai.errors import ConfigError
+from astrai.model.context import ForwardContext
+from astrai.train.losses import IGNORE_INDEX, token_nll
+
+
+class LossOutput(TypedDict):
+    loss: torch.Tensor
+    """Differentiable scalar, already divided by the window normalizer."""
+    metrics: dict[str, float]
+    """Detached python floats for logging (unnormalised per-micro-batch means)."""
+
+
+class Strategy:
+    name: ClassVar[str] = "base"
+    dataset_kinds: ClassVar[tuple[str, ...]] = ()
+    """Dataset kinds (manifest `kind`) this strategy trains on."""
+    required_keys: ClassVar[tuple[str, ...]] = ("input_ids", "target_ids")
+
+    def __init__(self, model: nn.Module, *, device: torch.device | str = "cpu",
+                 label_smoothing: float = 0.0, moe_aux_loss_coef: float = 0.0,
+                 **kwargs: Any) -> None:
+        if kwargs:
+            raise ConfigError(
+                f"strategy '{self.name}': unknown strategy_kwargs {', '.join(sorted(kwargs))}"
+            )
+        self.model, self.device = model, torch.device(device)
+        self.label_smoothing, self.moe_aux_loss_coef = label_smoothing, moe_aux_loss_coef
+
+    # -- batches ------------------------------------------------------------------------
+    def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v
+                for k, v in batch.items()}
+
+    def targets(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B, T] targets with IGNORE_INDEX where no loss is taken."""
+        return batch["target_ids"]
+
+    def forward_context(self, batch: dict[str, torch.Tensor]) -> ForwardContext | None:
+        return None
+
+    def loss_units(self, batch: dict[str, torch.Tensor]) -> int:
+        return int((self.targets(batch) != IGNORE_INDEX).sum())
+
+    def batch_tokens(self, batch: dict[str, torch.Tensor]) -> int:
+        """Tokens processed (for tokens/s and MFU), padding included."""
+        return int(batch["input_ids"].numel())
+
+    # -- the loss -------------------------------------------------------------------------
+    def loss_sum(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int,
+                                                               torch.Tensor | None,
+                                                               dict[str, float]]:
+        """(summed task loss, units, unweighted MoE aux loss or None, extra metrics)."""
+        raise NotImplementedError
+
+    def __call__(self, batch: dict[str, torch.Tensor],
+                 normalizer: float | None = None) -> LossOutput:
+        loss_sum, units, aux, metrics = self.loss_sum(batch)
+        norm = float(normalizer) if normalizer is not None else float(max(1, units))
+        task_mean = loss_sum.detach().float() / max(1, units)
+        loss = loss_sum / norm
+        metrics = {f"{self.name}_loss": float(task_mean), **metrics}
+        if aux is not None:
+            # The aux loss is a per-micro-batch mean; weighting it by this micro-batch's
+            # share of the window's units makes the window value a unit-weighted mean.
+            weighted = self.moe_aux_loss_coef * aux
+            loss = loss + weighted * (units / norm)
+            metrics["moe_aux_loss"] = float(aux.detach())
+            metrics["moe_aux_loss_weighted"] = float(weighted.detach())
+        return {"loss": loss, "metrics": metrics}
+
+    def compute_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The batch's loss as one tensor (mean over its own units)."""
+        return self(batch)["loss"]
+
+    # -- validation ------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate_batch(self, batch: dict[str, torch.Tensor],
+                       byte_lengths: torch.Tensor | None) -> dict[str, float]:
+        """Sums over one batch: nll (nats), loss tokens, and the UTF-8 bytes those tokens
+        decode to (when a byte table is known)."""
+        out = self.model(batch["input_ids"], self.forward_context(batch))
+        targets = self.targets(batch)
+        valid = targets != IGNORE_INDEX
+        sums = {"nll": float(token_nll(out.logits, targets).sum()), "tokens": int(valid.sum())}
+        if byte_lengths is not None:
+            lengths = byte_lengths.to(targets.device)[targets.clamp(min=0)]  # (B, T)
+            sums["bytes"] = int((lengths * valid).sum())
+        return sums
+
+    def eval_summary(self, sums: dict[str, float]) -> dict[str, float]:
+        """val_loss (nats/token), val_ppl and val_bpb (bits per UTF-8 byte)."""
+        tokens = max(1, int(sums.get("tokens", 0)))
+        loss = sums["nll"] / tokens
+        out = {"val_loss": loss, "val_ppl": math.exp(min(loss, 80.0))}
+        if sums.get("bytes"):
+            out["val_bpb"] = sums["nll"] / math.log(2) / sums["bytes"]
+        return out
+
+    # -- stateful objectives ------------------------------------------------------------------
+    def on_optimizer_step(self) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
