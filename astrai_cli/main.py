@@ -9,7 +9,14 @@ from __future__ import annotations
 import typer
 
 from astrai import __version__
-from astrai_cli.commands import export_cmd, info_cmd, kernels_cmd, preprocess_cmd, tokenizer_cmd
+from astrai_cli.commands import (
+    export_cmd,
+    info_cmd,
+    inspect_cmd,
+    kernels_cmd,
+    preprocess_cmd,
+    tokenizer_cmd,
+)
 from astrai_cli.errors import AstraiGroup
 
 app = typer.Typer(
@@ -39,7 +46,7 @@ def root(
 
 
 # Each command module exposes register(app); add one line per working command.
-COMMANDS: list = [info_cmd, export_cmd, kernels_cmd, tokenizer_cmd, preprocess_cmd]
+COMMANDS: list = [info_cmd, export_cmd, kernels_cmd, tokenizer_cmd, preprocess_cmd, inspect_cmd]
 for _module in COMMANDS:
     _module.register(app)
 

@@ -1,0 +1,63 @@
+"""Thresholds of the weight inspection, each documented and settable from the CLI.
+
+The verdict (docs/inspect-weights.md):
+  found      — a matrix holds a locked value, or any tensor holds non-finite entries or
+               entries with |w| > overflow;
+  suspected  — nothing found, but a token row's norm is extreme, a matrix is dominated by one
+               non-zero value, or (given two or more checkpoints) matrix entries stayed
+               bit-identical while the rest of their tensor moved;
+  healthy    — none of these. 1-D gains never trip the verdict by their locked values.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from astrai.errors import ConfigError
+
+
+class InspectConfig(BaseModel):
+    """What counts as locked, overflowed, extreme or stuck."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lock_min_count: int = Field(16, ge=2)
+    """A value must recur at least this many times in one tensor to count as locked."""
+    lock_min_z: float = Field(8.0, gt=0)
+    """...and lie at least this many robust std (1.4826 * MAD) away from the tensor's median."""
+    lock_excess: float = Field(10.0, ge=1)
+    """...and recur this many times more often than the tensor's spread explains (the larger
+    of a normal fit and the density of neighbouring values)."""
+    overflow: float = Field(1e4, gt=0)
+    """Entries with |w| above this are overflowed (the paper's embeddings reached ~2e37)."""
+    row_norm_factor: float = Field(50.0, gt=1)
+    """A token row (embedding or LM head) whose L2 norm exceeds this times the median row norm
+    is extreme."""
+    stuck_min_count: int = Field(16, ge=1)
+    """Given several checkpoints, this many bit-identical entries in moving matrices make the
+    verdict 'suspected'."""
+    stuck_min_moved: float = Field(0.5, ge=0, le=1)
+    """A tensor is 'moving' when at least this fraction of its entries changed between the
+    checkpoints; only moving tensors have stuck entries."""
+    lr: float | None = Field(None, gt=0)
+    """Learning rate for the BF16 dead-zone figure; None reads it from meta.json."""
+    dead_zone_lrs: tuple[float, ...] = (1e-3, 1e-4, 1e-5, 1e-6)
+    """Learning rates at which the dead-zone fraction is always reported."""
+    top: int = Field(10, ge=1)
+    """How many offenders (tensors and single entries) to list."""
+    chunk_elements: int = Field(1 << 23, ge=1024)
+    """Elements read at once; bounds memory (a tensor is never loaded whole)."""
+    max_candidates: int = Field(32, ge=1)
+    """Recurring far-out values examined per tensor (most frequent first)."""
+
+    @classmethod
+    def build(cls, **kwargs) -> InspectConfig:
+        """Validate options; a bad one is a ConfigError naming the field."""
+        try:
+            return cls(**{k: v for k, v in kwargs.items() if v is not None})
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = ".".join(str(p) for p in err["loc"]) or "option"
+            raise ConfigError(
+                f"inspect-weights: {field}: {err['msg']} (see docs/inspect-weights.md)"
+            ) from None

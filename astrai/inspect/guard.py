@@ -1,0 +1,238 @@
+"""Lock-in checks on live parameters, and a training callback that runs them.
+
+`check_lockin` applies the checkpoint inspection to in-memory parameters (any device; a
+tensor is read in row chunks, never copied whole). `LockInGuard` is a callback with the
+trainer's hook names (seeds/training.md "Callback Lifecycle" plus on_step_end) that works on
+any context object with `.model` (an nn.Module), a step counter (`.step` or `.state.step`)
+and optionally `.lr`, `.step_metrics` (a dict merged into metrics.jsonl) and `.logger`
+(info / warning). It
+
+  * logs per-layer gradient norms (and, with `histograms`, log10 |g| histograms) during the
+    first `grad_steps` optimizer steps, as the paper recommends (§Solution), and
+  * every `every` steps counts locked, overflowed and non-finite weights and the BF16 dead
+    zone at the current lr, and warns when locked weights appear or grow.
+
+Register it before the metrics callback so its figures land in that step's metrics line.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from astrai.inspect.config import InspectConfig
+from astrai.inspect.names import parse_name
+from astrai.inspect.scan import CheckpointScan, summarize
+from astrai.inspect.tensor import analyze_tensor
+from astrai.inspect.verdict import Finding, findings, verdict
+
+log = logging.getLogger("astrai.inspect.guard")
+
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def _clean_name(name: str) -> str:
+    # DDP / torch.compile / FSDP1 / activation-checkpoint wrappers add prefixes.
+    for p in _WRAPPER_PREFIXES:
+        name = name.replace(p, "")
+    return name
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (FSDP2); the tensor itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+@dataclass
+class LockInCheck:
+    """The result of `check_lockin`."""
+
+    scan: CheckpointScan
+    findings: list[Finding]
+    verdict: str
+
+    def counts(self) -> dict[str, float]:
+        """The figures the guard logs (metrics.jsonl keys without the `lockin/` prefix)."""
+        s = self.scan
+        out: dict[str, float] = {
+            "locked": s.locked, "overflow": s.overflowed, "nonfinite": s.nonfinite,
+            "extreme_rows": s.extreme_rows, "locked_gain": sum(p.count for p in s.gain_patterns),
+        }
+        if s.lr:
+            out["dead_zone"] = round(s.dead_zone[0].fraction, 6)
+        return out
+
+
+def check_lockin(named_params: Iterable[tuple[str, torch.Tensor]],
+                 config: InspectConfig | None = None, *, lr: float | None = None) -> LockInCheck:
+    """Inspect live parameters (e.g. `model.named_parameters()`) like a checkpoint."""
+    cfg = config or InspectConfig()
+    stats = []
+    with torch.no_grad():
+        for raw, p in named_params:
+            name = _clean_name(raw)
+            t = _local(p.detach())
+            shape = tuple(t.shape)
+            param = parse_name(name, len(shape))
+            if not t.is_floating_point():
+                continue
+            rows = shape[0] if shape else 1
+            t2 = t.reshape(rows, -1) if t.numel() else t.reshape(rows, 0)  # (rows, cols)
+            stats.append(analyze_tensor(lambda a, b, x=t2: x[a:b], param, shape, t.dtype, cfg))
+    scan = summarize("<live model>", "live", None, lr, "trainer" if lr else None, stats, cfg)
+    found = findings([scan], None, cfg)
+    return LockInCheck(scan, found, verdict(found))
+
+
+def grad_norms(named_params: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
+    """L2 gradient norm per block (`layer_3`) and for the rest (`embed`, `head`, `other`)."""
+    sq: dict[str, float] = {}
+    for raw, p in named_params:
+        g = p.grad
+        if g is None:
+            continue
+        g = _local(g.detach())
+        name = _clean_name(raw)
+        pn = parse_name(name, g.dim())
+        key = (f"layer_{pn.layer}" if pn.layer is not None else
+               "embed" if pn.role == "embedding" else "head" if pn.role == "lm_head" else "other")
+        sq[key] = sq.get(key, 0.0) + float(g.double().square().sum())
+    return {k: math.sqrt(v) for k, v in sq.items()}
+
+
+HIST_LOW, HIST_HIGH = -12, 4
+"""log10 |g| histogram range: bins [10^k, 10^(k+1)) for k in [-12, 4), under- and overflow
+clamped into the end bins; exact zeros counted apart."""
+
+
+def grad_histograms(named_params: Iterable[tuple[str, torch.Tensor]]) -> dict[str, list[int]]:
+    """Per block, counts of |g| per decade (HIST_LOW..HIST_HIGH) followed by the zero count."""
+    out: dict[str, torch.Tensor] = {}
+    nb = HIST_HIGH - HIST_LOW
+    for raw, p in named_params:
+        if p.grad is None:
+            continue
+        g = _local(p.grad.detach()).reshape(-1).float().abs()
+        pn = parse_name(_clean_name(raw), p.dim())
+        key = f"layer_{pn.layer}" if pn.layer is not None else "other"
+        nz = g[g > 0]
+        dec = torch.floor(torch.log10(nz)).clamp(HIST_LOW, HIST_HIGH - 1).long() - HIST_LOW
+        h = torch.bincount(dec, minlength=nb).cpu()
+        h = torch.cat([h, torch.tensor([int(g.numel() - nz.numel())])])
+        out[key] = h if key not in out else out[key] + h
+    return {k: v.tolist() for k, v in out.items()}
+
+
+class GuardConfig(BaseModel):
+    """When the guard runs and what it logs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    every: int = Field(100, ge=1)
+    """Check the weights every N optimizer steps (and at the first and last)."""
+    grad_steps: int = Field(100, ge=0)
+    """Log per-layer gradient norms during the first N optimizer steps."""
+    histograms: bool = False
+    """Also log per-layer log10 |g| histograms during those steps."""
+    thresholds: InspectConfig = Field(default_factory=InspectConfig)
+    """What counts as locked / overflowed (the inspect-weights thresholds)."""
+
+
+@dataclass
+class LockInGuard:
+    """Training callback: cheap lock-in checks every N steps, early gradient logging."""
+
+    config: GuardConfig = field(default_factory=GuardConfig)
+    log_fn: Callable[[dict[str, Any]], None] | None = None
+    """Optional sink for each record ({"step": N, ...}); ctx.step_metrics is used as well."""
+    name: str = "bf16_guard"
+    records: list[dict[str, Any]] = field(default_factory=list)
+    """Everything logged, in order (also useful in tests)."""
+    last: LockInCheck | None = None
+    _locked: int = 0
+    _checked_at: int | None = None
+
+    # -- hooks ---------------------------------------------------------------------------
+    def on_train_begin(self, ctx) -> None:
+        self._check(ctx, _step(ctx))
+
+    def on_optimizer_step(self, ctx) -> None:
+        # Gradients of this window are complete here (before optimizer.step and zero_grad).
+        step = _step(ctx) + 1  # the step being taken
+        if step > self.config.grad_steps:
+            return
+        params = list(ctx.model.named_parameters())
+        rec = {f"grad_norm/{k}": round(v, 8) for k, v in grad_norms(params).items()}
+        if self.config.histograms:
+            rec.update({f"grad_hist/{k}": v for k, v in grad_histograms(params).items()})
+        self._emit(ctx, step, rec)
+
+    def on_step_end(self, ctx) -> None:
+        step = _step(ctx)
+        if step % self.config.every == 0:
+            self._check(ctx, step)
+
+    def on_train_end(self, ctx) -> None:
+        step = _step(ctx)
+        if self._checked_at != step:
+            self._check(ctx, step)
+
+    def on_epoch_begin(self, ctx) -> None: ...
+    def on_batch_begin(self, ctx) -> None: ...
+    def on_batch_end(self, ctx) -> None: ...
+    def on_epoch_end(self, ctx) -> None: ...
+    def on_error(self, ctx, error: BaseException) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"locked": self._locked}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._locked = int(state.get("locked", 0))
+
+    # -- work ----------------------------------------------------------------------------
+    def _check(self, ctx, step: int) -> None:
+        lr = getattr(ctx, "lr", None)
+        lr = float(lr) if isinstance(lr, (int, float)) and lr > 0 else None
+        self.last = check_lockin(ctx.model.named_parameters(), self.config.thresholds, lr=lr)
+        self._checked_at = step
+        counts = self.last.counts()
+        self._emit(ctx, step, {f"lockin/{k}": v for k, v in counts.items()})
+        locked = int(counts["locked"])
+        bad = int(counts["overflow"] + counts["nonfinite"])
+        if locked > self._locked or bad:
+            what = "; ".join(f.message for f in self.last.findings if f.level == "found")
+            _warn(ctx, f"step {step}: BF16 lock-in check: {locked:,} locked, "
+                       f"{int(counts['overflow']):,} overflowed, {int(counts['nonfinite']):,} "
+                       f"non-finite weights ({what[:300]}); run `astrai inspect-weights` on "
+                       "the checkpoints for the full report")
+        self._locked = max(self._locked, locked)
+
+    def _emit(self, ctx, step: int, rec: dict[str, Any]) -> None:
+        metrics = getattr(ctx, "step_metrics", None)
+        if isinstance(metrics, dict):
+            metrics.update(rec)
+        full = {"step": step, **rec}
+        self.records.append(full)
+        if self.log_fn is not None:
+            self.log_fn(full)
+        logger = getattr(ctx, "logger", None)
+        if logger is not None and hasattr(logger, "info"):
+            logger.info("bf16 guard %s", full)
+
+
+def _step(ctx) -> int:
+    step = getattr(ctx, "step", None)
+    if isinstance(step, int):
+        return step
+    return int(ctx.state.step)
+
+
+def _warn(ctx, msg: str) -> None:
+    logger = getattr(ctx, "logger", None)
+    (logger if logger is not None and hasattr(logger, "warning") else log).warning(msg)

@@ -1,0 +1,149 @@
+"""One checkpoint scanned tensor by tensor: stats, locked patterns, overflow, dead zone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from astrai.inspect.config import InspectConfig
+from astrai.inspect.names import parse_name
+from astrai.inspect.patterns import (
+    GainSummary,
+    OverflowGroup,
+    Pattern,
+    gain_summaries,
+    locked_patterns,
+    overflow_groups,
+)
+from astrai.inspect.source import WeightSource
+from astrai.inspect.tensor import TensorStats, analyze_tensor
+
+Progress = Callable[[str, int, int], None]
+"""progress(tensor name, index, total) — the CLI draws it on stderr; the library never prints."""
+
+
+@dataclass
+class DeadZone:
+    """Share of weights an update of size lr cannot move in BF16 (lr < ULP(|w|) / 2)."""
+
+    lr: float
+    entries: int
+    total: int
+    matrix_entries: int
+    matrix_total: int
+
+    @property
+    def fraction(self) -> float:
+        return self.entries / self.total if self.total else 0.0
+
+    @property
+    def matrix_fraction(self) -> float:
+        return self.matrix_entries / self.matrix_total if self.matrix_total else 0.0
+
+
+@dataclass
+class CheckpointScan:
+    """Everything found in one checkpoint."""
+
+    path: str
+    format: str
+    step: int | None
+    lr: float | None
+    """The learning rate used for the dead-zone figure (flag, else meta.json)."""
+    lr_source: str | None
+    tensors: list[TensorStats]
+    patterns: list[Pattern] = field(default_factory=list)
+    gain_patterns: list[Pattern] = field(default_factory=list)
+    overflow: list[OverflowGroup] = field(default_factory=list)
+    gains: list[GainSummary] = field(default_factory=list)
+    dead_zone: list[DeadZone] = field(default_factory=list)
+    """First the run's lr (when known), then the configured ladder."""
+
+    @property
+    def n_params(self) -> int:
+        return sum(st.numel for st in self.tensors)
+
+    @property
+    def locked(self) -> int:
+        """Locked entries in matrices (embedding and LM head included), not in 1-D gains."""
+        return sum(st.locked_count for st in self.tensors if st.param.role != "gain")
+
+    @property
+    def nonfinite(self) -> int:
+        return sum(st.nonfinite for st in self.tensors)
+
+    @property
+    def overflowed(self) -> int:
+        return sum(st.overflow for st in self.tensors)
+
+    @property
+    def extreme_rows(self) -> int:
+        return sum(len(st.extreme_rows) for st in self.tensors)
+
+    def offenders(self, n: int) -> list[TensorStats]:
+        """Tensors with the most locked, overflowed or non-finite entries."""
+        def bad(st: TensorStats) -> int:
+            locked = st.locked_count if st.param.role != "gain" else 0
+            return locked + st.overflow + st.nonfinite + len(st.extreme_rows)
+        hit = [st for st in self.tensors if bad(st)]
+        return sorted(hit, key=bad, reverse=True)[:n]
+
+    def top_entries(self, n: int) -> list[tuple[str, tuple[int, int], float]]:
+        """The largest-magnitude entries of the checkpoint: (tensor, (row, col), value)."""
+        allv = [(st.name, rc, v) for st in self.tensors for rc, v in st.top]
+        return sorted(allv, key=lambda t: -abs(t[2]) if t[2] == t[2] else 0)[:n]
+
+
+def dead_zones(tensors: list[TensorStats], lrs: list[float]) -> list[DeadZone]:
+    out = []
+    live = [st for st in tensors if st.skipped is None]
+    total = sum(st.numel - st.nonfinite for st in live)
+    mats = [st for st in live if st.param.role != "gain" and st.param.role != "scalar"]
+    mtotal = sum(st.numel - st.nonfinite for st in mats)
+    for lr in lrs:
+        out.append(DeadZone(
+            lr=lr, entries=sum(st.dead_zone(lr) for st in live), total=total,
+            matrix_entries=sum(st.dead_zone(lr) for st in mats), matrix_total=mtotal,
+        ))
+    return out
+
+
+def summarize(path: str, fmt: str, step: int | None, lr: float | None, lr_source: str | None,
+              tensors: list[TensorStats], cfg: InspectConfig) -> CheckpointScan:
+    """Group per-tensor results into a CheckpointScan (shared by files and live models)."""
+    lrs = ([lr] if lr else []) + [x for x in cfg.dead_zone_lrs if x != lr]
+    return CheckpointScan(
+        path=path, format=fmt, step=step, lr=lr, lr_source=lr_source, tensors=tensors,
+        patterns=locked_patterns(tensors), gain_patterns=locked_patterns(tensors, gains=True),
+        overflow=overflow_groups(tensors), gains=gain_summaries(tensors),
+        dead_zone=dead_zones(tensors, lrs),
+    )
+
+
+def scan_checkpoint(source: WeightSource, cfg: InspectConfig,
+                    progress: Progress | None = None) -> CheckpointScan:
+    """Analyse every float tensor of a checkpoint, one tensor (and one chunk) at a time."""
+    stats: list[TensorStats] = []
+    names = list(source.tensors)
+    for i, name in enumerate(names):
+        info = source.tensors[name]
+        if progress:
+            progress(name, i, len(names))
+        param = parse_name(name, len(info.shape))
+        if info.torch_dtype is None:
+            st = TensorStats(name, param, info.dtype, info.shape, info.numel)
+            st.skipped = f"dtype {info.dtype} not inspected"
+        else:
+            st = analyze_tensor(
+                lambda a, b, n=name: source.read_rows(n, a, b),
+                param, info.shape, info.torch_dtype, cfg,
+            )
+        stats.append(st)
+    if cfg.lr is not None:
+        lr, lr_src = cfg.lr, "--lr"
+    else:
+        lr, lr_src = source.lr_from_meta()
+        lr_src = f"meta.json:{lr_src}" if lr_src else None
+    step = source.meta.get("step")
+    return summarize(str(source.path), source.format, step if isinstance(step, int) else None,
+                     lr, lr_src, stats, cfg)
