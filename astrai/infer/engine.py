@@ -243,7 +243,7 @@ class Engine:
         )
 
     def _route(self, out: RequestOutput) -> None:
-        sink = self._sinks.pop(out.request_id) if out.finished else self._sinks.get(out.request_id)
+        sink = self._sinks.pop(out.request_id, None) if out.finished else self._sinks.get(out.request_id)
         if sink is not None:
             sink.put(out)
         if out.finished:
