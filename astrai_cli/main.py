@@ -10,11 +10,13 @@ import typer
 
 from astrai import __version__
 from astrai_cli.commands import (
+    chat_cmd,
     export_cmd,
     info_cmd,
     inspect_cmd,
     kernels_cmd,
     preprocess_cmd,
+    serve_bench_cmd,
     tokenizer_cmd,
 )
 from astrai_cli.errors import AstraiGroup
@@ -46,7 +48,8 @@ def root(
 
 
 # Each command module exposes register(app); add one line per working command.
-COMMANDS: list = [info_cmd, export_cmd, kernels_cmd, tokenizer_cmd, preprocess_cmd, inspect_cmd]
+COMMANDS: list = [info_cmd, export_cmd, kernels_cmd, tokenizer_cmd, preprocess_cmd, inspect_cmd,
+                  chat_cmd, serve_bench_cmd]
 for _module in COMMANDS:
     _module.register(app)
 

@@ -1,0 +1,78 @@
+"""BenchConfig: everything `astrai serve-bench` varies, typed and validated."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from astrai.errors import ConfigError
+from astrai.infer.backends.registry import BACKEND_NAMES
+from astrai.infer.config import CacheConfig, SchedulerConfig
+
+
+@dataclass
+class BenchConfig:
+    """One serving benchmark: target model, workload, arrivals, engine settings."""
+
+    target: str
+    """A preset name (random weights) or a checkpoint directory (astrai or HF)."""
+    workload: str = "random"
+    """random | shared-prefix | a path to a JSONL file of prompts."""
+    num_prompts: int | None = None
+    """Measured requests; None = 64 (random, shared-prefix) or every line of the file."""
+    input_len: tuple[int, int] = (64, 256)
+    """Prompt length range (random); question length after the prefix (shared-prefix)."""
+    output_len: tuple[int, int] = (32, 128)
+    """Output length range (lines of a JSONL file without output_len draw from it too)."""
+    prefix_len: int = 256
+    """Tokens of each group's shared system prompt (shared-prefix)."""
+    prefix_groups: int = 4
+    """Groups of requests sharing one prefix (shared-prefix)."""
+    request_rate: float = math.inf
+    """Requests per second (Poisson / gamma arrivals); inf = all at t = 0."""
+    burstiness: float = 1.0
+    """Gamma shape of inter-arrival gaps: 1 = Poisson, < 1 burstier, > 1 steadier."""
+    max_concurrency: int | None = None
+    """Most requests in flight at once (later arrivals wait for a slot); None = no limit."""
+    seed: int = 0
+    """Seeds the workload, the arrivals, the preset's weights and sampling."""
+    warmup: int = 2
+    """Unmeasured short requests run first (allocations, lazy initialisation)."""
+    temperature: float = 0.0
+    """Sampling temperature of every request (0 = greedy, as vLLM's client sends)."""
+    ignore_eos: bool = True
+    """Generate exactly output_len tokens (EOS ignored), so runs compare like for like."""
+    slos: dict[str, float] = field(default_factory=dict)
+    """Goodput SLOs in ms: ttft / tpot / e2el."""
+    backends: list[str | None] = field(default_factory=lambda: [None])
+    """Attention backends to run, one table column each; None = automatic selection."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N."""
+    dtype: str | None = None
+    """Model dtype: auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16."""
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    """The KV pool (page size, pool tokens, rows, radix sharing)."""
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """Continuous-batching policy (step token budget, running requests)."""
+
+    def validate(self) -> None:
+        if self.num_prompts is not None and self.num_prompts < 1:
+            raise ConfigError(f"--num-prompts {self.num_prompts}: must be >= 1")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ConfigError(f"--max-concurrency {self.max_concurrency}: must be >= 1")
+        if self.warmup < 0:
+            raise ConfigError(f"--warmup {self.warmup}: must be >= 0")
+        if not self.request_rate > 0:
+            raise ConfigError(f"--request-rate {self.request_rate}: must be > 0 or inf")
+        if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
+            raise ConfigError(f"--burstiness {self.burstiness}: must be > 0 (1 = Poisson)")
+        if not self.temperature >= 0:
+            raise ConfigError(f"--temperature {self.temperature}: must be >= 0 (0 = greedy)")
+        if not self.backends:
+            raise ConfigError("no backend to run: give --backend or --compare-backends")
+        for b in self.backends:
+            if b is not None and b not in BACKEND_NAMES:
+                raise ConfigError(f"backend '{b}': use one of {', '.join(BACKEND_NAMES)}")
+        if len(set(self.backends)) != len(self.backends):
+            raise ConfigError("--compare-backends names a backend twice")
+        self.scheduler.validate()

@@ -1,0 +1,197 @@
+"""`serve_bench(config)`: the whole serving benchmark, one engine per attention backend.
+
+The target is a checkpoint directory (astrai or HF, with the tokenizer stored beside it, or
+none: random workloads need only token ids) or a preset. A preset gets random weights
+(seeded) and a byte-level BPE tokenizer of 512 tokens trained in memory on the bundled
+corpus (well under a second), so JSONL text prompts work and outputs are detokenized as
+they would be in a server; its model keeps the preset's own vocabulary size, so the LM head
+costs what it would. Random prompts draw ids from the ids both share, minus special tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from astrai.errors import ConfigError, DataError
+from astrai.infer.bench.arrivals import arrival_offsets
+from astrai.infer.bench.config import BenchConfig
+from astrai.infer.bench.metrics import RequestRecord, compute_metrics
+from astrai.infer.bench.runner import Progress, drive, warm_up
+from astrai.infer.bench.workloads import (
+    BenchRequest,
+    jsonl_workload,
+    random_workload,
+    shared_prefix_workload,
+    token_pool,
+    warmup_requests,
+)
+from astrai.infer.params import SamplingParams
+
+DEFAULT_PROMPTS = 64
+PRESET_TOKENIZER_VOCAB = 512
+
+
+@dataclass
+class Target:
+    model: Any
+    tokenizer: Any
+    info: dict[str, Any]
+
+
+def load_target(target: str, device: str = "auto", dtype: str | None = None,
+                seed: int = 0) -> Target:
+    """A checkpoint directory, or a preset with random weights and a trained tiny tokenizer."""
+    from astrai.infer.loading import load_model, load_tokenizer, resolve_device, resolve_dtype
+    from astrai.model.presets import PRESETS
+
+    path = Path(target)
+    if path.is_dir():
+        model = load_model(path, device=device, dtype=dtype)
+        tok = load_tokenizer(path)
+        info = {"kind": "checkpoint", "path": str(path),
+                "tokenizer": "checkpoint" if tok is not None else None}
+    elif target in PRESETS:
+        from astrai.data.bpe import train_tokenizer
+        from astrai.data.testing import tiny_corpus_path
+        from astrai.model import build_model, get_preset
+
+        dev = resolve_device(device)
+        model = build_model(get_preset(target), seed=seed, device=dev,
+                            dtype=resolve_dtype(dtype, dev)).eval()
+        tok = train_tokenizer([tiny_corpus_path()], PRESET_TOKENIZER_VOCAB, None)
+        info = {"kind": "preset", "name": target,
+                "tokenizer": f"byte-level BPE {PRESET_TOKENIZER_VOCAB} (bundled corpus)"}
+    else:
+        raise ConfigError(f"'{target}' is neither a checkpoint directory nor a preset: pass a "
+                          f"directory or one of {', '.join(PRESETS)}")
+    p = next(model.parameters())
+    info.update(params=sum(t.numel() for t in model.parameters()), dtype=str(p.dtype)
+                .removeprefix("torch."), device=str(p.device))
+    return Target(model, tok, info)
+
+
+def build_workload(config: BenchConfig, target: Target) -> tuple[str, list[BenchRequest]]:
+    """(workload name, requests) for the config; JSONL errors name file:line."""
+    vocab = target.model.config.vocab_size
+    tok = target.tokenizer
+    usable, special = vocab, ()
+    if tok is not None:
+        usable, special = min(vocab, tok.vocab_size), sorted(tok.special_ids)
+    pool = token_pool(usable, special)
+    n = config.num_prompts
+    if config.workload == "random":
+        return "random", random_workload(n or DEFAULT_PROMPTS, config.input_len,
+                                         config.output_len, pool, config.seed)
+    if config.workload == "shared-prefix":
+        return "shared-prefix", shared_prefix_workload(
+            n or DEFAULT_PROMPTS, config.prefix_groups, config.prefix_len, config.input_len,
+            config.output_len, pool, config.seed)
+    encode = encode_chat = None
+    if tok is not None:
+        encode = tok.encode
+        if tok.chat_template:
+            encode_chat = tok.encode_chat
+    return "jsonl", jsonl_workload(config.workload, n, config.output_len, encode=encode,
+                                   encode_chat=encode_chat, vocab_size=vocab, seed=config.seed)
+
+
+def check_fits(requests: list[BenchRequest], max_context: int) -> None:
+    """Every request's prompt + output must fit the context (no silent truncation)."""
+    for r in requests:
+        if r.prompt_len + r.output_len > max_context:
+            raise DataError(
+                f"{r.source}: prompt {r.prompt_len} + output {r.output_len} tokens exceed the "
+                f"context of {max_context}: lower --input-len / --prefix-len / --output-len "
+                "(or output_len in the file)")
+
+
+@dataclass
+class BenchRun:
+    backend: str
+    metrics: dict[str, Any]
+    records: list[RequestRecord] = field(repr=False, default_factory=list)
+
+
+@dataclass
+class BenchReport:
+    model: dict[str, Any]
+    workload: dict[str, Any]
+    settings: dict[str, Any]
+    runs: list[BenchRun]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "workload": self.workload, "settings": self.settings,
+                "runs": [{"backend": r.backend, **r.metrics} for r in self.runs]}
+
+
+def _settings(config: BenchConfig) -> dict[str, Any]:
+    rate = config.request_rate
+    return {
+        "request_rate": "inf" if math.isinf(rate) else rate, "burstiness": config.burstiness,
+        "max_concurrency": config.max_concurrency, "seed": config.seed,
+        "warmup": config.warmup, "temperature": config.temperature,
+        "ignore_eos": config.ignore_eos, "slos_ms": dict(config.slos),
+        "cache": asdict(config.cache), "scheduler": asdict(config.scheduler),
+    }
+
+
+def serve_bench(config: BenchConfig, progress: Any = None) -> BenchReport:
+    """Load the target, build the workload and run it on each backend in turn.
+
+    `progress(backend, done, total)` is called as measured requests finish."""
+    from astrai.infer.engine import Engine
+
+    config.validate()
+    target = load_target(config.target, config.device, config.dtype, config.seed)
+    name, requests = build_workload(config, target)
+    max_context = config.cache.context_len(target.model.config.max_seq_len)
+    check_fits(requests, max_context)
+    offsets = arrival_offsets(len(requests), config.request_rate, config.burstiness,
+                              config.seed)
+    tok = target.tokenizer
+    usable = target.model.config.vocab_size if tok is None else min(
+        target.model.config.vocab_size, tok.vocab_size)
+    warm = warmup_requests(config.warmup, token_pool(usable, sorted(tok.special_ids)
+                                                     if tok is not None else ()), config.seed)
+
+    def params(i: int, r: BenchRequest) -> SamplingParams:
+        # Per-request seeds: every backend samples the same tokens for request i.
+        return SamplingParams(max_tokens=r.output_len, temperature=config.temperature,
+                              ignore_eos=config.ignore_eos, seed=config.seed + i)
+
+    runs = []
+    for backend in config.backends:
+        engine = Engine(target.model, tok, config.cache, backend,
+                        scheduler_config=config.scheduler, seed=config.seed)
+        label = backend or f"auto ({engine.backend().name})"
+        warm_up(engine, warm)
+        cb: Progress | None = None
+        if progress is not None:
+            def cb(done: int, total: int, _label: str = label) -> None:
+                progress(_label, done, total)
+        res = drive(engine, requests, offsets, params, max_concurrency=config.max_concurrency,
+                    progress=cb)
+        metrics = compute_metrics(res.records, res.duration, config.slos or None)
+        metrics.update(res.engine)
+        metrics.update(kv_pool_utilization_mean=res.kv_utilization_mean,
+                       kv_pool_utilization_peak=res.kv_utilization_peak,
+                       num_steps=res.num_steps)
+        runs.append(BenchRun(label, metrics, res.records))
+        del engine  # free its KV pool before the next backend allocates one
+    lens_in = [r.prompt_len for r in requests]
+    lens_out = [r.output_len for r in requests]
+    workload = {"name": name, "num_prompts": len(requests),
+                "mean_input_len": float(np.mean(lens_in)),
+                "mean_output_len": float(np.mean(lens_out)),
+                "input_len": [min(lens_in), max(lens_in)],
+                "output_len": [min(lens_out), max(lens_out)]}
+    if name == "shared-prefix":
+        workload.update(prefix_len=config.prefix_len, prefix_groups=config.prefix_groups)
+    if name == "jsonl":
+        workload["path"] = str(config.workload)
+    return BenchReport(target.info, workload, _settings(config), runs)

@@ -1,0 +1,326 @@
+"""A multi-turn chat over the Engine, with slash commands; no terminal I/O (the CLI does that).
+
+    session = open_chat("runs/x/checkpoints/step_100", params=SamplingParams(max_tokens=256))
+    reply = session.reply("Hello")       # iterate it for text deltas; reply.cancel() stops it
+    for piece in reply: print(piece, end="")
+    session.command("/set temperature 0.2")
+
+History is a list of user/assistant messages (the system prompt is kept apart). Before each
+reply the whole conversation is re-encoded through the chat template; the radix cache finds
+the previous turn's pages, so only the new tokens are prefilled. When the prompt would leave
+less than `reply_room` tokens of the context, the oldest turns (a user message and its
+reply) are dropped and the reply carries a notice saying so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from astrai.errors import CheckpointError, ConfigError, DataError
+from astrai.infer.params import SamplingParams
+
+SETTABLE: dict[str, type] = {
+    "temperature": float, "top_p": float, "top_k": int, "min_p": float, "max_tokens": int,
+    "seed": int, "repetition_penalty": float, "frequency_penalty": float,
+    "presence_penalty": float,
+}
+"""Sampling settings `/set KEY VALUE` may change (seed also takes 'none')."""
+
+HELP = """commands:
+  /set KEY VALUE   change a sampling setting ({keys}); /set alone shows them
+  /system TEXT     set the system prompt (/system alone clears it); history is kept
+  /reset           forget the conversation (the system prompt stays)
+  /stats           tokens/s and time to first token of the last reply
+  /help            this text
+  /exit            leave (also /quit or Ctrl-D)
+  //TEXT           send TEXT beginning with '/'"""
+
+
+@dataclass
+class CommandResult:
+    """What a slash command did: a message to show, and whether to leave the chat."""
+
+    message: str = ""
+    error: bool = False
+    exit: bool = False
+
+
+@dataclass
+class ReplyStats:
+    """Timing of one reply (seconds), for /stats."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    """Prompt tokens whose KV came from the prefix cache (earlier turns)."""
+    output_tokens: int
+    ttft: float | None
+    duration: float | None
+    """First token to last token."""
+    finish_reason: str | None
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens after the first, per second of decoding."""
+        if self.output_tokens < 2 or not self.duration:
+            return None
+        return (self.output_tokens - 1) / self.duration
+
+    def describe(self) -> str:
+        ttft = "-" if self.ttft is None else f"{self.ttft * 1000:.1f} ms"
+        tps = self.decode_tokens_per_s
+        rate = "-" if tps is None else f"{tps:.1f} tokens/s"
+        return (f"last reply: {self.output_tokens} tokens, {rate}, TTFT {ttft}; prompt "
+                f"{self.prompt_tokens} tokens ({self.cached_tokens} from the prefix cache); "
+                f"finish: {self.finish_reason}")
+
+
+class Reply:
+    """One streamed reply: iterate for text deltas ("" for tokens that add no text yet).
+
+    Finishing (or `cancel()`) adds the reply, partial or not, to the session history."""
+
+    def __init__(self, session: ChatSession, stream: Iterator[Any], user: str,
+                 prompt_tokens: int, notice: str | None) -> None:
+        self.session = session
+        self._stream = stream
+        self.user = user
+        self.prompt_tokens = prompt_tokens
+        self.notice = notice
+        """Set when old turns were dropped to fit the context."""
+        self.text = ""
+        self.finish_reason: str | None = None
+        self._last: Any = None
+        self._done = False
+
+    def __iter__(self) -> Iterator[str]:
+        for out in self._stream:
+            self._last = out
+            self.text += out.delta_text
+            if out.finished:
+                self.finish_reason = out.finish_reason
+            yield out.delta_text
+            if self._done:
+                return
+        self._finish()
+
+    def cancel(self) -> None:
+        """Stop generating now (the engine frees the request); keeps what was said so far."""
+        self._stream.close()  # Engine.generate's stream aborts unfinished requests on close
+        if self.finish_reason is None:
+            self.finish_reason = "abort"
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self.session._record(self)
+
+    def stats(self) -> ReplyStats:
+        out = self._last
+        if out is None:
+            return ReplyStats(self.prompt_tokens, 0, 0, None, None, self.finish_reason)
+        m = out.metrics
+        times = m.token_times
+        return ReplyStats(self.prompt_tokens, out.usage.cached_tokens, len(out.token_ids),
+                          m.ttft, times[-1] - times[0] if times else None, self.finish_reason)
+
+
+class ChatSession:
+    def __init__(self, engine: Any, tokenizer: Any, params: SamplingParams | None = None, *,
+                 system: str | None = None, template: bool = True,
+                 reply_room: int | None = None) -> None:
+        """`template`: False for base models (the conversation is one running text).
+        `reply_room`: context tokens kept free for the reply; None = min(max_tokens, half
+        the context)."""
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.params = params or SamplingParams()
+        self.params.validate()
+        self.system = system or None
+        self.template = template
+        self.reply_room = reply_room
+        self.messages: list[dict[str, str]] = []
+        """User and assistant turns, oldest first (no system message)."""
+        self.last: ReplyStats | None = None
+        self.max_context: int = engine.max_context
+
+    # -- prompts ---------------------------------------------------------------------------
+    def encode(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt ids for `messages` (ending with the new user message)."""
+        if self.template:
+            sys = [{"role": "system", "content": self.system}] if self.system else []
+            return self.tokenizer.encode_chat(sys + messages, add_generation_prompt=True)
+        # Base model: one running text; each input starts a new line, each reply continues
+        # its input directly.
+        parts = [self.system] if self.system else []
+        for m in messages:
+            parts.append(("\n" if parts and m["role"] == "user" else "") + m["content"])
+        return self.tokenizer.encode("".join(parts), add_special_tokens=True)
+
+    def _room(self) -> int:
+        if self.reply_room is not None:
+            return self.reply_room
+        return min(self.params.max_tokens, self.max_context // 2)
+
+    def fit(self, user: str) -> tuple[list[int], int]:
+        """(prompt ids, turns dropped): drop the oldest turns until the prompt leaves room
+        for the reply. Raises DataError when the new message alone is too long."""
+        limit = max(self.max_context - self._room(), 1)
+        dropped = 0
+        while True:
+            msgs = self.messages + [{"role": "user", "content": user}]
+            ids = self.encode(msgs)
+            if len(ids) <= limit:
+                return ids, dropped
+            if not self.messages:
+                raise DataError(
+                    f"the message is {len(ids)} tokens but the context holds {self.max_context} "
+                    f"with {self._room()} kept for the reply: shorten it or lower max_tokens")
+            # A turn is a user message and the reply that follows it.
+            cut = 2 if len(self.messages) > 1 and self.messages[1]["role"] == "assistant" else 1
+            del self.messages[:cut]
+            dropped += 1
+
+    # -- replies ---------------------------------------------------------------------------
+    def reply(self, user: str) -> Reply:
+        """Start the reply to `user` (generation runs as the Reply is iterated)."""
+        ids, dropped = self.fit(user)
+        notice = None
+        if dropped:
+            notice = (f"the context is full: dropped the oldest {dropped} turn"
+                      f"{'s' if dropped > 1 else ''}")
+        stream = self.engine.generate(ids, self.params, stream=True)
+        return Reply(self, stream, user, len(ids), notice)
+
+    def _record(self, reply: Reply) -> None:
+        self.messages.append({"role": "user", "content": reply.user})
+        self.messages.append({"role": "assistant", "content": reply.text})
+        self.last = reply.stats()
+
+    # -- commands --------------------------------------------------------------------------
+    @staticmethod
+    def is_command(line: str) -> bool:
+        return line.startswith("/") and not line.startswith("//")
+
+    @staticmethod
+    def unescape(line: str) -> str:
+        """'//text' sends '/text'."""
+        return line[1:] if line.startswith("//") else line
+
+    def command(self, line: str) -> CommandResult:
+        name, _, arg = line.strip().partition(" ")
+        arg = arg.strip()
+        name = name.lower()
+        if name in ("/exit", "/quit", "/bye"):
+            return CommandResult(exit=True)
+        if name == "/help":
+            return CommandResult(HELP.format(keys=", ".join(SETTABLE)))
+        if name in ("/reset", "/clear"):
+            n = len(self.messages) // 2
+            self.messages.clear()
+            return CommandResult(f"conversation reset ({n} turn{'s' if n != 1 else ''} "
+                                 "forgotten)")
+        if name == "/system":
+            self.system = arg or None
+            return CommandResult("system prompt set" if arg else "system prompt cleared")
+        if name == "/stats":
+            if self.last is None:
+                return CommandResult("no reply yet")
+            return CommandResult(self.last.describe())
+        if name == "/set":
+            return self._set(arg)
+        return CommandResult(f"unknown command {name}: type /help", error=True)
+
+    def settings(self) -> dict[str, Any]:
+        return {k: getattr(self.params, k) for k in SETTABLE}
+
+    def _set(self, arg: str) -> CommandResult:
+        if not arg:
+            return CommandResult("  ".join(f"{k}={v}" for k, v in self.settings().items()))
+        key, _, raw = arg.partition(" ")
+        key, raw = key.strip().lower().replace("-", "_"), raw.strip()
+        if key not in SETTABLE:
+            return CommandResult(f"/set {key}: unknown setting; use one of "
+                                 f"{', '.join(SETTABLE)}", error=True)
+        if not raw:
+            return CommandResult(f"/set {key}: give a value, e.g. /set {key} "
+                                 f"{getattr(self.params, key)}", error=True)
+        try:
+            value: Any = None if key == "seed" and raw.lower() == "none" else SETTABLE[key](raw)
+        except ValueError:
+            kind = "an integer" if SETTABLE[key] is int else "a number"
+            return CommandResult(f"/set {key} {raw}: must be {kind}", error=True)
+        try:
+            self.params = dataclasses.replace(self.params, **{key: value})
+        except ConfigError as e:
+            return CommandResult(f"/set {key}: {e}", error=True)
+        return CommandResult(f"{key} = {value}")
+
+
+def open_chat(path: str | Path, *, params: SamplingParams | None = None,
+              system: str | None = None, template: bool = True, device: str = "auto",
+              dtype: str | None = None, backend: str | None = None,
+              max_context: int | None = None, seed: int = 0) -> ChatSession:
+    """A ChatSession on a checkpoint directory (astrai or HF) holding its tokenizer."""
+    from astrai.infer.config import CacheConfig
+    from astrai.infer.engine import Engine
+    from astrai.infer.loading import load_model, load_tokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a checkpoint directory")
+    params = params or SamplingParams()
+    params.validate()  # bad sampling values fail before the weights load
+    tok = load_tokenizer(path)
+    if tok is None:
+        raise CheckpointError(
+            f"{path} has no tokenizer.json: chat needs the tokenizer the model was trained "
+            f"with; copy it in (e.g. cp DATASET_DIR/tokenizer*.json {path}/)")
+    model = load_model(path, device=device, dtype=dtype)
+    ctx = model.config.max_seq_len if max_context is None else max_context
+    page = 16
+    # Room for two conversations' worth of pages: the previous turn stays in the radix
+    # cache while the next one (which extends it) is prefilled.
+    cache = CacheConfig(page_size=page, max_kv_tokens=2 * (ctx + page), max_requests=4,
+                        max_context=max_context)
+    engine = Engine(model, tok, cache, backend, seed=seed)
+    return ChatSession(engine, tok, params, system=system, template=template)
+
+
+def collect_message(read: Any, first: str = ">>> ", more: str = "... ") -> str:
+    """Read one message through `read(prompt) -> line` (input() in a terminal).
+
+    Multi-line input: end a line with a backslash to continue on the next, or open a block
+    with a line starting with three double quotes and close it with a line ending with
+    three double quotes. EOFError inside a block returns what was read."""
+    line = read(first)
+    if line.lstrip().startswith('"""'):
+        first = line.lstrip()[3:]
+        if first.rstrip().endswith('"""'):
+            return first.rstrip()[:-3]
+        lines = [first] if first else []
+        while True:
+            try:
+                nxt = read(more)
+            except EOFError:
+                break
+            if nxt.rstrip().endswith('"""'):
+                lines.append(nxt.rstrip()[:-3])
+                break
+            lines.append(nxt)
+        return "\n".join(lines).strip("\n")
+    lines = []
+    while line.endswith("\\"):
+        lines.append(line[:-1])
+        try:
+            line = read(more)
+        except EOFError:
+            line = ""
+            break
+    lines.append(line)
+    return "\n".join(lines)

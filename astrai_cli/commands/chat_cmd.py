@@ -1,0 +1,189 @@
+"""`astrai chat CHECKPOINT_OR_HF_DIR`: interactive streaming chat, or one answer with --prompt.
+
+Terminal I/O only; the conversation logic is `astrai.infer.chat_session.ChatSession`.
+The reply streams to stdout; banners, notices and command output go to stderr, so
+`astrai chat CKPT < script.txt > replies.txt` keeps only the replies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+
+@contextlib.contextmanager
+def sigint_sets(flag: threading.Event) -> Iterator[None]:
+    """While inside, Ctrl-C sets `flag` instead of raising KeyboardInterrupt, so an engine
+    step is never torn in half; the reply loop checks the flag between tokens."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    prev = signal.signal(signal.SIGINT, lambda *_: flag.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, prev)
+
+
+def stream_reply(reply: Any, out: Any) -> bool:
+    """Write the reply's deltas as they come; True when Ctrl-C stopped it."""
+    stop = threading.Event()
+    with sigint_sets(stop):
+        for delta in reply:
+            if stop.is_set():
+                reply.cancel()
+                return True
+            if delta:
+                out.write(delta)
+                out.flush()
+        if stop.is_set():  # Ctrl-C during the last step: the reply is complete anyway
+            return False
+    return False
+
+
+def _setup_readline(history_file: Path | None) -> Any:
+    try:
+        import readline
+    except ImportError:  # e.g. Windows without pyreadline: plain input() still works
+        return None
+    if history_file is not None and history_file.is_file():
+        with contextlib.suppress(OSError):
+            readline.read_history_file(str(history_file))
+    return readline
+
+
+def run_interactive(session: Any, err: Console, history_file: Path | None, title: str) -> None:
+    from astrai.errors import AstraiError
+    from astrai.infer.chat_session import collect_message
+
+    tty = sys.stdin.isatty()
+    readline = _setup_readline(history_file) if tty else None
+
+    def read(prompt: str) -> str:
+        return input(prompt if tty else "")
+
+    err.print(f"[bold]astrai chat[/] {escape(title)}\n"
+              "[dim]/help for commands · end a line with \\ (or open a block with \"\"\") for "
+              "multi-line input · Ctrl-C stops a reply · /exit or Ctrl-D quits[/]")
+    try:
+        while True:
+            try:
+                text = collect_message(read)
+            except EOFError:
+                if tty:
+                    sys.stdout.write("\n")
+                break
+            except KeyboardInterrupt:
+                sys.stdout.write("\n")
+                err.print("[dim](Ctrl-C at the prompt: type /exit or Ctrl-D to leave)[/]")
+                continue
+            if not text.strip():
+                continue
+            if session.is_command(text):
+                res = session.command(text)
+                if res.message:
+                    style = "red" if res.error else "cyan"
+                    err.print(f"[{style}]{escape(res.message)}[/]")
+                if res.exit:
+                    break
+                continue
+            try:
+                reply = session.reply(session.unescape(text))
+            except AstraiError as e:
+                err.print(f"[bold red]error:[/] {escape(str(e))}")
+                continue
+            if reply.notice:
+                err.print(f"[yellow]({escape(reply.notice)})[/]")
+            stopped = stream_reply(reply, sys.stdout)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            if stopped:
+                err.print("[yellow](reply stopped)[/]")
+            elif reply.finish_reason == "length":
+                err.print("[dim](reply cut at max_tokens or the context length)[/]")
+    finally:
+        if readline is not None and history_file is not None:
+            with contextlib.suppress(OSError):
+                readline.write_history_file(str(history_file))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("chat")
+    def chat_cmd(
+        checkpoint: Annotated[Path, typer.Argument(
+            metavar="CHECKPOINT_OR_HF_DIR",
+            help="An astrai checkpoint or HF model directory holding tokenizer.json.")],
+        prompt: Annotated[str | None, typer.Option(
+            "--prompt", "-p", help="Answer this one message and exit: only the reply (and a "
+            "newline) goes to stdout. '-' reads the message from stdin.")] = None,
+        system: Annotated[str | None, typer.Option(
+            "--system", help="System prompt.")] = None,
+        no_template: Annotated[bool, typer.Option(
+            "--no-template", help="Base model: no chat template; the model continues your "
+            "text.")] = False,
+        temperature: Annotated[float, typer.Option(
+            "--temperature", help="Sampling temperature; 0 = greedy.")] = 0.8,
+        top_p: Annotated[float, typer.Option(
+            "--top-p", help="Nucleus sampling mass, in (0, 1].")] = 0.95,
+        top_k: Annotated[int, typer.Option(
+            "--top-k", help="Keep the k most likely tokens; 0 = off.")] = 40,
+        max_tokens: Annotated[int, typer.Option(
+            "--max-tokens", help="Most tokens per reply.")] = 512,
+        seed: Annotated[int | None, typer.Option(
+            "--seed", help="Sampling seed (reproducible replies).")] = None,
+        device: Annotated[str, typer.Option(
+            "--device", help="auto | cpu | cuda | cuda:N.")] = "auto",
+        dtype: Annotated[str, typer.Option(
+            "--dtype", help="auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | "
+            "float16.")] = "auto",
+        backend: Annotated[str | None, typer.Option(
+            "--backend", help="Attention backend: torch_native | flash | cuda "
+            "[default: automatic].")] = None,
+        max_context: Annotated[int | None, typer.Option(
+            "--max-context", help="Context length [default: the model's max_seq_len].")
+        ] = None,
+        history_file: Annotated[Path | None, typer.Option(
+            "--history-file", help="Keep input history across sessions in this file.")
+        ] = None,
+    ) -> None:
+        """Chat with a model: streamed replies, /set, /system, /reset, /stats, /exit."""
+        from astrai.infer.chat_session import open_chat
+        from astrai.infer.params import SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                top_k=top_k, seed=seed)  # invalid values: exit 2 here
+        err = Console(stderr=True, highlight=False)
+        text = None
+        if prompt is not None:
+            text = sys.stdin.read() if prompt == "-" else prompt
+            if not text.strip():
+                from astrai.errors import ConfigError
+                raise ConfigError("--prompt is empty: give the message to answer")
+        session = open_chat(checkpoint, params=params, system=system,
+                            template=not no_template, device=device, dtype=dtype,
+                            backend=backend, max_context=max_context, seed=seed or 0)
+        if text is not None:
+            reply = session.reply(text)
+            if reply.notice:
+                err.print(reply.notice)
+            for delta in reply:
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            return
+        cfg = session.engine.model.config
+        n = sum(p.numel() for p in session.engine.model.parameters())
+        title = f"{checkpoint} · {n / 1e6:.1f}M params · context {session.max_context}"
+        if cfg is not None and no_template:
+            title += " · no template"
+        run_interactive(session, err, history_file, title)

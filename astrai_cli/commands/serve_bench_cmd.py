@@ -1,0 +1,229 @@
+"""`astrai serve-bench CHECKPOINT_OR_PRESET`: serving metrics of the engine (vLLM/SGLang names).
+
+Parses options into a BenchConfig, calls `astrai.infer.bench.serve_bench`, renders one
+table with a column per backend (stdout) and writes `--json FILE`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+# (label, key, format) rows of the table, in sections; None formats skip the row when the
+# value is None in every run.
+SECTIONS: list[tuple[str, list[tuple[str, str, str]]]] = [
+    ("Requests", [
+        ("Successful requests", "completed", "{:d}"),
+        ("Failed requests", "failed", "{:d}"),
+        ("Benchmark duration (s)", "duration", "{:.2f}"),
+        ("Total input tokens", "total_input_tokens", "{:d}"),
+        ("Total generated tokens", "total_output_tokens", "{:d}"),
+        ("Request throughput (req/s)", "request_throughput", "{:.2f}"),
+        ("Request goodput (req/s)", "request_goodput", "{:.2f}"),
+        ("Input token throughput (tok/s)", "input_throughput", "{:.1f}"),
+        ("Output token throughput (tok/s)", "output_throughput", "{:.1f}"),
+        ("Total token throughput (tok/s)", "total_token_throughput", "{:.1f}"),
+        ("Peak concurrency", "peak_concurrency", "{:d}"),
+        ("Mean concurrency", "mean_concurrency", "{:.2f}"),
+    ]),
+]
+for _name, _key in (("Time to first token", "ttft"), ("Time per output token (excl. 1st)",
+                                                       "tpot"),
+                    ("Inter-token latency", "itl"), ("End-to-end latency", "e2el")):
+    SECTIONS.append((f"{_name} (ms)", [(f"{s.capitalize()}", f"{s}_{_key}_ms", "{:.2f}")
+                                       for s in ("mean", "median", "p90", "p99")]))
+SECTIONS.append(("Engine", [
+    ("Prefix cache hit rate (%)", "prefix_cache_hit_rate", "pct"),
+    ("KV pool utilization, mean (%)", "kv_pool_utilization_mean", "pct"),
+    ("KV pool utilization, peak (%)", "kv_pool_utilization_peak", "pct"),
+    ("Preemptions", "num_preemptions", "{:d}"),
+    ("Engine steps", "num_steps", "{:d}"),
+]))
+
+
+def _fmt(value: Any, fmt: str) -> str:
+    if value is None:
+        return "-"
+    if fmt == "pct":
+        return f"{100 * value:.1f}"
+    return fmt.format(value)
+
+
+def render(report: dict, console: Console) -> None:
+    m, w, s = report["model"], report["workload"], report["settings"]
+    name = m.get("name") or m.get("path")
+    conc = s["max_concurrency"] or "unlimited"
+    title = (f"Serving benchmark: {name} ({m['kind']}, {m['dtype']}, {m['device']}) · "
+             f"{w['name']} · {w['num_prompts']} prompts (input {w['input_len'][0]}-"
+             f"{w['input_len'][1]}, output {w['output_len'][0]}-{w['output_len'][1]}) · "
+             f"rate {s['request_rate']} · max concurrency {conc}")
+    table = Table(title=title, title_justify="left")
+    table.add_column("metric", style="cyan")
+    runs = report["runs"]
+    for run in runs:
+        table.add_column(run["backend"], justify="right")
+    for section, rows in SECTIONS:
+        table.add_row(f"[bold]{section}[/]", *[""] * len(runs))
+        for label, key, fmt in rows:
+            values = [r.get(key) for r in runs]
+            if key == "request_goodput" and all(v is None for v in values):
+                continue
+            table.add_row(f"  {label}", *[_fmt(v, fmt) for v in values])
+    console.print(table)
+
+
+def write_json(report: dict, path: str) -> None:
+    text = json.dumps(report, indent=2) + "\n"
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    dst = Path(path)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside the target and renamed: never a half-written file.
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _backends(backend: str | None, compare: str | None) -> list[str | None]:
+    from astrai.errors import ConfigError
+    from astrai.infer.backends.registry import backend_status
+
+    if backend and compare:
+        raise ConfigError("--backend and --compare-backends exclude each other: give one")
+    if not compare:
+        return [backend]
+    if compare.strip() == "all":
+        return [n for n, why in backend_status().items() if why is None]
+    return [b.strip() for b in compare.split(",") if b.strip()]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve-bench")
+    def serve_bench_cmd(
+        target: Annotated[str, typer.Argument(
+            metavar="CHECKPOINT_OR_PRESET",
+            help="A checkpoint directory, or a preset (tiny, small, 125m, 1.2b) with random "
+            "weights and a tiny trained tokenizer.")],
+        workload: Annotated[str, typer.Option(
+            "--workload", "-w", help="random | shared-prefix | PATH to a JSONL file (one "
+            "{\"prompt\" | \"prompt_ids\" | \"messages\", \"output_len\"} a line).")
+        ] = "random",
+        num_prompts: Annotated[int | None, typer.Option(
+            "--num-prompts", "-n", help="Measured requests [default: 64; a file: all lines].")
+        ] = None,
+        input_len: Annotated[str, typer.Option(
+            "--input-len", help="Prompt tokens, N or MIN:MAX (shared-prefix: the question "
+            "after the prefix).")] = "64:256",
+        output_len: Annotated[str, typer.Option(
+            "--output-len", help="Output tokens, N or MIN:MAX.")] = "32:128",
+        prefix_len: Annotated[int, typer.Option(
+            "--prefix-len", help="Shared system-prompt tokens per group (shared-prefix).")
+        ] = 256,
+        prefix_groups: Annotated[int, typer.Option(
+            "--prefix-groups", help="Groups sharing one prefix (shared-prefix).")] = 4,
+        request_rate: Annotated[str, typer.Option(
+            "--request-rate", help="Requests/s with Poisson (or gamma) arrivals; inf sends all "
+            "at once.")] = "inf",
+        burstiness: Annotated[float, typer.Option(
+            "--burstiness", help="Gamma shape of arrival gaps: 1 = Poisson, <1 burstier.")
+        ] = 1.0,
+        max_concurrency: Annotated[int | None, typer.Option(
+            "--max-concurrency", help="Most requests in flight at once [default: no limit].")
+        ] = None,
+        seed: Annotated[int, typer.Option("--seed", help="Workload/arrival/weights seed.")] = 0,
+        warmup: Annotated[int, typer.Option(
+            "--warmup", help="Unmeasured warm-up requests.")] = 2,
+        temperature: Annotated[float, typer.Option(
+            "--temperature", help="Sampling temperature; 0 = greedy.")] = 0.0,
+        stop_at_eos: Annotated[bool, typer.Option(
+            "--stop-at-eos", help="Let EOS end a request early (default: generate exactly "
+            "the output length).")] = False,
+        goodput: Annotated[str | None, typer.Option(
+            "--goodput", help="SLOs for goodput, e.g. ttft:200,tpot:50,e2el:2000 (ms).")
+        ] = None,
+        backend: Annotated[str | None, typer.Option(
+            "--backend", help="Attention backend: torch_native | flash | cuda "
+            "[default: automatic].")] = None,
+        compare_backends: Annotated[str | None, typer.Option(
+            "--compare-backends", help="Comma-separated backends (or 'all' available) run in "
+            "turn: one column each.")] = None,
+        device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N.")
+                          ] = "auto",
+        dtype: Annotated[str, typer.Option(
+            "--dtype", help="auto | float32 | bfloat16 | float16.")] = "auto",
+        page_size: Annotated[int, typer.Option("--page-size", help="KV page size.")] = 16,
+        max_kv_tokens: Annotated[int, typer.Option(
+            "--max-kv-tokens", help="Token slots in the KV pool.")] = 32768,
+        max_requests: Annotated[int, typer.Option(
+            "--max-requests", help="Requests holding KV at once (batch size).")] = 64,
+        no_radix: Annotated[bool, typer.Option(
+            "--no-radix", help="Turn prefix sharing off (compare its effect).")] = False,
+        max_step_tokens: Annotated[int, typer.Option(
+            "--max-step-tokens", help="Token budget of one engine step (chunked prefill).")
+        ] = 2048,
+        max_context: Annotated[int | None, typer.Option(
+            "--max-context", help="Context length [default: the model's max_seq_len].")
+        ] = None,
+        json_file: Annotated[str | None, typer.Option(
+            "--json", metavar="FILE", help="Also write every metric as JSON to FILE ('-': "
+            "stdout, instead of the table).")] = None,
+    ) -> None:
+        """Benchmark serving: TTFT, TPOT, ITL, latency, throughput, prefix hits, KV usage."""
+        from astrai.infer.bench import BenchConfig, parse_range, parse_rate, parse_slos
+        from astrai.infer.config import CacheConfig, SchedulerConfig
+
+        config = BenchConfig(
+            target=target, workload=workload, num_prompts=num_prompts,
+            input_len=parse_range(input_len, "--input-len"),
+            output_len=parse_range(output_len, "--output-len"),
+            prefix_len=prefix_len, prefix_groups=prefix_groups,
+            request_rate=parse_rate(request_rate), burstiness=burstiness,
+            max_concurrency=max_concurrency, seed=seed, warmup=warmup,
+            temperature=temperature, ignore_eos=not stop_at_eos, slos=parse_slos(goodput),
+            backends=_backends(backend, compare_backends), device=device,
+            dtype=None if dtype == "auto" else dtype,
+            cache=CacheConfig(page_size=page_size, max_kv_tokens=max_kv_tokens,
+                              max_requests=max_requests, radix=not no_radix,
+                              max_context=max_context),
+            scheduler=SchedulerConfig(max_step_tokens=max_step_tokens),
+        )
+        report = _run(config).to_dict()
+        if json_file is not None:
+            write_json(report, json_file)
+        if json_file != "-":
+            render(report, Console(highlight=False))
+
+
+def _run(config: Any) -> Any:
+    from astrai.infer.bench import serve_bench
+
+    err = Console(stderr=True, highlight=False)
+    if not err.is_terminal:
+        return serve_bench(config)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                  transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(label: str, done: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = bar.add_task(label, total=total)
+            bar.update(tasks[label], completed=done)
+
+        return serve_bench(config, progress)
