@@ -63,7 +63,10 @@ def atomic_dir(final: str | Path, *, overwrite: bool = True) -> Iterator[Path]:
 
 def save_weights(state_dict: dict[str, torch.Tensor], path: str | Path) -> None:
     tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
-    save_file(tensors, str(path), metadata={"format": "pt", "producer": f"astrai {__version__}"})
+    # One metadata key only: safetensors stores metadata in a hash map whose order varies
+    # between writes, and equal weights must give byte-identical files (exact resume is
+    # checked by comparing them). The producer version lives in meta.json.
+    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def copy_tokenizer(src: str | Path, dst: str | Path) -> None:
