@@ -208,3 +208,19 @@ def test_export_refuses_to_clobber(hf_dir, tmp_path):
         export_hf(tmp_path / "ck", path)
     export_hf(tmp_path / "ck", path, overwrite=True, dtype=torch.bfloat16)
     assert json.loads((path / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+def test_special_token_ids_reach_generation_config(tmp_path, make_config, make_model):
+    c = make_config()
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text(json.dumps({
+        "added_tokens": [{"id": 3, "content": "<|end|>"}], "model": {"vocab": {"<s>": 1}}}))
+    (tok / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": "<|end|>", "bos_token": {"content": "<s>"}, "pad_token": None}))
+    ck = save_checkpoint(tmp_path / "ck", make_model(c), c, tokenizer_dir=tok)
+    out = export_hf(ck, tmp_path / "hf")
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == 3 and gen["bos_token_id"] == 1 and "pad_token_id" not in gen
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == 3
+    assert (out / "tokenizer_config.json").read_text() == (tok / "tokenizer_config.json").read_text()
