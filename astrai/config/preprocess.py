@@ -171,6 +171,11 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         keys, value = parse_override(item)
         if not keys:
             raise ConfigError(f"--set '{item}': empty key")
+        if keys[0] not in out and len(keys) > 1:
+            # --set roles.tool=mask adds to the default rules instead of replacing them
+            default = PreprocessSpec.model_fields.get(keys[0])
+            if default is not None and isinstance(default.default, dict):
+                out[keys[0]] = dict(default.default)
         node = out
         for k in keys[:-1]:
             node = node.setdefault(k, {})

@@ -3,8 +3,9 @@
 Epoch e visits a permutation of the dataset drawn from (seed, e). The permutation is padded
 by wrapping around (or cut, with drop_last) to a multiple of world_size, and rank r takes
 every world_size-th index starting at r. The state is the global number of samples consumed
-in the current epoch, so a resumed run continues at exactly the next sample — with the same
-world size bit for bit, and with a different one without skipping or repeating a sample.
+in the current epoch, so a resumed run continues at exactly the next sample with the same
+world size; with a different one it skips nothing (the last step may repeat a few samples
+to pad the epoch to a multiple of the new world size).
 """
 
 from __future__ import annotations

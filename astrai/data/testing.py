@@ -64,4 +64,4 @@ def tiny_dataset(tmp_path: str | Path, kind: str = "pretrain", *, vocab_size: in
             "tokenizer": str(tok.path), "output": str(out), "format": fmt,
             "max_seq_len": max_seq_len, "overwrite": True, **spec}
     build_dataset(load_spec(data=data))
-    return out
+    return Path(str(data["output"]))
