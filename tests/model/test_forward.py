@@ -132,3 +132,28 @@ def test_gqa_equals_mha_with_repeated_kv(make_config, make_model):
     ids = torch.randint(0, 97, (2, 9))
     with torch.no_grad():
         torch.testing.assert_close(mha(ids).logits, gqa(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_forward_tracks_fp32(make_config, make_model):
+    model = make_model(make_config(sliding_window=4))
+    ids = torch.randint(0, 97, (1, 8))
+    ctx = ForwardContext(doc_ids=torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]]))
+    with torch.no_grad():
+        want = model(ids, ctx).logits
+        got = model.to(torch.bfloat16)(ids, ctx).logits
+    assert got.dtype == torch.bfloat16 and model.rope_cos.dtype == torch.float32
+    assert (got.float() - want).abs().max() < 0.02 * want.abs().max()  # bf16: ~3 digits
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_bf16_forward_tracks_cpu_fp32(make_config, make_model):
+    model = make_model(make_config(sliding_window=3))  # dense: bf16 could flip MoE top-k
+    ids = torch.randint(0, 97, (2, 8))
+    ctx = ForwardContext(doc_ids=torch.tensor([[0] * 4 + [1] * 4] * 2))
+    with torch.no_grad():
+        want = model(ids, ctx).logits
+        cuda = model.to("cuda", torch.bfloat16)
+        assert cuda.rope_cos.device.type == "cuda" and cuda.rope_cos.dtype == torch.float32
+        got = cuda(ids.cuda(), ForwardContext(doc_ids=ctx.doc_ids.cuda())).logits
+    assert (got.float().cpu() - want).abs().max() < 0.02 * want.abs().max()
