@@ -257,8 +257,9 @@ class ChatSession:
             return CommandResult(f"/set {key} {raw}: must be {kind}", error=True)
         try:
             self.params = dataclasses.replace(self.params, **{key: value})
-        except ConfigError as e:
-            return CommandResult(f"/set {key}: {e}", error=True)
+        except ConfigError as e:  # "sampling top_p=2.0: must be in (0, 1]" -> the why
+            return CommandResult(f"/set {key} {raw}: {str(e).partition(': ')[2]}",
+                                 error=True)
         return CommandResult(f"{key} = {value}")
 
 

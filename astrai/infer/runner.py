@@ -47,7 +47,7 @@ class ModelRunner:
         out = self.model(input_ids, ctx, return_hidden=True, compute_logits=False)
         h = out.hidden[0]  # (N, C)
         if len(sample_rows) != h.shape[0]:
-            h = h[torch.tensor(sample_rows, device=self.device)]  # (B_s, C)
+            h = h[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]  # (B_s, C)
         lm_head = getattr(self.model, "lm_head", None)
         logits = lm_head(h) if lm_head is not None else h @ self.model.output_weight().T
         return logits.float()

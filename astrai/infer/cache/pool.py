@@ -120,6 +120,8 @@ class PagePool:
     def reserve(self, handle: KVHandle, n_tokens: int) -> bool:
         """Make positions [0, n_tokens) of the request addressable, evicting cached pages
         if the free list is short; False (nothing changed) when the pool cannot."""
+        if n_tokens > self.max_context:
+            return False
         need = self.pages_for(n_tokens) - len(handle.pages)
         if need <= 0:
             return True

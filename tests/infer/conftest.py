@@ -1,0 +1,65 @@
+"""Shared fixtures: a small, deliberately sharp random model and a no-cache reference.
+
+init_std=0.2 makes logits peaked and strongly context-dependent (top-1/top-2 gaps of
+1e-3 or more, versus fp32 noise around 1e-6), so greedy token equality is a sharp test of
+the cache: a wrong slot, position or mask changes the tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from astrai.model import build_model, get_preset
+
+VOCAB = 256
+
+
+def small_config(**kw):
+    base = {"vocab_size": VOCAB, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16,
+                "ffn_dim": 128, "max_seq_len": 256, "init_std": 0.2}
+    return get_preset("tiny", **{**base, **kw})
+
+
+@pytest.fixture(scope="session")
+def model():
+    return build_model(small_config(), seed=0).eval()
+
+
+@pytest.fixture(scope="session")
+def window_model():
+    return build_model(small_config(sliding_window=8), seed=1).eval()
+
+
+def random_prompts(lengths, seed=0, vocab=VOCAB):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@torch.no_grad()
+def naive_greedy(model, prompt, n):
+    """Greedy decoding by full recomputation: no cache at all."""
+    ids, out = list(prompt), []
+    for _ in range(n):
+        t = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        out.append(t)
+        ids.append(t)
+    return out
+
+
+@torch.no_grad()
+def naive_logprobs(model, prompt, output):
+    """Raw-model log-probabilities of `output` after `prompt`, by one full forward."""
+    ids = torch.tensor([list(prompt) + list(output)])
+    logp = model(ids).logits[0].float().log_softmax(-1)
+    P = len(prompt)
+    return [float(logp[P - 1 + i, t]) for i, t in enumerate(output)]
+
+
+@pytest.fixture(scope="package", autouse=True)
+def one_thread():
+    """These models are tiny: one intra-op thread is fastest, and on a shared 2-core machine
+    two OpenMP threads per process spin against other processes (25x slower measured)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
