@@ -1,8 +1,19 @@
-"""Numeric precision of a run: parameter dtype and the autocast region around forward.
+"""Numeric precision of a run: parameter dtype, the autocast region, optimizer-moment dtype.
 
-`--precision auto` is bf16-mixed on CUDA and fp32 on CPU (DESIGN.md "Device and
-precision"). A precision is a small object so that others (bf16-true with fp32 optimizer
-moments, fp8 ...) register beside these without touching the trainer.
+    fp32         fp32 weights, activations and moments; no autocast.
+    bf16-mixed   fp32 master weights and moments; forward under bf16 autocast (matmuls in
+                 bf16, reductions and the loss in fp32).
+    bf16-true    bf16 weights, activations and gradients; no autocast.
+
+Optimizer moments are fp32 unless `--optimizer-state-dtype bf16`. The BF16 lock-in case
+study (seeds/paper-bf16-lockin.tex, "Stage 3: BF16 dead zone" and "Solution") traces part
+of the failure to bf16 AdamW moments that "lose precision at large magnitudes" and
+recommends fp32 moments: so with bf16-true weights the moments stay fp32 and the update is
+computed in fp32 (astrai.train.adamw), and only the final weight write rounds to bf16.
+
+`--precision auto` is bf16-mixed on CUDA (when the GPU has bf16) and fp32 elsewhere
+(DESIGN.md "Device and precision"): bf16 matmuls on CPUs without bf16 units are ~100x
+slower than fp32.
 """
 
 from __future__ import annotations
@@ -13,6 +24,8 @@ import torch
 
 from astrai.errors import ConfigError
 
+STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
 
 class Precision:
     """fp32: parameters, activations and optimizer moments in float32; no autocast."""
@@ -20,8 +33,16 @@ class Precision:
     name = "fp32"
     param_dtype = torch.float32
 
+    def __init__(self, state_dtype: torch.dtype = torch.float32) -> None:
+        self.state_dtype = state_dtype
+        """dtype of the AdamW moments (exp_avg, exp_avg_sq)."""
+
     def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
+
+    def describe(self) -> str:
+        state = {torch.float32: "fp32", torch.bfloat16: "bf16"}[self.state_dtype]
+        return f"{self.name} (weights {str(self.param_dtype)[6:]}, optimizer moments {state})"
 
 
 class BF16Mixed(Precision):
@@ -33,7 +54,16 @@ class BF16Mixed(Precision):
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
-PRECISIONS: dict[str, type[Precision]] = {"fp32": Precision, "bf16-mixed": BF16Mixed}
+class BF16True(Precision):
+    """bf16 weights and gradients; moments fp32 unless asked otherwise (paper's advice)."""
+
+    name = "bf16-true"
+    param_dtype = torch.bfloat16
+
+
+PRECISIONS: dict[str, type[Precision]] = {
+    "fp32": Precision, "bf16-mixed": BF16Mixed, "bf16-true": BF16True,
+}
 
 
 def register_precision(cls: type[Precision]) -> type[Precision]:
@@ -54,13 +84,23 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
-def resolve_precision(precision: str, device: torch.device) -> Precision:
-    """`auto` = bf16-mixed on CUDA, fp32 elsewhere."""
-    name = precision
-    if precision == "auto":
-        name = "bf16-mixed" if device.type == "cuda" else "fp32"
+def auto_precision(device: torch.device) -> str:
+    """bf16-mixed on a CUDA device with bf16 support, fp32 elsewhere."""
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16-mixed"
+    return "fp32"
+
+
+def resolve_precision(precision: str, device: torch.device,
+                      optimizer_state_dtype: str = "fp32") -> Precision:
+    """`auto` = bf16-mixed on CUDA, fp32 elsewhere; moments in `optimizer_state_dtype`."""
+    name = auto_precision(device) if precision == "auto" else precision
     if name not in PRECISIONS:
         raise ConfigError(
             f"precision: unknown '{precision}'; choose auto or one of {', '.join(PRECISIONS)}"
         )
-    return PRECISIONS[name]()
+    if optimizer_state_dtype not in STATE_DTYPES:
+        raise ConfigError(
+            f"optimizer_state_dtype: unknown '{optimizer_state_dtype}'; choose fp32 or bf16"
+        )
+    return PRECISIONS[name](STATE_DTYPES[optimizer_state_dtype])

@@ -1,0 +1,78 @@
+"""AdamW whose moments keep their own dtype, independent of the parameters' dtype.
+
+torch.optim.AdamW stores exp_avg / exp_avg_sq in the parameter's dtype, so bf16 weights
+get bf16 moments — the configuration the BF16 lock-in study (seeds/paper-bf16-lockin.tex,
+"Solution") advises against. This variant keeps the moments in `state_dtype` (fp32 by
+default), computes the whole update in fp32, and rounds only the final weight write to the
+parameter dtype. With fp32 parameters and fp32 moments it is the same algorithm as
+torch.optim.AdamW (Loshchilov & Hutter 2019, decoupled decay), op for op:
+
+    p   <- p * (1 - lr * wd)
+    m   <- lerp(m, g, 1 - b1)                   v <- b2 * v + (1 - b2) * g^2
+    p   <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+
+Its state_dict has torch.optim.AdamW's layout (step, exp_avg, exp_avg_sq), so checkpoints
+move between the two. FSDP2 DTensor parameters are updated through their local shards
+(every op is elementwise), with DTensor moments so full state dicts gather correctly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class AdamW(torch.optim.Optimizer):
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, *, state_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
+                                  "weight_decay": weight_decay})
+        self.state_dtype = state_dtype
+
+    def _init_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, dtype=self.state_dtype,
+                                                memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype,
+                                                   memory_format=torch.preserve_format)
+        return state
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, (b1, b2) = float(group["lr"]), group["betas"]
+            eps, wd = group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self._init_state(p)
+                state["step"] += 1
+                t = float(state["step"])
+                param, m, v = _local(p), _local(state["exp_avg"]), _local(state["exp_avg_sq"])
+                g = _local(p.grad).float()
+                # fp32 working copies (views when already fp32)
+                p32, m32, v32 = param.float(), m.float(), v.float()
+                p32.mul_(1 - lr * wd)
+                m32.lerp_(g, 1 - b1)
+                v32.mul_(b2).addcmul_(g, g, value=1 - b2)
+                denom = (v32.sqrt() / math.sqrt(1 - b2**t)).add_(eps)
+                p32.addcdiv_(m32, denom, value=-lr / (1 - b1**t))
+                for dst, src in ((param, p32), (m, m32), (v, v32)):
+                    if dst.data_ptr() != src.data_ptr():
+                        dst.copy_(src)  # round to the stored dtype
+        return loss

@@ -1,0 +1,155 @@
+"""FSDP executor: FSDP2 `fully_shard`, parameters, gradients and optimizer state sharded.
+
+* Wrapping: `fully_shard` on every decoder block, then on the root (embeddings, final
+  norm, head), so each block's weights are all-gathered just before its forward/backward
+  and freed after (torchtitan's layout). Optional CPU offload of the shards (CUDA only).
+* Accumulation: on non-sync micro-steps `set_requires_gradient_sync(False)` (FSDP2's
+  native switch, seeds/internals.md) keeps unsharded gradients local; the last micro-step
+  of a window reduce-scatters them.
+* Loss scale: FSDP2 averages gradients over ranks like DDP, hence the same normalizer.
+* Clipping: gradients are DTensor shards; the norm of the shards is a partial DTensor whose
+  `full_tensor()` is the global L2 norm, so every rank clips by the same factor.
+* Checkpoints: `get_model_state_dict` / `get_optimizer_state_dict` with full_state_dict and
+  cpu_offload gather full tensors to rank 0. The optimizer state is then re-keyed by
+  parameter index, the layout `torch.optim.Optimizer.state_dict()` uses, so optimizer.pt
+  is the same file whichever executor wrote it, and resume may switch executors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from astrai.errors import ConfigError
+from astrai.model.block import DecoderBlock
+from astrai.train.executor import Executor
+from astrai.train.executors import process_group as pg
+from astrai.train.optim import AccumOptimizer
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class FSDPExecutor(Executor):
+    name = "fsdp"
+
+    def __init__(self, *, grad_accum_steps: int = 1, device: torch.device | str = "cpu",
+                 precision: Any = None, reshard_after_forward: bool = True,
+                 cpu_offload: bool = False, timeout_s: float = 1800.0, **kwargs: Any) -> None:
+        self.env, dev, self._owns_group = pg.init_process_group(torch.device(device), timeout_s)
+        super().__init__(grad_accum_steps=grad_accum_steps, device=dev, precision=precision,
+                         **kwargs)
+        if cpu_offload and dev.type != "cuda":
+            raise ConfigError("executor_kwargs.cpu_offload: offloading shards to CPU needs a "
+                              "CUDA device; drop cpu_offload or use --device cuda")
+        self.reshard_after_forward = reshard_after_forward
+        self.cpu_offload = cpu_offload
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        offload = CPUOffloadPolicy(pin_memory=True) if self.cpu_offload else OffloadPolicy()
+        kw = {"reshard_after_forward": self.reshard_after_forward, "offload_policy": offload}
+        for module in list(model.modules()):
+            if isinstance(module, DecoderBlock):
+                fully_shard(module, **kw)
+        # The root: it owns what no block does. Its weights stay gathered after forward
+        # (the head's backward comes right after), as torchtitan does.
+        fully_shard(model, **{**kw, "reshard_after_forward": False})
+        return model
+
+    def unwrap(self, model: nn.Module | None = None) -> nn.Module:
+        return model if model is not None else self.model  # fully_shard wraps in place
+
+    @contextlib.contextmanager
+    def _no_sync(self, model: nn.Module):
+        assert isinstance(model, FSDPModule)
+        model.set_requires_gradient_sync(False)  # recurse=True: every sharded block
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    def window_normalizer(self, loss_units: int) -> float:
+        return max(1.0, self.all_reduce_sum(loss_units)) / self.world_size
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return torch.zeros((), device=self.device)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()  # sum of the shards' squares over ranks, then sqrt
+        if max_norm > 0 and torch.isfinite(norm):
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return norm
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        """Collective: every rank calls; rank 0 receives the full CPU state dict."""
+        state = get_model_state_dict(self.model, options=FULL)
+        return state if self.is_main else {}
+
+    def optimizer_state_dict(self, optimizer: AccumOptimizer) -> dict:
+        """Collective; rank 0 receives the full state, keyed by parameter index."""
+        state = get_optimizer_state_dict(self.model, optimizer.optimizer, options=FULL)
+        return fqn_to_index(state, self._param_names(optimizer)) if self.is_main else {}
+
+    def load_optimizer_state_dict(self, optimizer: AccumOptimizer, state: dict) -> None:
+        """Every rank passes the full state; each keeps its own shards."""
+        full = index_to_fqn(state, self._param_names(optimizer))
+        set_optimizer_state_dict(self.model, optimizer.optimizer, full,
+                                 options=StateDictOptions(full_state_dict=True))
+
+    def _param_names(self, optimizer: AccumOptimizer) -> list[str]:
+        """Fully qualified name of each optimizer parameter, in the optimizer's index order."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+    # -- collectives -------------------------------------------------------------------------
+    def all_reduce_sum(self, value: float) -> float:
+        return pg.all_reduce_sum(value, self.device)
+
+    def barrier(self) -> None:
+        torch.distributed.barrier()
+
+    def close(self) -> None:
+        pg.destroy_process_group(self._owns_group)
+
+
+def fqn_to_index(state: dict, names: list[str]) -> dict:
+    """{"state": {fqn: s}, "param_groups": [{"params": [fqn]}]} -> the same keyed by the
+    parameter's index in the optimizer (torch.optim's own state_dict layout)."""
+    index = {n: i for i, n in enumerate(names)}
+    return {
+        "state": {index[k]: v for k, v in state["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
+                         for g in state["param_groups"]],
+    }
+
+
+def index_to_fqn(state: dict, names: list[str]) -> dict:
+    """Inverse of fqn_to_index; a state already keyed by name passes through."""
+    groups = state.get("param_groups", [])
+    if not groups or not groups[0]["params"] or isinstance(groups[0]["params"][0], str):
+        return state
+    return {
+        "state": {names[int(k)]: v for k, v in state["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in groups],
+    }
