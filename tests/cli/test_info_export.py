@@ -97,6 +97,9 @@ def test_info_errors(tmp_path):
     (tmp_path / "bad" / "config.json").write_text(json.dumps({"dim": 32, "n_heads": 4,
                                                               "n_kv_heads": 3}))
     assert "n_kv_heads (3)" in one_line_error(runner.invoke(app, ["info", str(tmp_path / "bad")]))
+    (tmp_path / "bad" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    msg = one_line_error(runner.invoke(app, ["info", str(tmp_path / "bad")]))
+    assert "model_type 'gpt2' is not supported" in msg
     (tmp_path / "file").write_text("x")
     assert "not a directory" in one_line_error(runner.invoke(app, ["info", str(tmp_path / "file")]))
 
@@ -141,6 +144,10 @@ def test_export_errors(tmp_path):
     assert "mixture-of-experts" in msg and not (tmp_path / "o").exists()
     msg = one_line_error(runner.invoke(app, ["export", str(tmp_path / "none"), out]))
     assert "not a directory" in msg
+    make_checkpoint(tmp_path / "half")
+    (tmp_path / "half" / "model.safetensors").unlink()
+    msg = one_line_error(runner.invoke(app, ["export", str(tmp_path / "half"), out]))
+    assert "missing model.safetensors" in msg
     result = runner.invoke(app, ["export", str(tmp_path / "moe"), str(tmp_path / "o"),
                                  "--format", "onnx"])
     assert result.exit_code == 2 and "onnx" in result.output
