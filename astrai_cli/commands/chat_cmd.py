@@ -45,9 +45,7 @@ def stream_reply(reply: Any, out: Any) -> bool:
             if delta:
                 out.write(delta)
                 out.flush()
-        if stop.is_set():  # Ctrl-C during the last step: the reply is complete anyway
-            return False
-    return False
+    return False  # (a Ctrl-C during the last step finds the reply complete: nothing to stop)
 
 
 def _setup_readline(history_file: Path | None) -> Any:
@@ -161,7 +159,7 @@ def register(app: typer.Typer) -> None:
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed)  # invalid values: exit 2 here
-        err = Console(stderr=True, highlight=False)
+        err = Console(stderr=True, highlight=False, soft_wrap=True)
         text = None
         if prompt is not None:
             text = sys.stdin.read() if prompt == "-" else prompt

@@ -1,0 +1,27 @@
+"""A tiny checkpoint (random weights, tiny trained tokenizer) for benchmark tests."""
+
+import pytest
+import torch
+
+from astrai.data.testing import tiny_tokenizer
+from astrai.model import ModelConfig, build_model
+from astrai.model.checkpoint import save_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-ckpt")
+    tok = tiny_tokenizer(root)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                      ffn_dim=128, max_seq_len=256)
+    model = build_model(cfg, seed=0)
+    return save_checkpoint(root / "ckpt", model, cfg, tokenizer_dir=tok.path)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny matmuls: threading costs more than it gains on shared CI cores.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
