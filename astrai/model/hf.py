@@ -199,6 +199,8 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, dtype: torch.dtype
     config, _ = read_config(checkpoint)
     dtype_name = None if dtype is None else _dtype_name(dtype)
     config_to_hf(config)  # refuse MoE before reading any weights
+    if out_dir.resolve() == checkpoint.resolve():
+        raise CheckpointError(f"{out_dir}: is the checkpoint itself; choose another OUT_DIR")
     if out_dir.exists() and not overwrite and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise CheckpointError(f"{out_dir}: already exists; choose another path or pass --overwrite")
     model, config, _ = load_pretrained(checkpoint, dtype=dtype)

@@ -206,6 +206,8 @@ def test_export_refuses_to_clobber(hf_dir, tmp_path):
     path, _ = hf_dir
     with pytest.raises(CheckpointError, match="already exists"):
         export_hf(tmp_path / "ck", path)
+    with pytest.raises(CheckpointError, match="checkpoint itself"):
+        export_hf(tmp_path / "ck", tmp_path / "ck", overwrite=True)
     export_hf(tmp_path / "ck", path, overwrite=True, dtype=torch.bfloat16)
     assert json.loads((path / "config.json").read_text())["torch_dtype"] == "bfloat16"
 
