@@ -34,17 +34,15 @@ def sigint_sets(flag: threading.Event) -> Iterator[None]:
         signal.signal(signal.SIGINT, prev)
 
 
-def stream_reply(reply: Any, out: Any) -> bool:
-    """Write the reply's deltas as they come; True when Ctrl-C stopped it."""
-    stop = threading.Event()
-    with sigint_sets(stop):
-        for delta in reply:
-            if stop.is_set():
-                reply.cancel()
-                return True
-            if delta:
-                out.write(delta)
-                out.flush()
+def stream_reply(reply: Any, out: Any, stop: threading.Event) -> bool:
+    """Write the reply's deltas as they come; True when `stop` (Ctrl-C) ended it early."""
+    for delta in reply:
+        if stop.is_set():
+            reply.cancel()
+            return True
+        if delta:
+            out.write(delta)
+            out.flush()
     return False  # (a Ctrl-C during the last step finds the reply complete: nothing to stop)
 
 
@@ -94,14 +92,16 @@ def run_interactive(session: Any, err: Console, history_file: Path | None, title
                 if res.exit:
                     break
                 continue
-            try:
-                reply = session.reply(session.unescape(text))
-            except AstraiError as e:
-                err.print(f"[bold red]error:[/] {escape(str(e))}")
-                continue
-            if reply.notice:
-                err.print(f"[yellow]({escape(reply.notice)})[/]")
-            stopped = stream_reply(reply, sys.stdout)
+            stop = threading.Event()
+            with sigint_sets(stop):  # from here on Ctrl-C stops this reply only
+                try:
+                    reply = session.reply(session.unescape(text))
+                except AstraiError as e:
+                    err.print(f"[bold red]error:[/] {escape(str(e))}")
+                    continue
+                if reply.notice:
+                    err.print(f"[yellow]({escape(reply.notice)})[/]")
+                stopped = stream_reply(reply, sys.stdout, stop)
             sys.stdout.write("\n")
             sys.stdout.flush()
             if stopped:

@@ -1,0 +1,191 @@
+"""`astrai chat`: --prompt through CliRunner, a scripted session through a pipe, and a
+pseudo-terminal session with a Ctrl-C during a reply."""
+
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from astrai.data.testing import tiny_tokenizer
+from astrai.infer import CacheConfig, Engine, SamplingParams
+from astrai.model import ModelConfig, build_model
+from astrai.model.checkpoint import save_checkpoint
+from astrai_cli.main import app
+
+runner = CliRunner()
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8", "NO_COLOR": "1",
+       "TERM": "dumb"}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """Random weights whose stop-token logits are 0: greedy replies run to max_tokens."""
+    root = tmp_path_factory.mktemp("chat")
+    tok = tiny_tokenizer(root)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                      ffn_dim=128, max_seq_len=2048)
+    model = build_model(cfg, seed=0)
+    with torch.no_grad():
+        model.lm_head.weight[tok.stop_ids] = 0
+    path = save_checkpoint(root / "ckpt", model, cfg, tokenizer_dir=tok.path)
+    save_checkpoint(root / "bare", model, cfg)
+    return path, model, tok
+
+
+def greedy(model, tok, ids, n):
+    torch.set_num_threads(1)
+    eng = Engine(model, tok, CacheConfig(max_kv_tokens=4096))
+    return eng.generate(ids, SamplingParams(max_tokens=n, temperature=0.0))[0].text
+
+
+def test_prompt_prints_exactly_the_reply(ckpt):
+    path, model, tok = ckpt
+    args = ["chat", str(path), "--temperature", "0", "--max-tokens", "7", "--device", "cpu"]
+    r = runner.invoke(app, [*args, "--prompt", "Hello there", "--system", "Be brief."])
+    assert r.exit_code == 0, r.output
+    ids = tok.encode_chat([{"role": "system", "content": "Be brief."},
+                           {"role": "user", "content": "Hello there"}])
+    assert r.stdout == greedy(model, tok, ids, 7) + "\n"
+    # --no-template: the model continues the raw text; '-' reads the message from stdin.
+    r = runner.invoke(app, [*args, "--prompt", "-", "--no-template"], input="Once upon")
+    assert r.exit_code == 0, r.output
+    ids = tok.encode("Once upon", add_special_tokens=True)
+    assert r.stdout == greedy(model, tok, ids, 7) + "\n"
+
+
+@pytest.mark.parametrize("flags, why", [
+    (["--top-p", "1.5"], "top_p=1.5: must be in (0, 1]"),
+    (["--temperature", "-1"], "temperature=-1.0: must be >= 0"),
+    (["--max-tokens", "0"], "max_tokens=0: must be an integer >= 1"),
+    (["--top-k", "-3"], "top_k=-3"),
+])
+def test_invalid_sampling_values_exit_2(ckpt, flags, why):
+    r = runner.invoke(app, ["chat", str(ckpt[0]), "--prompt", "hi", *flags])
+    assert r.exit_code == 2 and why in r.stderr and "Traceback" not in r.output
+
+
+def test_checkpoint_without_tokenizer_exits_2_with_the_fix(ckpt, tmp_path):
+    bare = ckpt[0].parent / "bare"
+    r = runner.invoke(app, ["chat", str(bare), "--prompt", "hi"])
+    assert r.exit_code == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no tokenizer.json" in lines[0] and "cp " in lines[0]
+    r = runner.invoke(app, ["chat", str(tmp_path / "nowhere"), "--prompt", "hi"])
+    assert r.exit_code == 2 and "not a checkpoint directory" in r.stderr
+    r = runner.invoke(app, ["chat", str(ckpt[0]), "--prompt", "  "])
+    assert r.exit_code == 2 and "--prompt is empty" in r.stderr
+
+
+def test_scripted_session_without_a_terminal(ckpt):
+    path, model, tok = ckpt
+    script = "".join(line + "\n" for line in [
+        "/set temperature 0", "/set max_tokens 5", "/set top_p 7", "Hello", "/system Be brief.",
+        "How are \\", "you?", "/stats", "/reset", "/bogus", "/exit", "never sent"])
+    r = runner.invoke(app, ["chat", str(path), "--device", "cpu"], input=script)
+    assert r.exit_code == 0, r.output
+    r1 = greedy(model, tok, tok.encode_chat([{"role": "user", "content": "Hello"}]), 5)
+    r2 = greedy(model, tok, tok.encode_chat([
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": r1}, {"role": "user", "content": "How are \nyou?"},
+    ]), 5)
+    # No prompts without a terminal: stdout is the replies, one per line.
+    assert r.stdout == f"{r1}\n{r2}\n"
+    for text in ("temperature = 0.0", "max_tokens = 5", "/set top_p 7: must be in (0, 1]",
+                 "system prompt set", "last reply: 5 tokens", "conversation reset (2 turns",
+                 "unknown command /bogus"):
+        assert text in r.stderr, text
+
+
+class Pty:
+    """A child process on a pseudo-terminal, driven like a user at a keyboard."""
+
+    # In its own session, the child makes the tty its controlling terminal before exec'ing
+    # the command, so Ctrl-C typed on the tty sends it SIGINT as a shell would.
+    ADOPT_TTY = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+                 "os.execv(sys.executable, [sys.executable] + sys.argv[1:])")
+
+    def __init__(self, args):
+        self.master, slave = os.openpty()
+        self.proc = subprocess.Popen([sys.executable, "-c", self.ADOPT_TTY, *args], stdin=slave,
+                                     stdout=slave, stderr=slave, env=ENV,
+                                     start_new_session=True)
+        os.close(slave)
+        self.buf = ""
+
+    def expect(self, pattern, timeout=120.0):
+        end = time.monotonic() + timeout
+        while True:
+            m = re.search(pattern, self.buf)
+            if m:
+                self.buf = self.buf[m.end():]
+                return m
+            left = end - time.monotonic()
+            if left <= 0 or self.proc.poll() is not None and not self._ready(0):
+                raise AssertionError(f"{pattern!r} not seen; output so far: {self.buf!r}")
+            if self._ready(min(left, 0.5)):
+                try:
+                    self.buf += os.read(self.master, 65536).decode("utf-8", "replace")
+                except OSError:
+                    pass
+
+    def _ready(self, t):
+        return bool(select.select([self.master], [], [], t)[0])
+
+    def send(self, text):
+        os.write(self.master, text.encode())
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        os.close(self.master)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_interactive_session_in_a_pseudo_terminal(ckpt):
+    tty = Pty(["-m", "astrai_cli.main", "chat", str(ckpt[0]), "--device", "cpu",
+               "--temperature", "0"])
+    try:
+        tty.expect(r">>> ")
+        tty.send("/set max_tokens 6\n")
+        tty.expect(r"max_tokens = 6")
+        tty.expect(r">>> ")
+        tty.send("Hello\n")  # first turn
+        tty.expect(r"Hello\r?\n")
+        tty.expect(r">>> ")
+        tty.send("How are you?\n")  # second turn, then its stats
+        tty.expect(r">>> ")
+        tty.send("/stats\n")
+        m = tty.expect(r"last reply: 6 tokens.*\((\d+) from the prefix cache\)")
+        assert int(m.group(1)) >= 16  # the first turn's pages were reused
+        tty.expect(r">>> ")
+        tty.send("/system Answer in French.\n")
+        tty.expect(r"system prompt set")
+        tty.expect(r">>> ")
+        tty.send("/reset\n")
+        tty.expect(r"conversation reset \(2 turns forgotten\)")
+        tty.expect(r">>> ")
+        tty.send("/set max_tokens 4000\n")  # a reply that would run to the context end
+        tty.expect(r">>> ")
+        tty.send("Tell me everything\n")
+        tty.expect(r"Tell me everything\r?\n")
+        time.sleep(0.5)
+        tty.send("\x03")  # Ctrl-C stops the reply, not the program
+        tty.expect(r"\(reply stopped\)")
+        tty.expect(r">>> ")
+        tty.send("/stats\n")
+        tty.expect(r"finish: abort")
+        tty.expect(r">>> ")
+        tty.send("\x03")  # at the prompt: a hint, still running
+        tty.expect(r"type /exit or Ctrl-D")
+        tty.expect(r">>> ")
+        tty.send("/exit\n")
+        assert tty.proc.wait(timeout=60) == 0
+    finally:
+        tty.close()
