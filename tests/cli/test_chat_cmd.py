@@ -23,6 +23,15 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8", "NO_CO
        "TERM": "dumb"}
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny matmuls: threading costs more than it gains on shared CI cores.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     """Random weights whose stop-token logits are 0: greedy replies run to max_tokens."""
@@ -39,7 +48,6 @@ def ckpt(tmp_path_factory):
 
 
 def greedy(model, tok, ids, n):
-    torch.set_num_threads(1)
     eng = Engine(model, tok, CacheConfig(max_kv_tokens=4096))
     return eng.generate(ids, SamplingParams(max_tokens=n, temperature=0.0))[0].text
 

@@ -1,0 +1,126 @@
+"""`astrai serve-bench`: the table, --json FILE with every field, and bad input (exit 2)."""
+
+import json
+
+import pytest
+import torch
+from rich.console import Console
+from typer.testing import CliRunner
+
+from astrai.data.testing import tiny_tokenizer
+from astrai.model import ModelConfig, build_model
+from astrai.model.checkpoint import save_checkpoint
+from astrai_cli.commands.serve_bench_cmd import SECTIONS, render
+from astrai_cli.main import app
+
+runner = CliRunner()
+FAST = ["--num-prompts", "3", "--input-len", "4:12", "--output-len", "2:3", "--warmup", "1",
+        "--max-kv-tokens", "1024", "--max-requests", "8", "--device", "cpu"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny matmuls: threading costs more than it gains on shared CI cores.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve-bench")
+    tok = tiny_tokenizer(root)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                      ffn_dim=128, max_seq_len=128)
+    path = save_checkpoint(root / "ckpt", build_model(cfg, seed=0), cfg, tokenizer_dir=tok.path)
+    return path
+
+
+def test_json_file_holds_every_field_and_the_table_every_row(ckpt, tmp_path):
+    out = tmp_path / "res" / "bench.json"
+    r = runner.invoke(app, ["serve-bench", str(ckpt), *FAST, "--request-rate", "100",
+                            "--burstiness", "0.5", "--max-concurrency", "2", "--seed", "3",
+                            "--goodput", "ttft:100000", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())
+    assert set(d) == {"model", "workload", "settings", "runs"}
+    (run,) = d["runs"]
+    want = {key for _, rows in SECTIONS for _, key, _ in rows}
+    assert want <= set(run), sorted(want - set(run))
+    assert run["completed"] == 3 and run["request_goodput"] == run["request_throughput"]
+    assert run["peak_concurrency"] <= 2
+    s = d["settings"]
+    assert (s["request_rate"], s["burstiness"], s["max_concurrency"], s["seed"]) == (
+        100.0, 0.5, 2, 3)
+    assert d["workload"]["input_len"][0] >= 4 and d["workload"]["output_len"][1] <= 3
+    # The table (stdout) has a row per metric and a column for the backend.
+    for label in ("Request throughput", "Output token throughput", "Time to first token",
+                  "Time per output token", "Inter-token latency", "End-to-end latency",
+                  "P99", "Peak concurrency", "Prefix cache hit rate", "KV pool utilization",
+                  "Request goodput", "auto (torch_native)"):
+        assert label in r.stdout, label
+
+
+def test_json_to_stdout_and_shared_prefix_hits(ckpt):
+    r = runner.invoke(app, ["serve-bench", str(ckpt), *FAST, "--workload", "shared-prefix",
+                            "--prefix-len", "32", "--prefix-groups", "1", "--input-len", "2",
+                            "--max-concurrency", "1", "--compare-backends", "torch_native",
+                            "--json", "-"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)  # only JSON on stdout
+    (run,) = d["runs"]
+    assert run["backend"] == "torch_native"
+    assert run["prefix_cache_hit_tokens"] == 2 * 32  # requests 2 and 3 reuse the prefix
+    assert d["workload"]["prefix_len"] == 32
+
+
+def test_one_table_one_column_per_backend():
+    base = {"completed": 3, "failed": 0, "duration": 1.0, "mean_ttft_ms": 5.0,
+            "prefix_cache_hit_rate": 0.5, "request_goodput": None}
+    report = {"model": {"kind": "preset", "name": "tiny", "dtype": "float32", "device": "cpu"},
+              "workload": {"name": "random", "num_prompts": 3, "input_len": [1, 2],
+                           "output_len": [3, 4]},
+              "settings": {"request_rate": "inf", "max_concurrency": None},
+              "runs": [{"backend": "torch_native", **base},
+                       {"backend": "cuda", **base, "mean_ttft_ms": 2.5}]}
+    console = Console(width=200, record=True)
+    render(report, console)
+    text = console.export_text()
+    assert text.count("torch_native") == 1 and text.count("cuda") == 1
+    row = next(line for line in text.splitlines() if "Mean" in line and "5.00" in line)
+    assert "2.50" in row  # both backends' TTFT on one row
+    assert "50.0" in text and "goodput" not in text  # no SLOs: no goodput row
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--input-len", "9:3"], "--input-len '9:3'"),
+    (["--request-rate", "0"], "--request-rate 0"),
+    (["--burstiness", "-1"], "--burstiness"),
+    (["--goodput", "speed:3"], "goodput SLO 'speed:3'"),
+    (["--max-concurrency", "0"], "--max-concurrency 0"),
+    (["--backend", "gpu"], "backend 'gpu'"),
+    (["--backend", "torch_native", "--compare-backends", "all"], "exclude each other"),
+    (["--compare-backends", "torch_native,torch_native"], "names a backend twice"),
+    (["--temperature", "-0.5"], "--temperature"),
+    (["--input-len", "200"], "exceed the context of 128"),
+    (["--workload", "nope.jsonl"], "workload 'nope.jsonl': no such file"),
+])
+def test_bad_options_exit_2(ckpt, args, why):
+    r = runner.invoke(app, ["serve-bench", str(ckpt), *FAST, *args])
+    assert r.exit_code == 2, r.output
+    assert why in r.stderr and "Traceback" not in r.output
+
+
+def test_bad_workload_file_and_target_exit_2(ckpt, tmp_path):
+    f = tmp_path / "w.jsonl"
+    f.write_text('{"prompt": "hi"}\n\n{"prompt_ids": [1, 2], "output_len": -4}\n')
+    r = runner.invoke(app, ["serve-bench", str(ckpt), *FAST, "--workload", str(f)])
+    assert r.exit_code == 2
+    assert f"{f}:3: 'output_len' must be an integer >= 1" in r.stderr
+    r = runner.invoke(app, ["serve-bench", "huge", *FAST])
+    assert r.exit_code == 2 and "neither a checkpoint directory nor a preset" in r.stderr
+    out = tmp_path / "never.json"
+    runner.invoke(app, ["serve-bench", str(ckpt), *FAST, "--request-rate", "x", "--json",
+                        str(out)])
+    assert not out.exists()  # nothing half-written
