@@ -60,6 +60,8 @@ class Packing(_Strict):
     """Capacity of a packed row in tokens (default: max_seq_len)."""
     buffer: int = Field(2048, ge=1)
     """bfd works on this many records at a time, so memory stays flat on any input size."""
+    min_piece: int = Field(32, ge=1)
+    """bfd_split: fewest tokens of a document cut off to fill another row's gap."""
 
 
 class PreprocessSpec(_Strict):

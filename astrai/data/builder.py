@@ -30,7 +30,7 @@ from astrai.data.store import ShardWriter
 from astrai.data.tokenizer import Tokenizer
 from astrai.errors import ConfigError, DataError
 
-CHUNK_BYTES = 2 << 20  # raw JSONL bytes per encode_batch call
+CHUNK_BYTES = 1 << 19  # raw JSONL bytes per encode_batch call (bounds memory per chunk)
 CHUNK_LINES = 4096
 MAX_LISTED_ERRORS = 5
 
@@ -297,7 +297,8 @@ def build_dataset(spec: PreprocessSpec, *, workers: int = 1, on_error: str = "fa
         for split, files in splits.items():
             stats = all_stats[split] = SplitStats()
             sink = _Sink(tmp, split, spec, token_dtype, stats, groups)
-            packer = Packer(spec.packing.mode or "none", spec.row_len, spec.packing.buffer)
+            packer = Packer(spec.packing.mode or "none", spec.row_len, spec.packing.buffer,
+                            spec.packing.min_piece)
             limit = spec.max_records if split == "train" else None
             for results in encoders.map(_chunks(files, limit)):
                 for res in results:

@@ -43,6 +43,8 @@ class RecordEncoder:
         self.sections = spec.resolved_sections
         self.has_mask = spec.has_loss_mask
         self.stop = set(tokenizer.stop_ids)
+        # compact arrays while records wait in the packing buffer
+        self.dtype = np.uint16 if tokenizer.vocab_size <= 65536 else np.uint32
 
     # ---- planning: record -> slots of pieces ----------------------------------------
     def _chat_pieces(self, msgs: list[dict], where: str, action: str, n_prompt: int = 0,
@@ -199,7 +201,7 @@ class RecordEncoder:
 
     def _payload(self, arrays: dict, extra: dict, where: str) -> dict[str, np.ndarray]:
         kind = self.spec.kind
-        u32 = np.uint32
+        u32 = self.dtype
         if kind in ("pretrain", "sft"):
             toks, mask = arrays["input_ids"]
             if not any(t not in (self.tok.bos_id, self.tok.eos_id) for t in toks):

@@ -67,6 +67,52 @@ def pack_bfd(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     return rows
 
 
+Span = tuple[int, int, int]  # (document index, start, end)
+
+
+def pack_bfd_split(lengths: Sequence[int], capacity: int, min_piece: int = 32
+                   ) -> list[list[Span]]:
+    """bfd_split: documents longer than `capacity` are cut into full rows; the rest are packed
+    best-fit decreasing; then the emptiest rows are dissolved into the others' gaps, cutting
+    a document where it does not fit whole. A cut never leaves a piece shorter than
+    `min_piece` in a gap, so few documents are cut. Rows are lists of (doc, start, end).
+    """
+    rows: list[list[Span]] = []
+    rest: list[Span] = []
+    for i, n in enumerate(lengths):
+        full = n // capacity if n > capacity else 0
+        rows += [[(i, k * capacity, (k + 1) * capacity)] for k in range(full)]
+        if n - full * capacity > 0:
+            rest.append((i, full * capacity, n))
+    packed = pack_bfd([e - s for _, s, e in rest], capacity)
+    bins = [[rest[j] for j in idx] for idx in packed]
+    free = sorted((capacity - sum(e - s for _, s, e in b), r) for r, b in enumerate(bins))
+    free = [f for f in free if f[0] > 0]  # (gap, row), ascending; full rows never change
+    dissolved: set[int] = set()
+    while len(free) > 1:
+        gap, r = free[-1]  # the emptiest row
+        k = bisect.bisect_left(free, (min_piece, -1), hi=len(free) - 1)
+        if capacity - gap > sum(g for g, _ in free[k:-1]):
+            break  # its tokens do not fit in the others' usable gaps
+        free.pop()
+        dissolved.add(r)
+        for doc, start, end in sorted(bins[r], key=lambda sp: sp[1] - sp[2]):
+            while start < end:
+                n = end - start
+                k = bisect.bisect_left(free, (n, -1))
+                if k < len(free):  # best fit: the tightest gap it fits in whole
+                    g, b = free.pop(k)
+                    take = n
+                else:  # cut: fill the roomiest gap, leaving at least min_piece behind
+                    g, b = free.pop()
+                    take = min(g, n - min_piece) if n > 2 * min_piece else min(g, n)
+                bins[b].append((doc, start, start + take))
+                start += take
+                if g - take > 0:
+                    bisect.insort(free, (g - take, b))
+    return rows + [b for r, b in enumerate(bins) if r not in dissolved]
+
+
 def doc_ids(doc_lens: Sequence[int]) -> np.ndarray:
     """[T] index of the document each token of a packed row belongs to."""
     return np.repeat(np.arange(len(doc_lens), dtype=np.int64), np.asarray(doc_lens, np.int64))
@@ -107,8 +153,9 @@ class Packer:
     the same dict concatenated plus `doc_lens`. `mode` none puts each document in its own row.
     """
 
-    def __init__(self, mode: str, capacity: int, buffer: int = 2048) -> None:
-        self.mode, self.capacity, self.buffer = mode, capacity, buffer
+    def __init__(self, mode: str, capacity: int, buffer: int = 2048, min_piece: int = 32
+                 ) -> None:
+        self.mode, self.capacity, self.buffer, self.min_piece = mode, capacity, buffer, min_piece
         self._docs: list[dict[str, np.ndarray]] = []
         self._used = 0
 
@@ -135,8 +182,13 @@ class Packer:
 
     def _flush_bfd(self) -> Iterator[dict[str, Any]]:
         docs, self._docs = self._docs, []
-        for idx in pack_bfd([len(d["input_ids"]) for d in docs], self.capacity):
-            yield self._row([docs[i] for i in idx])
+        lens = [len(d["input_ids"]) for d in docs]
+        if self.mode == "bfd":
+            for idx in pack_bfd(lens, self.capacity):
+                yield self._row([docs[i] for i in idx])
+            return
+        for spans in pack_bfd_split(lens, self.capacity, self.min_piece):
+            yield self._row([{k: v[s:e] for k, v in docs[i].items()} for i, s, e in spans])
 
     def finish(self) -> Iterator[dict[str, Any]]:
         if self.mode in ("bfd", "bfd_split"):

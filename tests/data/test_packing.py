@@ -11,6 +11,7 @@ from astrai.data.packing import (
     Packer,
     doc_ids,
     pack_bfd,
+    pack_bfd_split,
     pack_simple,
     position_ids,
     shifted_targets,
@@ -109,3 +110,40 @@ def test_packer_simple_and_none():
     p = Packer("none", capacity=8)
     rows = [r for n in (3, 5) for r in p.add(_doc(n))] + list(p.finish())
     assert [r["doc_lens"].tolist() for r in rows] == [[3], [5]]
+
+
+def _check_cover(rows, lens, cap):
+    pieces = {}
+    for r in rows:
+        assert sum(e - s for _, s, e in r) <= cap
+        for i, s, e in r:
+            assert e > s
+            pieces.setdefault(i, []).append((s, e))
+    for i, n in enumerate(lens):  # every token placed exactly once
+        sp = sorted(pieces[i])
+        assert sp[0][0] == 0 and sp[-1][1] == n
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(sp))
+
+
+def test_bfd_split_hand_cases():
+    # a 25-token document fills two rows and its tail goes into others' gaps
+    rows = pack_bfd_split([25, 6, 6, 6], 10, min_piece=2)
+    assert rows[:2] == [[(0, 0, 10)], [(0, 10, 20)]]
+    assert len(rows) == 5 == -(-43 // 10)  # the fewest rows possible
+    _check_cover(rows, [25, 6, 6, 6], 10)
+    # no cut when bfd already packs optimally
+    assert pack_bfd_split([5, 5, 4, 4], 9, min_piece=2) == [[(0, 0, 5), (2, 0, 4)],
+                                                            [(1, 0, 5), (3, 0, 4)]]
+
+
+def test_bfd_split_is_dense_and_exact():
+    rng = random.Random(1)
+    for cap, n in ((64, 50), (2048, 600)):
+        lens = [rng.randint(1, int(cap * 1.6)) for _ in range(n)]
+        rows = pack_bfd_split(lens, cap, min_piece=8)
+        _check_cover(rows, lens, cap)
+        assert sum(lens) / (len(rows) * cap) >= 0.97
+        # cuts leave pieces of at least min_piece unless the document itself is short
+        for r in rows:
+            for i, s, e in r:
+                assert e - s >= 8 or lens[i] <= 16 or e == lens[i] or s % cap == 0
