@@ -48,7 +48,7 @@ class InspectConfig(BaseModel):
     chunk_elements: int = Field(1 << 23, ge=1024)
     """Elements read at once; bounds memory (a tensor is never loaded whole)."""
     max_candidates: int = Field(32, ge=1)
-    """Recurring far-out values examined per tensor (most frequent first)."""
+    """Locked values located and reported per tensor (most frequent first)."""
 
     @classmethod
     def build(cls, **kwargs) -> InspectConfig:

@@ -156,6 +156,7 @@ class LockInGuard:
     """Everything logged, in order (also useful in tests)."""
     last: LockInCheck | None = None
     _locked: int = 0
+    _bad: int = 0
     _checked_at: int | None = None
 
     # -- hooks ---------------------------------------------------------------------------
@@ -190,10 +191,11 @@ class LockInGuard:
     def on_error(self, ctx, error: BaseException) -> None: ...
 
     def state_dict(self) -> dict[str, Any]:
-        return {"locked": self._locked}
+        return {"locked": self._locked, "bad": self._bad}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._locked = int(state.get("locked", 0))
+        self._bad = int(state.get("bad", 0))
 
     # -- work ----------------------------------------------------------------------------
     def _check(self, ctx, step: int) -> None:
@@ -205,13 +207,13 @@ class LockInGuard:
         self._emit(ctx, step, {f"lockin/{k}": v for k, v in counts.items()})
         locked = int(counts["locked"])
         bad = int(counts["overflow"] + counts["nonfinite"])
-        if locked > self._locked or bad:
+        if locked > self._locked or bad > self._bad:  # warn when it appears or grows
             what = "; ".join(f.message for f in self.last.findings if f.level == "found")
             _warn(ctx, f"step {step}: BF16 lock-in check: {locked:,} locked, "
                        f"{int(counts['overflow']):,} overflowed, {int(counts['nonfinite']):,} "
                        f"non-finite weights ({what[:300]}); run `astrai inspect-weights` on "
                        "the checkpoints for the full report")
-        self._locked = max(self._locked, locked)
+        self._locked, self._bad = max(self._locked, locked), max(self._bad, bad)
 
     def _emit(self, ctx, step: int, rec: dict[str, Any]) -> None:
         metrics = getattr(ctx, "step_metrics", None)

@@ -89,8 +89,10 @@ class CheckpointScan:
         return sorted(hit, key=bad, reverse=True)[:n]
 
     def top_entries(self, n: int) -> list[tuple[str, tuple[int, int], float]]:
-        """The largest-magnitude entries of the checkpoint: (tensor, (row, col), value)."""
-        allv = [(st.name, rc, v) for st in self.tensors for rc, v in st.top]
+        """The largest-magnitude matrix entries (tensor, (row, col), value); 1-D gains are
+        summarised on their own."""
+        allv = [(st.name, rc, v) for st in self.tensors if st.param.role not in
+                ("gain", "scalar") for rc, v in st.top]
         return sorted(allv, key=lambda t: -abs(t[2]) if t[2] == t[2] else 0)[:n]
 
 

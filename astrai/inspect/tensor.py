@@ -8,7 +8,7 @@ the same rows) are entries sitting exactly on one value that
     v's rounding bin and the density of the entries around v (so a dense heavy tail in BF16,
     where far values legitimately repeat, is not mistaken for lock-in).
 Healthy tensors take one pass (statistics); a second pass counts far-out values only when some
-entry lies beyond the threshold, and a third locates candidates only when one recurs.
+entry lies beyond the threshold, and a third locates the locked values only when there are any.
 """
 
 from __future__ import annotations
@@ -137,9 +137,12 @@ def analyze_tensor(read: RowReader, param: ParamName, shape: tuple[int, ...],
         return st
     _robust_scale(st, sample)
     if math.isfinite(st.scale) and st.scale > 0:
-        cand = _far_values(read, chunks, st, cfg)
-        if cand:
-            _locate(read, chunks, st, cand, rows, cols, cfg)
+        reach = cfg.lock_min_z * st.scale
+        if st.min < st.center - reach or st.max > st.center + reach:
+            uniq, cnt = _far_values(read, chunks, st, cfg)
+            locked = _judge(st, uniq, cnt, cfg)
+            if locked:
+                _locate(read, chunks, st, locked, rows, cols)
     return st
 
 
@@ -231,12 +234,12 @@ def _robust_scale(st: TensorStats, s: torch.Tensor) -> None:
     st.scale = float(rest.std()) if rest.numel() > 1 else 0.0
 
 
-def _far_values(read: RowReader, chunks, st: TensorStats, cfg: InspectConfig) -> list[float]:
-    """Distinct values beyond lock_min_z robust std that recur lock_min_count times."""
-    lo = st.center - cfg.lock_min_z * st.scale
-    hi = st.center + cfg.lock_min_z * st.scale
-    if st.min >= lo and st.max <= hi:
-        return []
+def _far_values(read: RowReader, chunks, st: TensorStats,
+                cfg: InspectConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct values (sorted) and their counts among entries beyond lock_min_z / 2 robust
+    std — wide enough that every candidate's neighbourhood (below) is inside it."""
+    lo = st.center - cfg.lock_min_z / 2 * st.scale
+    hi = st.center + cfg.lock_min_z / 2 * st.scale
     uniq = torch.zeros(0, dtype=torch.float64)
     cnt = torch.zeros(0, dtype=torch.int64)
     for a, b in chunks:
@@ -252,44 +255,60 @@ def _far_values(read: RowReader, chunks, st: TensorStats, cfg: InspectConfig) ->
         merged = torch.zeros(uniq.numel(), dtype=torch.int64)
         merged.index_add_(0, inv, torch.cat([cnt, c]))
         cnt = merged
-        if uniq.numel() > _MAX_FAR_VALUES:  # a heavy tail: singletons cannot be lock-in
-            keep = cnt > 1
-            uniq, cnt = uniq[keep], cnt[keep]
-    sel = cnt >= cfg.lock_min_count
-    uniq, cnt = uniq[sel], cnt[sel]
-    order = torch.argsort(cnt, descending=True, stable=True)[: cfg.max_candidates]
-    return uniq[order].tolist()
+        if uniq.numel() > _MAX_FAR_VALUES:  # a heavy fp32 tail: singletons cannot be lock-in
+            keep1 = cnt > 1
+            uniq, cnt = uniq[keep1], cnt[keep1]
+    return uniq, cnt
 
 
-def _locate(read: RowReader, chunks, st: TensorStats, cand: list[float], rows: int,
-            cols: int, cfg: InspectConfig) -> None:
-    K = len(cand)
+def _judge(st: TensorStats, uniq: torch.Tensor, cnt: torch.Tensor,
+           cfg: InspectConfig) -> list[tuple[float, int, float, float]]:
+    """(value, count, z, expected) of the locked values, most frequent first.
+
+    expected = max(normal fit's count in v's rounding bin, mean count per representable value
+    among the entries within |v - median| / 8 of v), so values that repeat only because a
+    dense tail rounds onto them (BF16) are not taken for lock-in."""
+    z = (uniq - st.center) / st.scale
+    sel = (cnt >= cfg.lock_min_count) & (z.abs() >= cfg.lock_min_z)
+    if not bool(sel.any()):
+        return []
+    csum = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(cnt, 0)])
+    n_fin = st.numel - st.nonfinite
+    dtype = getattr(torch, st.dtype)
+    out = []
+    for j in torch.nonzero(sel).flatten().tolist():
+        v, c, zj = float(uniq[j]), int(cnt[j]), float(z[j])
+        half = abs(v - st.center) / 8
+        lo = int(torch.searchsorted(uniq, v - half, side="left"))
+        hi = int(torch.searchsorted(uniq, v + half, side="right"))
+        neigh = int(csum[hi] - csum[lo]) - c
+        width = float(ulp(v, dtype))
+        local = neigh * width / (2 * half)
+        gauss = n_fin * math.exp(-0.5 * zj * zj) / math.sqrt(2 * math.pi) / st.scale * width
+        expected = max(gauss, local)
+        if c >= cfg.lock_excess * expected:
+            out.append((v, c, zj, expected))
+    out.sort(key=lambda t: -t[1])
+    return out[: cfg.max_candidates]
+
+
+def _locate(read: RowReader, chunks, st: TensorStats,
+            locked: list[tuple[float, int, float, float]], rows: int, cols: int) -> None:
+    """Rows and columns of each locked value."""
+    K = len(locked)
     row_c = torch.zeros(K, rows, dtype=torch.int64)
     col_c = torch.zeros(K, cols, dtype=torch.int64)
-    neigh = [0] * K
-    half = [abs(v - st.center) / 8 for v in cand]  # neighbourhood half-width around v
     for a, b in chunks:
         x = read(a, b)
         xf = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
-        for j, v in enumerate(cand):
+        for j, (v, *_) in enumerate(locked):
             eq = xf == v
             if bool(eq.any()):
                 row_c[j, a:b] += eq.sum(1).cpu()
                 col_c[j] += eq.sum(0).cpu()
-            near = ((xf - v).abs() <= half[j]) & ~eq
-            neigh[j] += int(near.sum())
-    n_fin = st.numel - st.nonfinite
-    torch_dtype = getattr(torch, st.dtype)
-    for j, v in enumerate(cand):
-        count = int(row_c[j].sum())
-        z = (v - st.center) / st.scale
-        width = float(ulp(v, torch_dtype))
-        gauss = n_fin * math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) / st.scale * width
-        local = neigh[j] * width / (2 * half[j])
-        expected = max(gauss, local)
-        if count >= cfg.lock_min_count and count >= cfg.lock_excess * expected:
-            st.locked.append(LockedValue(
-                value=v, count=count, z=z, expected=expected,
-                rows=IndexSet.from_counts(row_c[j]), cols=IndexSet.from_counts(col_c[j]),
-                full_rows=int((row_c[j] == cols).sum()),
-            ))
+    for j, (v, count, z, expected) in enumerate(locked):
+        st.locked.append(LockedValue(
+            value=v, count=count, z=z, expected=expected,
+            rows=IndexSet.from_counts(row_c[j]), cols=IndexSet.from_counts(col_c[j]),
+            full_rows=int((row_c[j] == cols).sum()),
+        ))

@@ -118,6 +118,8 @@ class VarianceReport:
     def contribution_ratio(self, prefix: str = "") -> float:
         """Mean per-block residual contribution unscaled / scaled (expected ~ 2L)."""
         u, s = self.get(prefix + "unscaled"), self.get(prefix + "scaled")
+        if u is None or s is None:
+            return math.nan
         return (sum(u.branch) / len(u.branch)) / (sum(s.branch) / len(s.branch))
 
     @property
@@ -160,9 +162,9 @@ def _step(block: nn.Module, x: torch.Tensor, cos, sin, s: VarianceSeries) -> tor
 
 @torch.no_grad()
 def residual_variance(target: str | Path, *, tokens: list[int] | None = None, batch: int = 1,
-                      seq_len: int = 64, seed: int = 0) -> VarianceReport:
+                      seq_len: int = 64, seed: int = 0, fresh: bool = True) -> VarianceReport:
     """Forward residual-stream variance of a preset's fresh init (scaled and unscaled) or of
-    a checkpoint (its weights, plus fresh inits of its config), per block."""
+    a checkpoint (its weights, plus — unless fresh=False — fresh inits of its config)."""
     gen = torch.Generator().manual_seed(seed)
     model = None
     if str(target) in PRESETS:
@@ -190,6 +192,8 @@ def residual_variance(target: str | Path, *, tokens: list[int] | None = None, ba
             x = _step(block, x, cos, sin, s)
         series.append(s)
         del model
+        if not fresh:
+            return _report(target, c, (B, T), series)
     # Fresh init: token rows of N(0, init_std), one per distinct token (as an embedding).
     uniq, inv = torch.unique(ids, return_inverse=True)
     rows = torch.randn(uniq.numel(), c.dim, generator=gen) * c.init_std
@@ -207,13 +211,16 @@ def residual_variance(target: str | Path, *, tokens: list[int] | None = None, ba
         xs[1] = _step(block, xs[1], cos, sin, streams[1])
         xs[3] = _step(block, xs[3], cos, sin, streams[3])
         del block
-    series += streams
-    gate_var = c.dim * c.init_std**2
+    return _report(target, c, (B, T), series + streams)
+
+
+def _report(target, c: ModelConfig, bt: tuple[int, int],
+            series: list[VarianceSeries]) -> VarianceReport:
     return VarianceReport(
-        target=str(target), config=c, tokens=(B, T),
+        target=str(target), config=c, tokens=bt,
         closed_unscaled=block_variance(c, scaled=False),
         closed_scaled=block_variance(c, scaled=True),
-        series=series, silu_exact=silu_second_moment_ratio(gate_var),
+        series=series, silu_exact=silu_second_moment_ratio(c.dim * c.init_std**2),
     )
 
 

@@ -278,7 +278,7 @@ def register(app: typer.Typer) -> None:
         input."""
         from astrai.errors import ConfigError
 
-        console = Console(highlight=False)
+        console = Console(highlight=False, soft_wrap=True)
         if variance is not None:
             if checkpoints:
                 raise ConfigError("--variance takes no CHECKPOINT arguments; run the two "
