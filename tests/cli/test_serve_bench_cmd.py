@@ -41,7 +41,7 @@ def test_json_file_holds_every_field_and_the_table_every_row(ckpt, tmp_path):
     out = tmp_path / "res" / "bench.json"
     r = runner.invoke(app, ["serve-bench", str(ckpt), *FAST, "--request-rate", "100",
                             "--burstiness", "0.5", "--max-concurrency", "2", "--seed", "3",
-                            "--goodput", "ttft:100000", "--json", str(out)])
+                            "--goodput", "ttft:100000", "--threads", "1", "--json", str(out)])
     assert r.exit_code == 0, r.output
     d = json.loads(out.read_text())
     assert set(d) == {"model", "workload", "settings", "runs"}
@@ -53,6 +53,7 @@ def test_json_file_holds_every_field_and_the_table_every_row(ckpt, tmp_path):
     s = d["settings"]
     assert (s["request_rate"], s["burstiness"], s["max_concurrency"], s["seed"]) == (
         100.0, 0.5, 2, 3)
+    assert s["threads"] == 1
     assert d["workload"]["input_len"][0] >= 4 and d["workload"]["output_len"][1] <= 3
     # The table (stdout) has a row per metric and a column for the backend.
     for label in ("Request throughput", "Output token throughput", "Time to first token",
@@ -103,6 +104,7 @@ def test_one_table_one_column_per_backend():
     (["--backend", "torch_native", "--compare-backends", "all"], "exclude each other"),
     (["--compare-backends", "torch_native,torch_native"], "names a backend twice"),
     (["--temperature", "-0.5"], "--temperature"),
+    (["--threads", "0"], "--threads 0"),
     (["--input-len", "200"], "exceed the context of 128"),
     (["--workload", "nope.jsonl"], "workload 'nope.jsonl': no such file"),
 ])

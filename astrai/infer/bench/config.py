@@ -46,6 +46,8 @@ class BenchConfig:
     """Goodput SLOs in ms: ttft / tpot / e2el."""
     backends: list[str | None] = field(default_factory=lambda: [None])
     """Attention backends to run, one table column each; None = automatic selection."""
+    threads: int | None = None
+    """CPU threads for torch (torch.set_num_threads) during the run; None = as is."""
     device: str = "auto"
     """auto | cpu | cuda | cuda:N."""
     dtype: str | None = None
@@ -68,6 +70,8 @@ class BenchConfig:
             raise ConfigError(f"--burstiness {self.burstiness}: must be > 0 (1 = Poisson)")
         if not self.temperature >= 0:
             raise ConfigError(f"--temperature {self.temperature}: must be >= 0 (0 = greedy)")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads {self.threads}: must be >= 1")
         if not self.backends:
             raise ConfigError("no backend to run: give --backend or --compare-backends")
         for b in self.backends:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from astrai.errors import ConfigError, DataError
 from astrai.infer.bench.arrivals import arrival_offsets
@@ -75,14 +76,19 @@ def load_target(target: str, device: str = "auto", dtype: str | None = None,
     return Target(model, tok, info)
 
 
+def prompt_pool(target: Target) -> np.ndarray:
+    """Ids random prompts draw from: shared by model and tokenizer, minus special tokens."""
+    vocab, tok = target.model.config.vocab_size, target.tokenizer
+    if tok is None:
+        return token_pool(vocab)
+    return token_pool(min(vocab, tok.vocab_size), sorted(tok.special_ids))
+
+
 def build_workload(config: BenchConfig, target: Target) -> tuple[str, list[BenchRequest]]:
     """(workload name, requests) for the config; JSONL errors name file:line."""
     vocab = target.model.config.vocab_size
     tok = target.tokenizer
-    usable, special = vocab, ()
-    if tok is not None:
-        usable, special = min(vocab, tok.vocab_size), sorted(tok.special_ids)
-    pool = token_pool(usable, special)
+    pool = prompt_pool(target)
     n = config.num_prompts
     if config.workload == "random":
         return "random", random_workload(n or DEFAULT_PROMPTS, config.input_len,
@@ -136,6 +142,7 @@ def _settings(config: BenchConfig) -> dict[str, Any]:
         "max_concurrency": config.max_concurrency, "seed": config.seed,
         "warmup": config.warmup, "temperature": config.temperature,
         "ignore_eos": config.ignore_eos, "slos_ms": dict(config.slos),
+        "threads": torch.get_num_threads(),
         "cache": asdict(config.cache), "scheduler": asdict(config.scheduler),
     }
 
@@ -144,9 +151,19 @@ def serve_bench(config: BenchConfig, progress: Any = None) -> BenchReport:
     """Load the target, build the workload and run it on each backend in turn.
 
     `progress(backend, done, total)` is called as measured requests finish."""
+    config.validate()
+    threads = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        return _serve_bench(config, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
     from astrai.infer.engine import Engine
 
-    config.validate()
     target = load_target(config.target, config.device, config.dtype, config.seed)
     name, requests = build_workload(config, target)
     max_context = config.cache.context_len(target.model.config.max_seq_len)
@@ -154,10 +171,7 @@ def serve_bench(config: BenchConfig, progress: Any = None) -> BenchReport:
     offsets = arrival_offsets(len(requests), config.request_rate, config.burstiness,
                               config.seed)
     tok = target.tokenizer
-    usable = target.model.config.vocab_size if tok is None else min(
-        target.model.config.vocab_size, tok.vocab_size)
-    warm = warmup_requests(config.warmup, token_pool(usable, sorted(tok.special_ids)
-                                                     if tok is not None else ()), config.seed)
+    warm = warmup_requests(config.warmup, prompt_pool(target), config.seed)
 
     def params(i: int, r: BenchRequest) -> SamplingParams:
         # Per-request seeds: every backend samples the same tokens for request i.
