@@ -33,6 +33,12 @@ from astrai.errors import ConfigError, DataError
 CHUNK_BYTES = 1 << 19  # raw JSONL bytes per encode_batch call (bounds memory per chunk)
 CHUNK_LINES = 4096
 MAX_LISTED_ERRORS = 5
+UINT16_VOCAB = 1 << 16  # ids 0..65535 fit in uint16
+
+
+def token_dtype_for(vocab_size: int) -> str:
+    """uint16 token storage when every id fits, else uint32."""
+    return "uint16" if vocab_size <= UINT16_VOCAB else "uint32"
 
 
 @dataclass
@@ -250,15 +256,26 @@ def _docs(spec: PreprocessSpec, payload: dict, stats: SplitStats) -> Iterator[di
 
 
 def _truncate_pair(spec: PreprocessSpec, payload: dict, stats: SplitStats) -> dict:
+    """dpo: cut chosen and rejected so they keep one identical prompt (left truncation takes
+    the same tokens off both prompts' starts); grpo: cut the prompt."""
     out = dict(payload)
-    for key in ("chosen", "rejected", "prompts"):
-        if key in payload:
-            n = len(payload[key])
-            span = truncate_span(n, spec.max_seq_len, spec.truncation)
-            stats.dropped_tokens += n - (span[1] - span[0])
-            out[key] = payload[key][span[0]:span[1]]
-            if f"{key}_mask" in payload:
-                out[f"{key}_mask"] = payload[f"{key}_mask"][span[0]:span[1]]
+    L = spec.max_seq_len
+    if "chosen" in payload:
+        keys = ("chosen", "rejected")
+        start = 0
+        if spec.truncation == "left":
+            prompt = int(np.argmax(payload["chosen_mask"])) if payload["chosen_mask"].any() else 0
+            start = min(max(0, max(len(payload[k]) for k in keys) - L), prompt)
+        for k in keys:
+            n = len(payload[k])
+            end = min(n, start + L)
+            stats.dropped_tokens += n - (end - start)
+            out[k], out[f"{k}_mask"] = payload[k][start:end], payload[f"{k}_mask"][start:end]
+        return out
+    n = len(payload["prompts"])
+    span = truncate_span(n, L, spec.truncation)
+    stats.dropped_tokens += n - (span[1] - span[0])
+    out["prompts"] = payload["prompts"][span[0]:span[1]]
     return out
 
 
@@ -283,7 +300,7 @@ def build_dataset(spec: PreprocessSpec, *, workers: int = 1, on_error: str = "fa
     splits = {"train": expand_inputs(spec.inputs, "inputs")}
     if spec.val_inputs:
         splits["val"] = expand_inputs(spec.val_inputs, "val_inputs")
-    token_dtype = "uint16" if tok.vocab_size <= 65536 else "uint32"
+    token_dtype = token_dtype_for(tok.vocab_size)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))

@@ -44,7 +44,7 @@ class RecordEncoder:
         self.has_mask = spec.has_loss_mask
         self.stop = set(tokenizer.stop_ids)
         # compact arrays while records wait in the packing buffer
-        self.dtype = np.uint16 if tokenizer.vocab_size <= 65536 else np.uint32
+        self.dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
 
     # ---- planning: record -> slots of pieces ----------------------------------------
     def _chat_pieces(self, msgs: list[dict], where: str, action: str, n_prompt: int = 0,

@@ -5,6 +5,7 @@ import gzip
 import json
 
 import pytest
+import torch
 
 from astrai.config.preprocess import load_spec
 from astrai.data.builder import build_dataset
@@ -221,3 +222,34 @@ def test_max_records_and_overrides(tmp_path, tok, examples):
     with pytest.raises(ConfigError, match="expected key=value"):
         load_spec(data={"kind": "sft", "inputs": ["x"], "tokenizer": "t", "output": "o"},
                   overrides=["max_records"])
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_dpo_truncation_keeps_one_prompt(spec_for, tmp_path, write_jsonl, tok, side):
+    rec = {"prompt": "Tell me a long story about the sea " * 3, "chosen": "Waves.",
+           "rejected": "No, I will not tell you any story about the sea at all."}
+    f = write_jsonl(tmp_path / "p.jsonl", [rec])
+    build_dataset(spec_for("dpo", [f], max_seq_len=40, truncation=side))
+    s = open_dataset(tmp_path / "out")[0]
+    assert len(s["chosen"]) <= 40 and len(s["rejected"]) <= 40
+    p = int(s["chosen_mask"].argmax())
+    assert p == int(s["rejected_mask"].argmax())
+    assert torch.equal(s["chosen"][:p], s["rejected"][:p])  # the same prompt tokens
+    if side == "left":  # the responses survive whole
+        assert tok.decode(s["chosen"][p:].tolist()).startswith("Waves.")
+
+
+def test_uint32_tokens_when_the_vocabulary_does_not_fit(spec_for, tmp_path, write_jsonl,
+                                                         monkeypatch):
+    from astrai.data import builder
+
+    assert builder.token_dtype_for(65536) == "uint16"
+    assert builder.token_dtype_for(65537) == "uint32"
+    monkeypatch.setattr(builder, "UINT16_VOCAB", 100)  # our 512-id tokenizer "does not fit"
+    f = write_jsonl(tmp_path / "in.jsonl", [{"text": LONG}])
+    for fmt in ("h5", "bin"):
+        build_dataset(spec_for("pretrain", [f], format=fmt, output=str(tmp_path / fmt)))
+        m = json.loads((tmp_path / fmt / "manifest.json").read_text())
+        assert m["token_dtype"] == "uint32" and m["keys"]["input_ids"] == "uint32"
+    assert open_dataset(tmp_path / "h5")[0]["input_ids"].tolist() == (
+        open_dataset(tmp_path / "bin")[0]["input_ids"].tolist())
