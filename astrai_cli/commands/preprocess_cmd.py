@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -46,7 +47,8 @@ def register(app: typer.Typer) -> None:
             "--workers", min=1, help="Tokenization processes (1 = in-process, still parallel "
                                      "inside the tokenizer).")] = 1,
         on_error: Annotated[str, typer.Option(
-            "--on-error", help="Bad record: fail (list the first 5) or skip.")] = "fail",
+            "--on-error", click_type=click.Choice(["fail", "skip"]),
+            help="Bad record: fail (list the first 5) or skip.")] = "fail",
         as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")
                            ] = False,
         schema: Annotated[bool, typer.Option(
