@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+
+class OnError(str, Enum):
+    fail = "fail"
+    skip = "skip"
 
 
 def _summary(res: dict, console: Console) -> None:
@@ -46,9 +51,9 @@ def register(app: typer.Typer) -> None:
         workers: Annotated[int, typer.Option(
             "--workers", min=1, help="Tokenization processes (1 = in-process, still parallel "
                                      "inside the tokenizer).")] = 1,
-        on_error: Annotated[str, typer.Option(
-            "--on-error", click_type=click.Choice(["fail", "skip"]),
-            help="Bad record: fail (list the first 5) or skip.")] = "fail",
+        on_error: Annotated[OnError, typer.Option(
+            "--on-error", help="Bad record: fail (list the first 5) or skip.")
+        ] = OnError.fail,
         as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")
                            ] = False,
         schema: Annotated[bool, typer.Option(
@@ -65,7 +70,7 @@ def register(app: typer.Typer) -> None:
         cfg = load_spec(spec, overrides or [])
         err = Console(stderr=True)
         if not err.is_terminal or as_json:
-            res = build_dataset(cfg, workers=workers, on_error=on_error)
+            res = build_dataset(cfg, workers=workers, on_error=on_error.value)
         else:
             with Progress(SpinnerColumn(), TextColumn("{task.description}"),
                           TextColumn("{task.fields[records]:>10,} records"),
@@ -80,7 +85,7 @@ def register(app: typer.Typer) -> None:
                                records=ev["records"], tokens=ev["tokens"],
                                rate=ev["tokens"] / max(ev["elapsed"], 1e-9))
 
-                res = build_dataset(cfg, workers=workers, on_error=on_error,
+                res = build_dataset(cfg, workers=workers, on_error=on_error.value,
                                     progress=progress)
         out = res.to_dict()
         if as_json:
