@@ -42,10 +42,13 @@ Prompt = str | Sequence[int]
 class Engine:
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None,
                  cache_config: CacheConfig | None = None, backend: Any = None, *,
-                 scheduler_config: SchedulerConfig | None = None, seed: int = 0) -> None:
+                 scheduler_config: SchedulerConfig | None = None, seed: int = 0,
+                 fast_forward: bool = True) -> None:
         """`backend`: None (the `attn_backend` context / ASTRAI_BACKEND / automatic), a
         backend name, or an AttentionBackend instance. `tokenizer` is duck-typed: encode,
-        stream_decoder, eos_id, stop_ids (None: token ids in, token ids out)."""
+        stream_decoder, eos_id, stop_ids (None: token ids in, token ids out).
+        `fast_forward`: run astrai Transformers through the fused inference forward
+        (astrai/infer/forward.py; same math) rather than model()."""
         cfg = model.config
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -60,7 +63,7 @@ class Engine:
                              head_dim=cfg.hdim, max_context=self.max_context,
                              dtype=cache_config.torch_dtype(p.dtype), device=p.device)
         self.scheduler = Scheduler(self.pool, sched, self.max_context)
-        self.runner = ModelRunner(model, self.pool)
+        self.runner = ModelRunner(model, self.pool, fast=fast_forward)
         self.sampler = Sampler(p.device, seed)
         self.vocab_size = cfg.vocab_size
         self._backend_choice = backend
@@ -86,8 +89,8 @@ class Engine:
                         cache_config: CacheConfig | None = None, backend: Any = None,
                         scheduler_config: SchedulerConfig | None = None,
                         seed: int = 0) -> Engine:
-        """An engine over an astrai checkpoint (or, once the model room's loader is there,
-        a HF Llama/Qwen2/Mistral directory), with the tokenizer stored beside it."""
+        """An engine over an astrai checkpoint or a HF Llama/Qwen2/Mistral directory, with
+        the tokenizer stored in it (None when it has none: token ids in and out)."""
         from astrai.infer.loading import load_model, load_tokenizer
 
         model = load_model(path, device=device, dtype=dtype)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -35,24 +34,16 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 def load_model(path: str | Path, *, device: str | torch.device = "auto",
                dtype: str | torch.dtype | None = None) -> torch.nn.Module:
-    """An eval-mode Transformer from an astrai checkpoint or (through the model room's
-    `astrai.model.hf.load_pretrained`, when present) a HF-format directory."""
+    """An eval-mode Transformer from an astrai checkpoint or a HF Llama / Qwen2 / Mistral
+    directory (`astrai.model.hf.load_pretrained`)."""
+    from astrai.model.hf import load_pretrained
+
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
     path = Path(path)
     if not path.is_dir():
-        raise CheckpointError(f"{path}: not a checkpoint directory")
-    try:
-        hf = importlib.import_module("astrai.model.hf")
-    except ModuleNotFoundError:
-        hf = None
-    if hf is not None and hasattr(hf, "load_pretrained"):
-        loaded = hf.load_pretrained(path, device=dev, dtype=dt)
-    else:
-        from astrai.model.checkpoint import load_checkpoint
-
-        loaded = load_checkpoint(path, device=dev, dtype=dt)
-    model = loaded[0] if isinstance(loaded, tuple) else loaded
+        raise CheckpointError(f"{path}: not a checkpoint directory; point to an astrai "
+                              "checkpoint or a HF model directory")
+    model, _, _ = load_pretrained(path, device=dev, dtype=resolve_dtype(dtype, dev))
     return model.eval()
 
 

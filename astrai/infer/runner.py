@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from astrai.infer import forward
 from astrai.infer.cache.pool import PagePool
 from astrai.infer.cache.record import KVCache, build_kv_cache
 from astrai.infer.scheduler import StepBatch
@@ -17,35 +18,40 @@ from astrai.model.context import AttentionBackend, ForwardContext
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, pool: PagePool) -> None:
+    def __init__(self, model: torch.nn.Module, pool: PagePool, fast: bool = True) -> None:
         self.model = model
         self.pool = pool
         self.device = pool.req_to_token.table.device
+        self.fast = fast and forward.supports(model)
+        """Use the fused inference forward (astrai/infer/forward.py) instead of model()."""
 
     def build_record(self, batch: StepBatch) -> tuple[list[int], list[int], KVCache]:
         ids: list[int] = []
-        rows, prefix, qo, sample_rows = [], [], [], []
+        rows, prefix, qo, sample_rows, pages = [], [], [], [], []
         for c in batch.chunks:
             ids.extend(c.req.tokens[c.start:c.start + c.n])
             rows.append(c.req.kv.row)
+            pages.append(c.req.kv.pages)
             prefix.append(c.start)
             qo.append(c.n)
             if c.sample:
                 sample_rows.append(len(ids) - 1)
         st = self.pool.storage
         record = build_kv_cache(st.k, st.v, self.pool.req_to_token.table, rows, prefix, qo,
-                                self.pool.page_size)
+                                self.pool.page_size, pages)
         return ids, sample_rows, record
 
     @torch.inference_mode()
     def run(self, batch: StepBatch, backend: AttentionBackend) -> torch.Tensor:
         """Forward the step; returns fp32 logits [n_sampling, V] of the sampling rows."""
         ids, sample_rows, record = self.build_record(batch)
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device).view(1, -1)
-        ctx = ForwardContext(positions=record.positions.view(1, -1), cache=record,
-                             backend=backend)
-        out = self.model(input_ids, ctx, return_hidden=True, compute_logits=False)
-        h = out.hidden[0]  # (N, C)
+        input_ids = torch.tensor(ids, dtype=torch.long).to(self.device)
+        ctx = ForwardContext(positions=record.positions[None], cache=record, backend=backend)
+        if self.fast:
+            h = forward.forward_hidden(self.model, input_ids, record.positions, ctx)  # (N, C)
+        else:
+            out = self.model(input_ids[None], ctx, return_hidden=True, compute_logits=False)
+            h = out.hidden[0]  # (N, C)
         if len(sample_rows) != h.shape[0]:
             h = h[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]  # (B_s, C)
         lm_head = getattr(self.model, "lm_head", None)

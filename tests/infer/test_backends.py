@@ -40,23 +40,28 @@ def reference_attention(q, k, v, window=None):
     return torch.einsum("hts,shd->thd", scores.softmax(-1), v)
 
 
-def make_step(prefix_lens, qo_lens, page_size, H=4, K=2, D=8, L=2, seed=0):
+def make_step(prefix_lens, qo_lens, page_size, H=4, K=2, D=8, L=2, seed=0, host_pages=False,
+              consecutive=False):
     """A pool with shuffled pages holding random prefix K/V, and the step's new q/k/v."""
     g = torch.Generator().manual_seed(seed)
     seq = [p + q for p, q in zip(prefix_lens, qo_lens)]
     C = max(seq) + page_size
     n_pages = sum(-(-s // page_size) for s in seq) + 3
     perm = torch.randperm(n_pages, generator=g).tolist()
+    if consecutive:
+        perm = list(range(n_pages))[::-1]  # pages 0, 1, 2, ... in position order
     kb = torch.randn(L, n_pages * page_size, K, D, generator=g)
     vb = torch.randn(L, n_pages * page_size, K, D, generator=g)
     table = torch.zeros(len(seq) + 1, C, dtype=torch.int32)
     rows = [len(seq) - b for b in range(len(seq))]  # rows out of order on purpose
+    pages = [[] for _ in seq]
     for b, s in enumerate(seq):
         for pos in range(s):
             if pos % page_size == 0:
-                page = perm.pop()
-            table[rows[b], pos] = page * page_size + pos % page_size
-    rec = build_kv_cache(kb, vb, table, rows, prefix_lens, qo_lens, page_size)
+                pages[b].append(perm.pop())
+            table[rows[b], pos] = pages[b][-1] * page_size + pos % page_size
+    rec = build_kv_cache(kb, vb, table, rows, prefix_lens, qo_lens, page_size,
+                         pages if host_pages else None)
     N = sum(qo_lens)
     q = torch.randn(1, N, H, D, generator=g)
     k = torch.randn(1, N, K, D, generator=g)
@@ -96,9 +101,17 @@ CASES = [
 
 @pytest.mark.parametrize("prefix,qo,page", CASES)
 @pytest.mark.parametrize("window", [None, 5])
-def test_torch_native_matches_causal_attention(prefix, qo, page, window):
-    rec, q, k, v = make_step(prefix, qo, page)
+@pytest.mark.parametrize("host_pages", [False, True])
+def test_torch_native_matches_causal_attention(prefix, qo, page, window, host_pages):
+    rec, q, k, v = make_step(prefix, qo, page, host_pages=host_pages)
     check_backend(TorchNativeBackend(), rec, q, k, v, window=window)
+
+
+@pytest.mark.parametrize("page", [4, 64])
+def test_torch_native_reads_consecutive_pages_in_place(page):
+    rec, q, k, v = make_step([37], [1], page, host_pages=True, consecutive=True)
+    check_backend(TorchNativeBackend(), rec, q, k, v)
+    assert rec.plans["torch_native"][0].first_page == 0
 
 
 def test_torch_native_plan_is_shared_by_layers():

@@ -185,3 +185,11 @@ def test_build_kv_cache_fields():
     assert rec.positions.tolist() == [3, 4] + list(range(9))
     assert rec.out_cache_loc.tolist() == t[hs[0].row, 3:5].tolist() + t[hs[1].row, :9].tolist()
     assert rec.kv_indices.dtype == torch.int32 and rec.out_cache_loc.dtype == torch.int64
+    # the host-side builder (page lists known) gives the same record
+    rec2 = build_kv_cache(st.k, st.v, pool.req_to_token.table, [h.row for h in hs],
+                          prefix_lens=[3, 0], qo_lens=[2, 9], page_size=4,
+                          pages=[h.pages for h in hs])
+    for f in ("req_pool_indices", "seq_lens", "qo_indptr", "kv_indptr", "kv_indices",
+              "out_cache_loc", "positions"):
+        a, b = getattr(rec, f), getattr(rec2, f)
+        assert a.dtype == b.dtype and torch.equal(a, b), f

@@ -39,5 +39,8 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, layer: int, ctx: ForwardContext) 
     """Store this step's k, v [1, N, K, D] at the record's out_cache_loc slots of `layer`."""
     c = ctx.cache
     kb, vb = c.k_buf[layer], c.v_buf[layer]  # (S, K, D)
-    kb.index_copy_(0, c.out_cache_loc, k[0].to(kb.dtype))
-    vb.index_copy_(0, c.out_cache_loc, v[0].to(vb.dtype))
+    k, v = k[0], v[0]  # (N, K, D)
+    if k.dtype != kb.dtype:
+        k, v = k.to(kb.dtype), v.to(vb.dtype)
+    kb.index_copy_(0, c.out_cache_loc, k)
+    vb.index_copy_(0, c.out_cache_loc, v)

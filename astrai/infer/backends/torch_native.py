@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from astrai.infer.backends.base import write_kv
 from astrai.infer.cache.record import KVCache
 from astrai.model.context import SDPA, ForwardContext
 
@@ -30,6 +29,7 @@ class _DecodePlan:
     page_size: int  # P
     span: int  # slots read from each page: P, or Lmax when one page covers every request
     mask: torch.Tensor | None  # (Bd, 1, 1, Lg) bool; None when nothing is masked
+    first_page: int | None = None  # one request whose pages are consecutive: a view, no copy
 
 
 @dataclass
@@ -43,6 +43,9 @@ class _ExtendPlan:
 class TorchNativeBackend:
     name = "torch_native"
 
+    def __init__(self) -> None:
+        self._views: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
     @staticmethod
     def unavailable_reason() -> str | None:
         return None
@@ -50,25 +53,44 @@ class TorchNativeBackend:
     def supports(self, q: torch.Tensor, ctx: ForwardContext) -> str | None:
         return None
 
+    def _layer_views(self, c: KVCache, layer: int) -> tuple[torch.Tensor, ...]:
+        """Layer `layer`'s buffers, flat [S, K, D] and paged [S/P, P, K*D] (views made
+        once per pool and layer: single-token decoding is bound by per-op overhead)."""
+        key = (c.k_buf.data_ptr(), c.v_buf.data_ptr(), tuple(c.k_buf.shape), layer, c.page_size)
+        views = self._views.get(key)
+        if views is None:
+            kb, vb = c.k_buf[layer], c.v_buf[layer]
+            S, K, D = kb.shape
+            views = (kb, vb, kb.view(S // c.page_size, c.page_size, K * D),
+                     vb.view(S // c.page_size, c.page_size, K * D))
+            if len(self._views) > 1024:
+                self._views.clear()
+            self._views[key] = views
+        return views
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                ctx: ForwardContext) -> torch.Tensor:
         c = ctx.cache
         if c is None:  # no cache: the training path
             return SDPA.attend(q, k, v, layer, ctx)
-        write_kv(k, v, layer, ctx)
+        kb, vb, kp, vp = self._layer_views(c, layer)
+        k, v = k[0], v[0]  # (N, K, D)
+        if k.dtype != kb.dtype:
+            k, v = k.to(kb.dtype), v.to(vb.dtype)
+        kb.index_copy_(0, c.out_cache_loc, k)  # write first: the new tokens attend to themselves
+        vb.index_copy_(0, c.out_cache_loc, v)
         plan = c.plans.get(self.name)
         if plan is None:
             plan = c.plans[self.name] = plan_step(c, ctx.sliding_window)
         decode, extends = plan
-        kb, vb = c.k_buf[layer], c.v_buf[layer]  # (S, K, D)
         if decode is not None and decode.q_index is None:  # a pure decode step
-            return _decode(q[0], kb, vb, decode).unsqueeze(0)  # (1, N, H, D)
+            return _decode(q[0], kp, vp, decode, kb.shape[1]).unsqueeze(0)  # (1, N, H, D)
         out = torch.empty_like(q[0])  # (N, H, D)
         if decode is not None:
-            out[decode.q_index] = _decode(q[0, decode.q_index], kb, vb, decode)
+            out[decode.q_index] = _decode(q[0, decode.q_index], kp, vp, decode, kb.shape[1])
         for e in extends:
             s = slice(e.q0, e.q1)
-            out[s] = _extend(q[0, s], k[0, s], v[0, s], kb, vb, e)
+            out[s] = _extend(q[0, s], k[s], v[s], kb, vb, e)
         return out.unsqueeze(0)
 
 
@@ -84,13 +106,21 @@ def plan_step(c: KVCache, window: int | None) -> tuple[_DecodePlan | None, list[
     decode = None
     if dec:
         all_dec = len(dec) == len(qo)
-        rows = c.req_pool_indices if all_dec else c.req_pool_indices[torch.tensor(dec, device=dev)]
         seqs = [seq[b] for b in dec]
         l_max = max(seqs)
         n_pages = -(-l_max // P)
         span = P if n_pages > 1 else l_max
-        cols = torch.arange(n_pages, device=dev) * P
-        page_ids = (c.req_to_token[rows[:, None], cols[None, :]] // P).long().flatten()
+        first = None
+        if c.pages_cpu is not None:  # host-side page lists: one small copy
+            ids = [pg for b in dec for pg in (c.pages_cpu[b] + [0] * n_pages)[:n_pages]]
+            if len(dec) == 1 and ids == list(range(ids[0], ids[0] + n_pages)):
+                first = ids[0]  # e.g. a lone request on a fresh pool: read in place
+            page_ids = torch.tensor(ids, dtype=torch.int64).to(dev)
+        else:  # read the first slot of each page from req_to_token
+            rows = (c.req_pool_indices if all_dec
+                    else c.req_pool_indices[torch.tensor(dec, device=dev)])
+            cols = torch.arange(n_pages, device=dev) * P
+            page_ids = (c.req_to_token[rows[:, None], cols[None, :]] // P).long().flatten()
         l_g = n_pages * span
         mask = None
         if min(seqs) < l_g or window is not None:
@@ -101,7 +131,7 @@ def plan_step(c: KVCache, window: int | None) -> tuple[_DecodePlan | None, list[
                 valid &= j >= s - window
             mask = valid[:, None, None, :]  # (Bd, 1, 1, Lg)
         q_index = None if all_dec else torch.tensor([qo_ptr[b] for b in dec], device=dev)
-        decode = _DecodePlan(q_index, page_ids, P, span, mask)
+        decode = _DecodePlan(q_index, page_ids, P, span, mask, first)
     extends = []
     for b, n in enumerate(qo):
         if n == 1:
@@ -119,17 +149,23 @@ def plan_step(c: KVCache, window: int | None) -> tuple[_DecodePlan | None, list[
     return decode, extends
 
 
-def _decode(q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, d: _DecodePlan) -> torch.Tensor:
-    """q [Bd, H, D] (one token per request) -> [Bd, H, D]."""
-    Bd, K, D = q.shape[0], kb.shape[1], kb.shape[2]
-    pages_k = kb.view(-1, d.page_size, K * D)[:, : d.span]  # (NP, span, K*D) view
-    pages_v = vb.view(-1, d.page_size, K * D)[:, : d.span]
-    kk = pages_k.index_select(0, d.page_ids).view(Bd, -1, K, D)  # (Bd, Lg, K, D)
-    vv = pages_v.index_select(0, d.page_ids).view(Bd, -1, K, D)
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), kk.transpose(1, 2).to(q.dtype), vv.transpose(1, 2).to(q.dtype),
-        attn_mask=d.mask, enable_gqa=q.shape[1] != K,
-    )  # (Bd, H, 1, D)
+def _decode(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, d: _DecodePlan,
+            K: int) -> torch.Tensor:
+    """q [Bd, H, D] (one token per request), kp/vp paged views [S/P, P, K*D] -> [Bd, H, D]."""
+    Bd, H, D = q.shape
+    if d.span != d.page_size:
+        kp, vp = kp[:, : d.span], vp[:, : d.span]
+    if d.first_page is not None:  # consecutive pages: a view of the pool
+        n = d.page_ids.shape[0]
+        kk, vv = kp[d.first_page:d.first_page + n], vp[d.first_page:d.first_page + n]
+    else:
+        kk, vv = kp.index_select(0, d.page_ids), vp.index_select(0, d.page_ids)
+    kk = kk.reshape(Bd, -1, K, D).transpose(1, 2)  # (Bd, K, Lg, D)
+    vv = vv.reshape(Bd, -1, K, D).transpose(1, 2)
+    if kk.dtype != q.dtype:
+        kk, vv = kk.to(q.dtype), vv.to(q.dtype)
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), kk, vv, attn_mask=d.mask,
+                                         enable_gqa=H != K)  # (Bd, H, 1, D)
     return out.squeeze(2)
 
 

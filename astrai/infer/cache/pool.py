@@ -143,7 +143,9 @@ class PagePool:
     def close(self, handle: KVHandle, tokens: Sequence[int] = ()) -> None:
         """Release the request's hold; its materialized `tokens` stay cached for reuse."""
         self.cache(handle, tokens)
-        self.allocator.decref(handle.pages)
+        # free in reverse so the stack hands them out again in ascending order: a later
+        # request then often gets consecutive pages (read in place by torch_native)
+        self.allocator.decref(handle.pages[::-1])
         handle.pages = []
         if not self.contiguous:
             self.req_to_token.free(handle.row)

@@ -32,8 +32,6 @@ class KVCache:
     """[B+1] int32: request b's query tokens are rows qo_indptr[b]:qo_indptr[b+1] of N."""
     kv_indptr: torch.Tensor
     """[B+1] int32: request b's slots are kv_indices[kv_indptr[b]:kv_indptr[b+1]]."""
-    kv_indices: torch.Tensor
-    """[kv_indptr[-1]] int32: each request's slots in position order."""
     out_cache_loc: torch.Tensor
     """[N] int64: slots where this step's new k/v are written."""
     is_decode: bool
@@ -47,8 +45,23 @@ class KVCache:
     """seq_lens as Python ints (no device sync for planning)."""
     qo_lens_cpu: list[int] = field(default_factory=list)
     """Query tokens per request as Python ints."""
+    pages_cpu: list[list[int]] | None = None
+    """Each request's pages in position order, when the builder knew them."""
     plans: dict[str, Any] = field(default_factory=dict)
     """Per-backend state derived on the first layer and reused by the others."""
+    _kv_indices: torch.Tensor | None = None
+
+    @property
+    def kv_indices(self) -> torch.Tensor:
+        """[kv_indptr[-1]] int32: each request's slots in position order. Gathered from
+        req_to_token on first use, then shared by every layer of the step."""
+        if self._kv_indices is None:
+            dev = self.req_to_token.device
+            max_len = max(self.seq_lens_cpu)
+            span = self.req_to_token[self.req_pool_indices, :max_len]  # (B, max_len)
+            valid = torch.arange(max_len, device=dev)[None, :] < self.seq_lens[:, None]
+            self._kv_indices = span[valid]
+        return self._kv_indices
 
     @property
     def batch_size(self) -> int:
@@ -65,37 +78,33 @@ class KVCache:
 
 def build_kv_cache(k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
                    rows: list[int], prefix_lens: list[int], qo_lens: list[int],
-                   page_size: int) -> KVCache:
+                   page_size: int, pages: list[list[int]] | None = None) -> KVCache:
     """The record of one step: request b (row rows[b]) has prefix_lens[b] tokens cached and
-    brings qo_lens[b] new ones."""
+    brings qo_lens[b] new ones. With `pages` (each request's page list) the slots are
+    computed host-side and the whole record costs two host-to-device copies."""
     device = req_to_token.device
+    B = len(rows)
     seq = [p + q for p, q in zip(prefix_lens, qo_lens)]
-    rows_t = torch.tensor(rows, dtype=torch.int64)
-    seq_t = torch.tensor(seq, dtype=torch.int32)
-    qo_t = torch.tensor(qo_lens, dtype=torch.int64)
-    qo_indptr = torch.zeros(len(rows) + 1, dtype=torch.int32)
-    torch.cumsum(qo_t, 0, out=qo_indptr[1:])
-    kv_indptr = torch.zeros(len(rows) + 1, dtype=torch.int32)
-    torch.cumsum(seq_t, 0, out=kv_indptr[1:])
-    is_decode = all(q == 1 for q in qo_lens)
-    if is_decode:
-        positions = torch.tensor(prefix_lens, dtype=torch.int64)
-        tok_rows = rows_t
+    qo_ptr, kv_ptr = [0] * (B + 1), [0] * (B + 1)
+    for b in range(B):
+        qo_ptr[b + 1] = qo_ptr[b] + qo_lens[b]
+        kv_ptr[b + 1] = kv_ptr[b] + seq[b]
+    positions = [p for b in range(B) for p in range(prefix_lens[b], seq[b])]
+    N = len(positions)
+    i32 = torch.tensor(seq + qo_ptr + kv_ptr, dtype=torch.int32).to(device)
+    if pages is not None:
+        P = page_size
+        locs = [pages[b][p // P] * P + p % P
+                for b in range(B) for p in range(prefix_lens[b], seq[b])]
+        i64 = torch.tensor(rows + positions + locs, dtype=torch.int64).to(device)
+        out_cache_loc = i64[B + N:]
     else:
-        # position of flat token n = n - (start of its request) + prefix of its request
-        offset = torch.tensor(prefix_lens, dtype=torch.int64) - qo_indptr[:-1].long()
-        positions = torch.arange(int(qo_indptr[-1])) + torch.repeat_interleave(offset, qo_t)
-        tok_rows = torch.repeat_interleave(rows_t, qo_t)
-    rows_d, positions_d = rows_t.to(device), positions.to(device)
-    out_cache_loc = req_to_token[tok_rows.to(device), positions_d].long()
-    max_len = max(seq)
-    span = req_to_token[rows_d, :max_len]  # (B, max_len) slots, valid up to seq_lens
-    valid = torch.arange(max_len, device=device)[None, :] < seq_t.to(device)[:, None]
-    kv_indices = span[valid]
+        i64 = torch.tensor(rows + positions, dtype=torch.int64).to(device)
+        tok_rows = i64[:B].repeat_interleave(torch.tensor(qo_lens, device=device))
+        out_cache_loc = req_to_token[tok_rows, i64[B:B + N]].long()
     return KVCache(
-        k_buf=k_buf, v_buf=v_buf, req_to_token=req_to_token, req_pool_indices=rows_d,
-        seq_lens=seq_t.to(device), qo_indptr=qo_indptr.to(device),
-        kv_indptr=kv_indptr.to(device), kv_indices=kv_indices, out_cache_loc=out_cache_loc,
-        is_decode=is_decode, positions=positions_d, page_size=page_size,
-        seq_lens_cpu=seq, qo_lens_cpu=list(qo_lens),
+        k_buf=k_buf, v_buf=v_buf, req_to_token=req_to_token, req_pool_indices=i64[:B],
+        seq_lens=i32[:B], qo_indptr=i32[B:2 * B + 1], kv_indptr=i32[2 * B + 1:],
+        out_cache_loc=out_cache_loc, is_decode=N == B, positions=i64[B:B + N],
+        page_size=page_size, seq_lens_cpu=seq, qo_lens_cpu=list(qo_lens), pages_cpu=pages,
     )

@@ -1,0 +1,197 @@
+"""Inference engine vs HF transformers `generate` on CPU (fp32), same weights, same threads.
+
+    python benchmarks/inference.py [--presets tiny,small] [--threads 1] [--quick]
+
+Workloads (issue 6 "Performance"):
+  (a) one request at a time, greedy, a fixed number of new tokens: output tokens/s of the
+      engine and of HF `generate` (sdpa attention, KV cache on), and the engine's time
+      against the floor of the weight matmuls alone (one token through every linear layer);
+  (b) 64 requests, input 32-256 and output 16-256 tokens: wall-clock output tokens/s of the
+      engine (continuous batching, all submitted at once) against HF `generate` in static
+      batches of 16 (left-padded, each batch run to its longest output; only the tokens
+      each request asked for count);
+  (c) shared prefix: 8 groups of 8 prompts sharing a 384-token system prompt: TTFT p50 with
+      the radix cache against without it (all requests arrive at once).
+
+Both sides must produce the same tokens (checked on (a) and on a sample of (b)) before any
+figure is printed. Weights are random with init_std=0.1 (no trained checkpoint is assumed
+to exist here); that makes greedy choices well separated, so token equality is a fair
+check, and it changes no cost. EOS is ignored on both sides so lengths are exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from astrai.infer import CacheConfig, Engine, SamplingParams, SchedulerConfig
+from astrai.model import build_model, get_preset
+from astrai.model.checkpoint import save_checkpoint
+from astrai.model.hf import export_hf
+
+
+def hf_twin(model, tmp: Path):
+    """The same weights as a transformers LlamaForCausalLM with sdpa attention."""
+    import transformers
+
+    save_checkpoint(tmp / "ckpt", model, model.config)
+    export_hf(tmp / "ckpt", tmp / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp / "hf", attn_implementation="sdpa", dtype=torch.float32).eval()
+    hf.generation_config.pad_token_id = 0
+    hf.generation_config.eos_token_id = None
+    return hf
+
+
+def make_engine(model, radix=True, max_running=64):
+    cache = CacheConfig(page_size=16, max_kv_tokens=64 * 1024, max_requests=max_running,
+                        radix=radix)
+    return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=2048))
+
+
+def prompts_of(lengths, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@torch.inference_mode()
+def hf_generate(hf, batch, new_tokens):
+    """Left-padded static batch -> generated ids per row (new tokens only)."""
+    width = max(map(len, batch))
+    ids = torch.zeros(len(batch), width, dtype=torch.long)
+    mask = torch.zeros(len(batch), width, dtype=torch.long)
+    for i, p in enumerate(batch):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                      min_new_tokens=new_tokens, do_sample=False)
+    return out[:, width:].tolist()
+
+
+@torch.inference_mode()
+def matmul_floor(model, n_tokens, reps=3):
+    """Seconds for n_tokens single-token passes through every weight matmul (no attention,
+    norms or sampling): the floor for one-request decoding."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if model.lm_head is None:
+        weights.append(model.embed_tokens.weight)
+    x = {w.shape[1]: torch.randn(1, w.shape[1]) for w in weights}
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(n_tokens):
+            for w in weights:
+                F.linear(x[w.shape[1]], w)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def bench_single(model, hf, vocab, n_prompts, new_tokens):
+    prompts = prompts_of([64] * n_prompts, vocab, seed=1)
+    eng = make_engine(model)
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    eng.generate(prompts[0], SamplingParams.greedy(4, ignore_eos=True))  # warm-up
+    hf_generate(hf, [prompts[0]], 4)
+    ours, t_ours = timed(lambda: [eng.generate(p, params)[0].token_ids for p in prompts])
+    theirs, t_hf = timed(lambda: [hf_generate(hf, [p], new_tokens)[0] for p in prompts])
+    same = sum(a == b for a, b in zip(ours, theirs))
+    floor = matmul_floor(model, new_tokens * n_prompts)
+    n = new_tokens * n_prompts
+    return {"same": f"{same}/{n_prompts}", "engine_tok_s": n / t_ours, "hf_tok_s": n / t_hf,
+            "vs_hf": t_hf / t_ours, "floor_tok_s": n / floor, "vs_floor": floor / t_ours}
+
+
+def bench_batch(model, hf, vocab, n_req, quick):
+    g = torch.Generator().manual_seed(2)
+    hi_in, hi_out = (128, 64) if quick else (256, 256)
+    in_lens = torch.randint(32, hi_in + 1, (n_req,), generator=g).tolist()
+    out_lens = torch.randint(16, hi_out + 1, (n_req,), generator=g).tolist()
+    prompts = prompts_of(in_lens, vocab, seed=3)
+    params = [SamplingParams.greedy(n, ignore_eos=True) for n in out_lens]
+    eng = make_engine(model)
+    outs, t_ours = timed(lambda: eng.generate(prompts, params))
+
+    def hf_all():
+        res = []
+        for s in range(0, n_req, 16):
+            rows = hf_generate(hf, prompts[s:s + 16], max(out_lens[s:s + 16]))
+            res += [r[:n] for r, n in zip(rows, out_lens[s:s + 16])]
+        return res
+
+    theirs, t_hf = timed(hf_all)
+    same = sum(o.token_ids == t for o, t in zip(outs, theirs))
+    n = sum(out_lens)
+    return {"same": f"{same}/{n_req}", "engine_tok_s": n / t_ours, "hf_tok_s": n / t_hf,
+            "vs_hf": t_hf / t_ours, "peak_running": eng.stats().peak_running,
+            "preemptions": eng.stats().num_preemptions}
+
+
+def bench_prefix(model, vocab, groups, per_group, system_len):
+    systems = prompts_of([system_len] * groups, vocab, seed=4)
+    tails = prompts_of([32] * (groups * per_group), vocab, seed=5)
+    # interleave the groups, as independent users would arrive
+    prompts = [systems[i % groups] + tails[i] for i in range(groups * per_group)]
+    params = SamplingParams.greedy(16, ignore_eos=True)
+    res = {}
+    for radix in (True, False):
+        eng = make_engine(model, radix=radix)
+        outs, wall = timed(lambda e=eng: e.generate(prompts, params))
+        ttft = [o.metrics.ttft for o in outs]
+        res[radix] = (statistics.median(ttft), wall, eng.stats().prefix_hit_rate, outs)
+    same = sum(a.token_ids == b.token_ids for a, b in zip(res[True][3], res[False][3]))
+    return {"same": f"{same}/{len(prompts)}", "ttft_p50_radix_s": res[True][0],
+            "ttft_p50_plain_s": res[False][0], "ttft_ratio": res[True][0] / res[False][0],
+            "hit_rate": res[True][2], "wall_radix_s": res[True][1], "wall_plain_s": res[False][1]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--presets", default="tiny,small")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
+    ap.add_argument("--only", default="a,b,c", help="which workloads: a,b,c")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    only = set(args.only.split(","))
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, fp32, CPU")
+    for name in args.presets.split(","):
+        model = build_model(get_preset(name, init_std=0.1), seed=0).eval()
+        vocab = model.config.vocab_size
+        with tempfile.TemporaryDirectory() as tmp:
+            hf = hf_twin(model, Path(tmp)) if only & {"a", "b"} else None
+        print(f"\n== preset {name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
+              "params)")
+        if "a" in only:
+            r = bench_single(model, hf, vocab, 2 if args.quick else 4, 32 if args.quick else 128)
+            print(f"(a) one request at a time: engine {r['engine_tok_s']:.1f} tok/s, HF "
+                  f"{r['hf_tok_s']:.1f} tok/s -> {r['vs_hf']:.2f}x HF; matmul floor "
+                  f"{r['floor_tok_s']:.1f} tok/s -> engine at {r['vs_floor']:.2f} of the "
+                  f"floor; same tokens {r['same']}")
+        if "b" in only:
+            r = bench_batch(model, hf, vocab, 64, args.quick)
+            print(f"(b) 64 mixed requests: engine {r['engine_tok_s']:.1f} tok/s, HF static "
+                  f"batches of 16 {r['hf_tok_s']:.1f} tok/s -> {r['vs_hf']:.2f}x HF "
+                  f"(peak running {r['peak_running']}, preemptions {r['preemptions']}); "
+                  f"same tokens {r['same']}")
+        if "c" in only:
+            r = bench_prefix(model, vocab, 8, 8, 128 if args.quick else 384)
+            print(f"(c) shared prefix: TTFT p50 {r['ttft_p50_radix_s'] * 1e3:.0f} ms with radix"
+                  f" vs {r['ttft_p50_plain_s'] * 1e3:.0f} ms without -> {r['ttft_ratio']:.2f}x"
+                  f" (hit rate {r['hit_rate']:.2f}; wall {r['wall_radix_s']:.1f}s vs "
+                  f"{r['wall_plain_s']:.1f}s); same tokens {r['same']}")
+
+
+if __name__ == "__main__":
+    main()
