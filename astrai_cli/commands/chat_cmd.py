@@ -70,44 +70,47 @@ def run_interactive(session: Any, err: Console, history_file: Path | None, title
     err.print(f"[bold]astrai chat[/] {escape(title)}\n"
               "[dim]/help for commands · end a line with \\ (or open a block with \"\"\") for "
               "multi-line input · Ctrl-C stops a reply · /exit or Ctrl-D quits[/]")
+    def turn() -> bool:
+        """Read and handle one message or command; False to leave."""
+        try:
+            text = collect_message(read)
+        except EOFError:
+            if tty:
+                sys.stdout.write("\n")
+            return False
+        if not text.strip():
+            return True
+        if session.is_command(text):
+            res = session.command(text)
+            if res.message:
+                err.print(f"[{'red' if res.error else 'cyan'}]{escape(res.message)}[/]")
+            return not res.exit
+        stop = threading.Event()
+        with sigint_sets(stop):  # from here on Ctrl-C stops this reply only
+            try:
+                reply = session.reply(session.unescape(text))
+            except AstraiError as e:
+                err.print(f"[bold red]error:[/] {escape(str(e))}")
+                return True
+            if reply.notice:
+                err.print(f"[yellow]({escape(reply.notice)})[/]")
+            stopped = stream_reply(reply, sys.stdout, stop)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if stopped:
+            err.print("[yellow](reply stopped)[/]")
+        elif reply.finish_reason == "length":
+            err.print("[dim](reply cut at max_tokens or the context length)[/]")
+        return True
+
     try:
         while True:
             try:
-                text = collect_message(read)
-            except EOFError:
-                if tty:
-                    sys.stdout.write("\n")
-                break
-            except KeyboardInterrupt:
+                if not turn():
+                    break
+            except KeyboardInterrupt:  # outside a reply: no engine step is running
                 sys.stdout.write("\n")
                 err.print("[dim](Ctrl-C at the prompt: type /exit or Ctrl-D to leave)[/]")
-                continue
-            if not text.strip():
-                continue
-            if session.is_command(text):
-                res = session.command(text)
-                if res.message:
-                    style = "red" if res.error else "cyan"
-                    err.print(f"[{style}]{escape(res.message)}[/]")
-                if res.exit:
-                    break
-                continue
-            stop = threading.Event()
-            with sigint_sets(stop):  # from here on Ctrl-C stops this reply only
-                try:
-                    reply = session.reply(session.unescape(text))
-                except AstraiError as e:
-                    err.print(f"[bold red]error:[/] {escape(str(e))}")
-                    continue
-                if reply.notice:
-                    err.print(f"[yellow]({escape(reply.notice)})[/]")
-                stopped = stream_reply(reply, sys.stdout, stop)
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-            if stopped:
-                err.print("[yellow](reply stopped)[/]")
-            elif reply.finish_reason == "length":
-                err.print("[dim](reply cut at max_tokens or the context length)[/]")
     finally:
         if readline is not None and history_file is not None:
             with contextlib.suppress(OSError):
@@ -179,9 +182,8 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write("\n")
             sys.stdout.flush()
             return
-        cfg = session.engine.model.config
         n = sum(p.numel() for p in session.engine.model.parameters())
         title = f"{checkpoint} · {n / 1e6:.1f}M params · context {session.max_context}"
-        if cfg is not None and no_template:
+        if no_template:
             title += " · no template"
         run_interactive(session, err, history_file, title)

@@ -37,9 +37,9 @@ def ckpt(tmp_path_factory):
     return path
 
 
-def test_json_file_holds_every_field_and_the_table_every_row(ckpt, tmp_path):
+def test_tiny_preset_json_file_holds_every_field_and_the_table_every_row(tmp_path):
     out = tmp_path / "res" / "bench.json"
-    r = runner.invoke(app, ["serve-bench", str(ckpt), *FAST, "--request-rate", "100",
+    r = runner.invoke(app, ["serve-bench", "tiny", *FAST, "--request-rate", "100",
                             "--burstiness", "0.5", "--max-concurrency", "2", "--seed", "3",
                             "--goodput", "ttft:100000", "--threads", "1", "--json", str(out)])
     assert r.exit_code == 0, r.output
@@ -55,6 +55,7 @@ def test_json_file_holds_every_field_and_the_table_every_row(ckpt, tmp_path):
         100.0, 0.5, 2, 3)
     assert s["threads"] == 1
     assert d["workload"]["input_len"][0] >= 4 and d["workload"]["output_len"][1] <= 3
+    assert d["model"]["kind"] == "preset" and d["model"]["params"] > 7_000_000
     # The table (stdout) has a row per metric and a column for the backend.
     for label in ("Request throughput", "Output token throughput", "Time to first token",
                   "Time per output token", "Inter-token latency", "End-to-end latency",
