@@ -113,6 +113,7 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) paged_prefill_kernel(
   const bool row_ok = row_in_req < q_len;
   const int row_pos = offset + row_in_req;
   float m_i = -INFINITY, l_i = 0.f;
+  const bool warp_active = warp * 16 < q_rows;  // warp-uniform
 
   const int kv_end = causal ? min(kv_len, offset + q0 + q_rows) : kv_len;
   for (int j0 = 0; j0 < kv_end; j0 += BK) {
@@ -130,63 +131,67 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) paged_prefill_kernel(
     }
     __syncthreads();
 
-    // S (16 x BK) = Q_w (16 x D) K^T: K is [BK, D] row-major, i.e. K^T column-major.
+    // A warp whose 16 rows all lie past the request's end (decode rows in a mixed step)
+    // only helps load K/V.
+    if (warp_active) {
+      // S (16 x BK) = Q_w (16 x D) K^T: K is [BK, D] row-major, i.e. K^T column-major.
 #pragma unroll
-    for (int c = 0; c < BK / 16; ++c) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
-      wmma::fill_fragment(sf, 0.f);
+      for (int c = 0; c < BK / 16; ++c) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
+        wmma::fill_fragment(sf, 0.f);
 #pragma unroll
-      for (int kk = 0; kk < DT; ++kk) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kf;
-        wmma::load_matrix_sync(kf, sK + (c * 16) * L::KLD + kk * 16, L::KLD);
-        wmma::mma_sync(sf, qf[kk], kf, sf);
+        for (int kk = 0; kk < DT; ++kk) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kf;
+          wmma::load_matrix_sync(kf, sK + (c * 16) * L::KLD + kk * 16, L::KLD);
+          wmma::mma_sync(sf, qf[kk], kf, sf);
+        }
+        wmma::store_matrix_sync(sS + c * 16, sf, L::SLD, wmma::mem_row_major);
       }
-      wmma::store_matrix_sync(sS + c * 16, sf, L::SLD, wmma::mem_row_major);
-    }
-    __syncwarp();
+      __syncwarp();
 
-    // Online softmax over this tile's columns for row my_row.
-    float s_max = -INFINITY;
-    for (int c = my_half * (BK / 2); c < (my_half + 1) * (BK / 2); ++c) {
-      const int j = j0 + c;
-      const bool ok = row_ok && j < kv_end && (!causal || j <= row_pos);
-      const float s = ok ? sS[my_row * L::SLD + c] * scale : -INFINITY;
-      sS[my_row * L::SLD + c] = s;
-      s_max = fmaxf(s_max, s);
-    }
-    s_max = fmaxf(s_max, __shfl_xor_sync(0xffffffffu, s_max, 1));
-    const float m_new = fmaxf(m_i, s_max);
-    // A row with nothing visible yet (padding rows) keeps p = 0 instead of exp(-inf + inf).
-    const float alpha = m_new == -INFINITY ? 1.f : ASTRAI_EXP(m_i - m_new);
-    float p_sum = 0.f;
-    for (int c = my_half * (BK / 2); c < (my_half + 1) * (BK / 2); ++c) {
-      const float s = sS[my_row * L::SLD + c];
-      const float p = s == -INFINITY ? 0.f : ASTRAI_EXP(s - m_new);
-      const T pt = from_float<T>(p);
-      sP[my_row * L::PLD + c] = pt;
-      p_sum += to_float(pt);  // the sum of exactly what P V multiplies
-    }
-    p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 1);
-    l_i = l_i * alpha + p_sum;
-    m_i = m_new;
-    if (my_half == 0) sAlpha[my_row] = alpha;
-    __syncwarp();
+      // Online softmax over this tile's columns for row my_row.
+      float s_max = -INFINITY;
+      for (int c = my_half * (BK / 2); c < (my_half + 1) * (BK / 2); ++c) {
+        const int j = j0 + c;
+        const bool ok = row_ok && j < kv_end && (!causal || j <= row_pos);
+        const float s = ok ? sS[my_row * L::SLD + c] * scale : -INFINITY;
+        sS[my_row * L::SLD + c] = s;
+        s_max = fmaxf(s_max, s);
+      }
+      s_max = fmaxf(s_max, __shfl_xor_sync(0xffffffffu, s_max, 1));
+      const float m_new = fmaxf(m_i, s_max);
+      // A row with nothing visible yet (padding rows) keeps p = 0 instead of exp(-inf + inf).
+      const float alpha = m_new == -INFINITY ? 1.f : ASTRAI_EXP(m_i - m_new);
+      float p_sum = 0.f;
+      for (int c = my_half * (BK / 2); c < (my_half + 1) * (BK / 2); ++c) {
+        const float s = sS[my_row * L::SLD + c];
+        const float p = s == -INFINITY ? 0.f : ASTRAI_EXP(s - m_new);
+        const T pt = from_float<T>(p);
+        sP[my_row * L::PLD + c] = pt;
+        p_sum += to_float(pt);  // the sum of exactly what P V multiplies
+      }
+      p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 1);
+      l_i = l_i * alpha + p_sum;
+      m_i = m_new;
+      if (my_half == 0) sAlpha[my_row] = alpha;
+      __syncwarp();
 
-    // O = diag(alpha) O + P V.
-#pragma unroll
-    for (int n = 0; n < DT; ++n) {
-#pragma unroll
-      for (int i = 0; i < of[n].num_elements; ++i) of[n].x[i] *= sAlpha[int(rowf.x[i])];
-    }
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pf;
-      wmma::load_matrix_sync(pf, sP + kk * 16, L::PLD);
+      // O = diag(alpha) O + P V.
 #pragma unroll
       for (int n = 0; n < DT; ++n) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vf;
-        wmma::load_matrix_sync(vf, sV + (kk * 16) * L::KLD + n * 16, L::KLD);
-        wmma::mma_sync(of[n], pf, vf, of[n]);
+#pragma unroll
+        for (int i = 0; i < of[n].num_elements; ++i) of[n].x[i] *= sAlpha[int(rowf.x[i])];
+      }
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pf;
+        wmma::load_matrix_sync(pf, sP + kk * 16, L::PLD);
+#pragma unroll
+        for (int n = 0; n < DT; ++n) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vf;
+          wmma::load_matrix_sync(vf, sV + (kk * 16) * L::KLD + n * 16, L::KLD);
+          wmma::mma_sync(of[n], pf, vf, of[n]);
+        }
       }
     }
   }

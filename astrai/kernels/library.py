@@ -121,8 +121,16 @@ def _aligned(t: torch.Tensor, inner: int = 2) -> bool:
             and all(t.stride(i) % vec == 0 for i in range(t.dim() - inner, t.dim() - 1)))
 
 
+@functools.cache
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
 def decode_supported(q: torch.Tensor, k_buf: torch.Tensor) -> str | None:
     """None when paged_decode's kernel serves these shapes/dtypes, else why not."""
+    if q.is_cuda and _capability(q.device.index or 0) < (8, 0):
+        major, minor = _capability(q.device.index or 0)
+        return f"GPU sm_{major}{minor} (the kernels need sm_80 or newer)"
     if q.dtype not in DECODE_DTYPES:
         return f"dtype {q.dtype} (kernel: fp16, bf16, fp32)"
     if k_buf.dtype != q.dtype:
@@ -147,13 +155,14 @@ def _sm_count(device_index: int) -> int:
 
 
 def decode_splits(B: int, H: int, K: int, max_context: int, sm_count: int) -> int:
-    """How many pieces to cut each sequence into so the grid fills the GPU about twice."""
+    """How many pieces to cut each sequence into so the grid fills the GPU a few times over."""
     group = H // K
     gm = 1 if group == 1 else 2 if group == 2 else 4 if group <= 4 else 8
     blocks = B * K * math.ceil(group / gm)
-    if blocks >= sm_count:
+    if blocks >= 2 * sm_count:
         return 1
-    return max(1, min(math.ceil(2 * sm_count / max(blocks, 1)), max_context // 64, 64))
+    # ~4 blocks per multiprocessor keep enough K/V loads in flight to near the copy bandwidth
+    return max(1, min(math.ceil(4 * sm_count / max(blocks, 1)), max_context // 64, 64))
 
 
 def launch_paged_decode(lib: ctypes.CDLL, q: torch.Tensor, k_buf: torch.Tensor,
