@@ -104,3 +104,17 @@ def test_preset_target_and_bad_targets(tmp_path):
     with pytest.raises(ConfigError, match="backend 'gpu'"):
         serve_bench(BenchConfig("tiny", backends=["gpu"]))
     assert math.isinf(BenchConfig("tiny").request_rate)
+
+
+def test_checkpoint_without_tokenizer_runs_token_ids_only(tiny_ckpt, tmp_path):
+    from astrai.model.checkpoint import load_checkpoint, save_checkpoint
+
+    model, config, _ = load_checkpoint(tiny_ckpt)
+    bare = save_checkpoint(tmp_path / "bare", model, config)
+    rep = serve_bench(cfg(bare, num_prompts=2, input_len=(4, 4), output_len=(3, 3)))
+    assert rep.model["tokenizer"] is None and rep.runs[0].metrics["total_output_tokens"] == 6
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt_ids": [7, 8, 9], "output_len": 2}) + "\n"
+                 + json.dumps({"prompt": "text"}) + "\n")
+    with pytest.raises(DataError, match=r"p\.jsonl:2: a text prompt needs a tokenizer"):
+        serve_bench(cfg(bare, workload=str(f)))
