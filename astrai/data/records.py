@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import glob
 import gzip
-import io
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,25 +27,23 @@ def expand_inputs(patterns: Sequence[str | Path], what: str = "inputs") -> list[
     return out
 
 
-def open_text(path: Path) -> io.TextIOBase:
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", errors="strict")  # type: ignore[return-value]
-    return open(path, encoding="utf-8")
-
-
 def is_jsonl(path: Path) -> bool:
     return path.name.lower().endswith(JSONL_SUFFIXES)
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, line) for each non-blank line; a bad encoding names the file."""
+    """(line number, line) for each non-blank line; bad UTF-8 names the file and line."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    n = 0
     try:
-        with open_text(path) as f:
-            for n, line in enumerate(f, 1):
+        with opener(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                line = raw.decode("utf-8")
                 if line.strip():
                     yield n, line
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not valid UTF-8 ({e.reason}); re-encode the file") from e
+        raise DataError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start}); "
+                        "re-encode the file as UTF-8") from None
     except (OSError, EOFError) as e:
         raise DataError(f"{path}: cannot be read ({e})") from e
 

@@ -253,3 +253,9 @@ def test_uint32_tokens_when_the_vocabulary_does_not_fit(spec_for, tmp_path, writ
         assert m["token_dtype"] == "uint32" and m["keys"]["input_ids"] == "uint32"
     assert open_dataset(tmp_path / "h5")[0]["input_ids"].tolist() == (
         open_dataset(tmp_path / "bin")[0]["input_ids"].tolist())
+
+
+def test_invalid_utf8_names_the_line(spec_for, tmp_path):
+    f = tmp_path / "in.jsonl"
+    f.write_bytes(json.dumps({"text": LONG}).encode() + b"\n" + b'{"text": "\xff\xfe"}\n')
+    fails(spec_for("pretrain", [f]), r"in.jsonl:2: not valid UTF-8", tmp_path)
