@@ -68,6 +68,7 @@ def trainer_state_payload(ctx: TrainContext, callbacks: list[Any]) -> dict[str, 
     return {
         "state": ctx.state.to_dict(),
         "rng": ctx.boundary_rng,
+        "sampler": ctx.boundary_sampler,
         "strategy": ctx.strategy.state_dict(),
         "callbacks": {cb.name: cb.state_dict() for cb in callbacks},
     }

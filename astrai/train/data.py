@@ -60,58 +60,40 @@ def hold_out(dataset: Dataset, fraction: float) -> tuple[Dataset, Dataset]:
 
 def open_train_data(path: str, *, window_size: int | None = None,
                     eval_path: str | None = None, val_split: float = 0.0) -> TrainData:
-    """A dataset directory of `astrai preprocess` as TrainData (its val split, if any,
-    becomes the validation set unless eval_path or val_split say otherwise)."""
-    from astrai.data import dataset as ds
-    from astrai.data.tokenizer import Tokenizer
+    """A dataset directory of `astrai preprocess` as TrainData. Validation data: eval_path,
+    else the last val_split of the training samples, else the dataset's own `val` split."""
+    from astrai.data.dataset import collate_for, open_dataset
+    from astrai.data.manifest import read_manifest
 
     root = Path(path)
     if not root.is_dir():
         raise DataError(f"data: {root} is not a directory; pass a dataset written by "
                         "`astrai preprocess`")
-    train = ds.open_dataset(root)
-    info = _describe(train, root)
-    tok_dir = Path(ds.dataset_tokenizer_dir(root))
-    tok = Tokenizer.load(tok_dir)
-    eval_set = None
+    train = open_dataset(root)
+    samples, eval_set = train, None
     if eval_path is not None:
-        eval_set = ds.open_dataset(Path(eval_path))
-        other = _describe(eval_set, Path(eval_path))
-        if other["kind"] != info["kind"]:
-            raise DataError(f"eval_data: {eval_path} is a {other['kind']} dataset but "
-                            f"{path} is {info['kind']}; validate on the same kind")
-        theirs = Tokenizer.load(ds.dataset_tokenizer_dir(Path(eval_path))).fingerprint()
-        if theirs != tok.fingerprint():
+        eval_set = open_dataset(Path(eval_path))  # its main split, all held out
+        if eval_set.kind != train.kind:
+            raise DataError(f"eval_data: {eval_path} is a {eval_set.kind} dataset but {path} "
+                            f"is {train.kind}; validate on the same kind")
+        if eval_set.fingerprint != train.fingerprint:
             raise DataError(f"eval_data: {eval_path} was tokenized with another tokenizer "
-                            f"than {path}")
+                            f"than {path}; preprocess both with the same tokenizer")
     elif val_split:
-        train, eval_set = hold_out(train, val_split)
-    else:
-        eval_set = _val_split(ds, root)
-    seq_len = info["seq_len"]
-    collate = info["collate_fn"]
-    if window_size is not None:
+        samples, eval_set = hold_out(train, val_split)
+    elif "val" in read_manifest(root)["splits"]:
+        eval_set = open_dataset(root, "val")
+    collate = collate_for(train.kind, train.pad_id)
+    seq_len = train.seq_len
+    if window_size is not None and window_size != seq_len:
         if window_size > seq_len:
             raise ConfigError(f"window_size {window_size} exceeds the dataset's row length "
                               f"{seq_len}; preprocess with a longer max_seq_len")
         collate, seq_len = crop(collate, window_size), window_size
-    return TrainData(dataset=train, kind=info["kind"], seq_len=seq_len, collate_fn=collate,
-                     vocab_size=tok.vocab_size, tokenizer_dir=tok_dir,
-                     fingerprint=tok.fingerprint(), eval_dataset=eval_set, path=str(root))
+    return TrainData(
+        dataset=samples, kind=train.kind,
+        seq_len=seq_len, collate_fn=collate, vocab_size=train.vocab_size,
+        tokenizer_dir=train.tokenizer_dir, fingerprint=train.fingerprint,
+        eval_dataset=eval_set, path=str(root),
+    )
 
-
-def _describe(dataset: Any, root: Path) -> dict[str, Any]:
-    from astrai.data import dataset as ds
-
-    kind = getattr(dataset, "kind", None)
-    seq_len = getattr(dataset, "seq_len", None)
-    if kind is None or seq_len is None:
-        raise DataError(f"data: {root}: dataset does not report its kind / row length")
-    return {"kind": kind, "seq_len": int(seq_len), "collate_fn": ds.collate_for(kind)}
-
-
-def _val_split(ds: Any, root: Path) -> Dataset | None:
-    try:
-        return ds.open_dataset(root, split="val")
-    except (DataError, FileNotFoundError, KeyError, TypeError):
-        return None

@@ -26,15 +26,17 @@ def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor,
     (sum over loss tokens of the (label-smoothed) cross-entropy, number of loss tokens).
 
     With smoothing eps the per-token loss is (1 - eps) * nll + eps * mean_v(-log p_v)
-    (Szegedy et al. 2016), computed in fp32 whatever the logits dtype.
+    (Szegedy et al. 2016), computed in fp32 whatever the logits dtype. The sum is taken in
+    fp64 (a cheap cast of B*T values): the logged loss then does not depend on how a window
+    is split into micro-batches, and the gradient is unchanged (d sum / d token = 1).
     """
     V = logits.shape[-1]
     flat_t = targets.reshape(-1)  # (B*T,)
-    loss = F.cross_entropy(
+    per_token = F.cross_entropy(
         logits.reshape(-1, V).float(), flat_t,
-        ignore_index=IGNORE_INDEX, reduction="sum", label_smoothing=label_smoothing,
-    )
-    return loss, int((flat_t != IGNORE_INDEX).sum())
+        ignore_index=IGNORE_INDEX, reduction="none", label_smoothing=label_smoothing,
+    )  # (B*T,), 0 where ignored
+    return per_token.double().sum(), int((flat_t != IGNORE_INDEX).sum())
 
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -69,30 +69,13 @@ def collate(samples):
     return {k: torch.stack([s[k] for s in samples]) for k in samples[0]}
 
 
-class PermSampler:
-    """Seeded per-epoch permutation (stands in for RDSampler)."""
-
-    def __init__(self, length, seed, rank=0, world_size=1):
-        self.length, self.seed, self.epoch = length, seed, 0
-
-    def set_epoch(self, epoch):
-        self.epoch = epoch
-
-    def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(torch.randperm(self.length, generator=g).tolist())
-
-    def __len__(self):
-        return self.length
-
-
 def make_data(kind: str = "pretrain", n: int = 32, T: int = 16, seed: int = 0,
               eval_n: int = 0) -> TrainData:
     make = pretrain_samples if kind == "pretrain" else sft_samples
     ev = ListDataset(make(eval_n, T, seed + 1)) if eval_n else None
     return TrainData(dataset=ListDataset(make(n, T, seed)), kind=kind, seq_len=T,
                      collate_fn=collate, vocab_size=VOCAB, eval_dataset=ev,
-                     sampler_fn=PermSampler)
+                     )
 
 
 def make_config(tmp_path, **kw) -> TrainConfig:

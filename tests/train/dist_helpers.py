@@ -1,0 +1,121 @@
+"""Worker functions for the multi-process tests (imported by spawned workers, so they live
+at module level). Every worker builds the same in-memory data; RDSampler shards it by rank.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from astrai.train import resume, train
+from astrai.train.callbacks import Callback
+
+from .conftest import make_config, make_data
+
+N_SAMPLES = 32  # a multiple of 8: 1 x 8 and 2 x 4 see the same rows per step
+
+
+def data_for(kind: str, n: int = N_SAMPLES):
+    data = make_data(kind, n=n)
+    data.sampler_fn = None  # astrai's RDSampler: rank r takes rows r, r + W, ...
+    return data
+
+
+def config_for(out: Path, kind: str, **kw):
+    base = {"strategy": "seq" if kind == "pretrain" else "sft", "max_lr": 1e-4,
+            "grad_accum_steps": 2, "max_steps": 3, "label_smoothing": 0.1}
+    return make_config(out, **{**base, **kw})
+
+
+class CommCounter(Callback):
+    """Gradient-reduction calls seen after each micro-batch (DDP: a counting comm hook on
+    every bucket; FSDP: counting reduce-scatters)."""
+
+    name = "comm_counter"
+
+    def __init__(self):
+        self.calls, self.after_batch, self._restore = 0, [], None
+
+    def on_train_begin(self, ctx):
+        if ctx.executor.name == "ddp":
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            def hook(state, bucket):
+                self.calls += 1
+                return allreduce_hook(state, bucket)
+
+            ctx.model.register_comm_hook(None, hook)
+        else:
+            names = [n for n in ("reduce_scatter_single", "reduce_scatter_tensor")
+                     if hasattr(dist, n)]
+            originals = {n: getattr(dist, n) for n in names}
+
+            def counted(fn):
+                def wrapper(*a, **k):
+                    self.calls += 1
+                    return fn(*a, **k)
+                return wrapper
+
+            for n in names:
+                setattr(dist, n, counted(originals[n]))
+            self._restore = originals
+
+    def on_batch_end(self, ctx):
+        self.after_batch.append(self.calls)
+
+    def on_train_end(self, ctx):
+        for n, fn in (self._restore or {}).items():
+            setattr(dist, n, fn)
+
+
+class Interrupt(Exception):
+    pass
+
+
+class StopAfterStep(Callback):
+    name = "stop"
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_batch_begin(self, ctx):
+        if ctx.state.step == self.step:
+            raise Interrupt  # every rank at the same micro-batch: a simulated crash
+
+
+def scenarios(out_root: str, names: list[str]) -> dict:
+    """Run each named scenario in this worker (the process group is created once, by the
+    first executor, and reused)."""
+    out, results = Path(out_root), {}
+    for name in names:
+        parallel, kind, what = name.split("-")
+        run = out / name
+        if what == "train":
+            counter = CommCounter()
+            train(config_for(run, kind, parallel=parallel), data=data_for(kind),
+                  callbacks=[counter])
+            results[name] = counter.after_batch
+        elif what == "resume":
+            kw = {"parallel": parallel, "max_steps": 4, "ckpt_interval": 2}
+            try:
+                train(config_for(run, kind, **kw), data=data_for(kind),
+                      callbacks=[StopAfterStep(3)])
+            except Interrupt:
+                pass
+            summary = resume(run / "run", data=data_for(kind))
+            results[name] = summary.resumed_from
+    return results
+
+
+def losses(run_dir: Path) -> list[float]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(x)["loss"] for x in lines]
+
+
+def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(Path(run_dir) / "checkpoints" / f"step_{step}" / "model.safetensors")

@@ -1,0 +1,73 @@
+"""The callback lifecycle of seeds/training.md (plus on_step_end), in order."""
+
+import pytest
+
+from astrai.train import train
+from astrai.train.callbacks import HOOKS, Callback
+
+from .conftest import make_data
+
+
+class Recorder(Callback):
+    name = "recorder"
+
+    def __init__(self, fail_at=None):
+        self.events, self.fail_at = [], fail_at
+        for hook in HOOKS:
+            setattr(self, hook, self._make(hook))
+
+    def _make(self, hook):
+        def record(ctx):
+            self.events.append(hook)
+            if hook == self.fail_at:
+                raise RuntimeError(f"boom in {hook}")
+        return record
+
+    def on_error(self, ctx, error):
+        self.events.append("on_error")
+
+
+def expected(epochs, windows, accum):
+    ev = ["on_train_begin"]
+    for _ in range(epochs):
+        ev.append("on_epoch_begin")
+        for _ in range(windows):
+            for _ in range(accum):
+                ev += ["on_batch_begin", "on_batch_end"]
+            ev += ["on_optimizer_step", "on_step_end"]
+        ev.append("on_epoch_end")
+    return [*ev, "on_train_end"]
+
+
+def test_hook_order(tiny_config):
+    rec = Recorder()
+    # 20 samples / 4 = 5 micro-batches; accum 2 -> 2 windows per epoch (1 leftover unused)
+    train(tiny_config(grad_accum_steps=2, epochs=2), data=make_data(n=20), callbacks=[rec])
+    assert rec.events == expected(2, 2, 2)
+
+
+def test_error_fires_on_error_then_on_train_end(tiny_config):
+    rec = Recorder(fail_at="on_optimizer_step")
+    with pytest.raises(RuntimeError, match="boom"):
+        train(tiny_config(), data=make_data(n=16), callbacks=[rec])
+    assert rec.events[-3:] == ["on_optimizer_step", "on_error", "on_train_end"]
+
+
+def test_no_train_end_when_train_begin_fails(tiny_config):
+    rec = Recorder(fail_at="on_train_begin")
+    with pytest.raises(RuntimeError):
+        train(tiny_config(), data=make_data(n=16), callbacks=[rec])
+    assert rec.events == ["on_train_begin"]
+
+
+def test_default_callbacks_order_and_clipping_always_registered(tiny_config):
+    from astrai.train.callbacks import default_callbacks
+
+    def ours(cfg, **kw):  # other rooms may add their own callbacks (e.g. preemption)
+        mine = {"gradient_checkpointing", "metrics", "checkpoint", "progress",
+                "gradient_clipping"}
+        return [c.name for c in default_callbacks(cfg, **kw) if c.name in mine]
+
+    assert ours(tiny_config(max_grad_norm=0)) == ["metrics", "checkpoint", "gradient_clipping"]
+    assert ours(tiny_config(gradient_checkpointing=True), progress=True) == [
+        "gradient_checkpointing", "metrics", "checkpoint", "progress", "gradient_clipping"]
