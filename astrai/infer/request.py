@@ -115,6 +115,8 @@ class Request:
         self.cached_tokens = 0
         self.admitted_once = False
         self.num_preemptions = 0
+        self.passed_over = 0
+        """Admission rounds in which a later request was admitted before this one."""
         self.logprobs: list[float] = []
         self.top_logprobs: list[dict[int, float]] = []
         self.truncated = False

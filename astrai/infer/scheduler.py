@@ -14,12 +14,18 @@ queue to be recomputed from prompt + output so far — never an out-of-memory cr
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
 from astrai.infer.cache.pool import PagePool
 from astrai.infer.config import SchedulerConfig
 from astrai.infer.request import Request, Status
+
+LOOKAHEAD = 128
+"""Waiting requests considered for admission in one step."""
+AGE_LIMIT = 8
+"""Admission rounds a request may be passed over before it goes first."""
 
 
 @dataclass
@@ -124,20 +130,35 @@ class Scheduler:
         self.peak_running = max(self.peak_running, len(self.running))
         return StepBatch(chunks) if chunks else None
 
+    def _candidates(self) -> list[Request]:
+        """Admission order. FCFS; with the radix cache, the longest cached prefix first
+        (SGLang's LPM policy: a hit is a short prefill, so waiting time and TTFT fall),
+        except that a request passed over AGE_LIMIT times goes first (no starvation)."""
+        window = list(itertools.islice(self.waiting, LOOKAHEAD))
+        radix = self.pool.radix
+        if radix is None or len(window) < 2:
+            return window
+
+        def key(item: tuple[int, Request]) -> tuple[bool, int, int]:
+            j, r = item
+            hit = len(radix.match(r.tokens[:len(r.tokens) - 1], touch=False))
+            return (r.passed_over < AGE_LIMIT, -hit, j)
+
+        return [r for _, r in sorted(enumerate(window), key=key)]
+
     def _admit(self, chunks: list[Chunk], budget: int) -> int:
         pool = self.pool
         watermark = int(self.config.watermark * pool.num_pages)
         admitted: list[Request] = []
-        j = 0
-        while j < len(self.waiting) and budget > 0 and len(self.running) < self.max_running:
-            req = self.waiting[j]
+        for req in self._candidates():
+            if budget <= 0 or len(self.running) >= self.max_running:
+                break
             handle = pool.open(req.tokens, count_hits=False)
             if handle is None:
                 break
             start = handle.cached_len
             if self._defer(req, start, admitted):
                 pool.close(handle)
-                j += 1
                 continue
             n = min(len(req.tokens) - start, budget)
             need = pool.pages_for(start + n) - len(handle.pages)
@@ -145,7 +166,6 @@ class Scheduler:
             if pool.available_pages() - need < floor or not pool.reserve(handle, start + n):
                 pool.close(handle)
                 break
-            del self.waiting[j]
             if not req.admitted_once:  # hit rate over first admissions (not replays)
                 req.admitted_once, req.cached_tokens = True, start
                 pool.prefix_query_tokens += req.prompt_len
@@ -155,6 +175,15 @@ class Scheduler:
             admitted.append(req)
             chunks.append(Chunk(req, start, n, start + n == len(req.tokens)))
             budget -= n
+        if admitted:
+            ids = {id(r) for r in admitted}
+            last = max(j for j, r in enumerate(self.waiting) if id(r) in ids)
+            waiting: deque[Request] = deque()
+            for j, r in enumerate(self.waiting):
+                if r.status is Status.WAITING:
+                    r.passed_over += j < last  # someone behind it went first
+                    waiting.append(r)
+            self.waiting = waiting
         return budget
 
     def _defer(self, req: Request, start: int, admitted: list[Request]) -> bool:

@@ -161,3 +161,33 @@ def test_in_batch_prefix_sharing_defers_the_twin():
     second = s.schedule()
     twin = next(ch for ch in second.chunks if ch.req is b)
     assert twin.start == 12 and b.cached_tokens == 12
+
+
+def test_cached_prefixes_go_first_but_nobody_starves():
+    from astrai.infer.scheduler import AGE_LIMIT
+
+    _pool, s = setup(pages=64, page_size=4, rows=2, step_tokens=8)
+    shared = list(range(20, 36))  # four pages
+    warm = Request("warm", shared + [1], SamplingParams.greedy(1), 0.0)
+    s.add(warm)
+    drain(s)
+    cold = Request("cold", [90] * 12, SamplingParams.greedy(1), 0.0)
+    s.add(cold)
+    for i in range(AGE_LIMIT + 1):
+        s.add(Request(f"hit{i}", shared + [50 + i], SamplingParams.greedy(1), 0.0))
+    first = s.schedule()
+    assert [c.req.id for c in first.chunks] == ["hit0", "hit1"]  # hits jump the queue
+    s.postprocess(first, [5] * len(first.sampled), 1.0)
+    assert cold.passed_over == 1
+    # keep the rows busy with hits: cold is passed over until it has waited AGE_LIMIT rounds
+    _s2_pool, s2 = setup(pages=64, page_size=4, rows=1, step_tokens=16)
+    s2.add(Request("warm", shared + [1], SamplingParams.greedy(1), 0.0))
+    drain(s2)
+    cold2 = Request("cold", [90] * 12, SamplingParams.greedy(1), 0.0)
+    s2.add(cold2)
+    order = []
+    for i in range(AGE_LIMIT + 3):
+        s2.add(Request(f"hit{i}", shared + [50 + i], SamplingParams.greedy(1), 0.0))
+    while cold2.status is Status.WAITING:
+        order.append(run_step(s2).chunks[0].req.id)
+    assert order == [f"hit{i}" for i in range(AGE_LIMIT)] + ["cold"]

@@ -49,15 +49,17 @@ class RadixCache:
         for i in range(n_pages):
             yield tuple(tokens[i * P:(i + 1) * P])
 
-    def match(self, tokens: Sequence[int]) -> list[int]:
+    def match(self, tokens: Sequence[int], touch: bool = True) -> list[int]:
         """Pages of the longest cached prefix of `tokens` (whole pages only). Touches the
-        path for LRU; the caller increfs the pages it keeps."""
-        node, pages, now = self.root, [], self._tick()
+        path for LRU unless `touch` is False; the caller increfs the pages it keeps."""
+        node, pages = self.root, []
+        now = self._tick() if touch else 0
         for key in self._keys(tokens, len(tokens) // self.page_size):
             node = node.children.get(key)
             if node is None:
                 break
-            node.last_access = now
+            if touch:
+                node.last_access = now
             pages.append(node.page)
         return pages
 
