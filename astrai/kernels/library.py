@@ -114,11 +114,11 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _aligned(t: torch.Tensor, inner: int = 2) -> bool:
-    """Last dim contiguous, 16-byte aligned base and row strides (for 16-byte vector loads)."""
+def _aligned(t: torch.Tensor) -> bool:
+    """Last dim contiguous, 16-byte aligned base and strides (for 16-byte vector loads)."""
     vec = 16 // t.element_size()
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all(t.stride(i) % vec == 0 for i in range(t.dim() - inner, t.dim() - 1)))
+            and all(t.stride(i) % vec == 0 for i in range(t.dim() - 1)))
 
 
 @functools.cache
@@ -139,6 +139,8 @@ def decode_supported(q: torch.Tensor, k_buf: torch.Tensor) -> str | None:
         return f"head dim {q.shape[-1]} (kernel: 32, 64, 128)"
     if q.shape[1] % k_buf.shape[1]:
         return f"{q.shape[1]} query heads not a multiple of {k_buf.shape[1]} kv heads"
+    if not _aligned(k_buf):
+        return "KV pool rows are not contiguous and 16-byte aligned"
     return None
 
 

@@ -52,3 +52,26 @@ def test_decode_op_traces_under_torch_compile():
 
     q, *rest = case
     torch.testing.assert_close(step(q, *rest), paged_decode_ref(q * 2, *rest, 0.125) + 1)
+
+
+def test_supported_names_each_reason():
+    from astrai.kernels.library import decode_supported, prefill_supported
+
+    q, k = torch.zeros(2, 8, 64, dtype=torch.bfloat16), torch.zeros(10, 2, 64, dtype=torch.bfloat16)
+    assert decode_supported(q, k) is None and prefill_supported(q, k) is None
+    assert "fp16, bf16)" in prefill_supported(q.float(), k.float())
+    assert decode_supported(q.float(), k.float()) is None
+    assert "cache dtype" in decode_supported(q, k.half())
+    assert "head dim 80" in decode_supported(q[..., :80].new_zeros(2, 8, 80),
+                                             k.new_zeros(10, 2, 80))
+    assert "not a multiple" in decode_supported(q.new_zeros(2, 6, 64), k.new_zeros(10, 4, 64))
+    assert "16-byte" in decode_supported(q, k.new_zeros(10, 2, 68)[..., :64])
+
+
+def test_decode_splits_fill_the_gpu_only_when_needed():
+    from astrai.kernels.library import decode_splits
+
+    assert decode_splits(B=256, H=32, K=8, max_context=4096, sm_count=132) == 1
+    assert decode_splits(B=1, H=32, K=8, max_context=32768, sm_count=132) == 64
+    assert decode_splits(B=4, H=32, K=8, max_context=32768, sm_count=132) == 17
+    assert decode_splits(B=1, H=32, K=8, max_context=128, sm_count=132) == 2  # short context
