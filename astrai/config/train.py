@@ -112,13 +112,26 @@ class TrainConfig(BaseModel):
     device: str = "auto"
     """auto (cuda when present, else cpu), cpu, cuda, cuda:N."""
     precision: str = "auto"
-    """auto (bf16-mixed on CUDA, fp32 on CPU), fp32, bf16-mixed."""
+    """auto (bf16-mixed on CUDA, fp32 on CPU), fp32, bf16-mixed (fp32 weights, bf16
+    autocast), bf16-true (bf16 weights)."""
+    optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
+    """dtype of the AdamW moments; fp32 even with bf16-true weights (the paper's advice)."""
     parallel: str = "none"
-    """Executor: none (one process); ddp/fsdp when installed."""
+    """Executor: none (one process), ddp (replicas, all-reduce), fsdp (FSDP2 sharding)."""
+    nprocs: int = Field(1, gt=0)
+    """Processes per node, started by torch's elastic launcher (one per GPU); ignored when
+    an external torchrun already started this process."""
+    nnodes: int = Field(1, gt=0)
+    """Nodes of a multi-node run (each runs the same command with --rdzv-endpoint)."""
+    compile: Literal["none", "block", "model"] = "none"
+    """torch.compile each decoder block, the whole model, or nothing."""
     executor_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the executor."""
     gradient_checkpointing: bool = False
     """Recompute each decoder block's activations in backward (saves memory, costs time)."""
+    gradient_checkpointing_modules: list[str] = Field(default_factory=lambda: ["DecoderBlock"])
+    """Module types recomputed when gradient_checkpointing is on: DecoderBlock, Attention,
+    SwiGLU, MoE."""
     num_workers: int = Field(0, ge=0)
     """DataLoader worker processes."""
     skip_nonfinite: int = Field(0, ge=0)

@@ -22,6 +22,8 @@ from astrai.train.executor import ExecutorFactory
 from astrai.train.model_source import ModelSource, resolve_model
 from astrai.train.optim import build_adamw
 from astrai.train.plan import TrainPlan, make_plan, total_steps, warmup_steps, windows_per_epoch
+from astrai.train.compile import apply_compile, checkpoint_module_types
+from astrai.train.executors.process_group import check_parallel, expected_world_size
 from astrai.train.precision import resolve_device, resolve_precision
 from astrai.train.schedule import SchedulerFactory
 from astrai.train.strategies import STRATEGIES, StrategyFactory
@@ -54,9 +56,12 @@ def sampler_for(data: TrainData, config: TrainConfig, rank: int, world_size: int
                      shuffle=True)
 
 
-def prepare(config: TrainConfig, data: TrainData, *, world_size: int = 1,
+def prepare(config: TrainConfig, data: TrainData, *, world_size: int | None = None,
             source: ModelSource | None = None) -> Prepared:
-    """Check the run makes sense; raise a one-line AstraiError if not."""
+    """Check the run makes sense; raise a one-line AstraiError if not. `world_size`:
+    None = the launcher's WORLD_SIZE, or nnodes x nprocs before launching."""
+    if world_size is None:
+        world_size = expected_world_size(config)
     strategy_cls = STRATEGIES.get(config.strategy)
     if strategy_cls.dataset_kinds and data.kind not in strategy_cls.dataset_kinds:
         raise DataError(
@@ -65,7 +70,9 @@ def prepare(config: TrainConfig, data: TrainData, *, world_size: int = 1,
             f"kind: {strategy_cls.dataset_kinds[0]} or choose another --strategy"
         )
     device = resolve_device(config.device)
-    precision = resolve_precision(config.precision, device)
+    precision = resolve_precision(config.precision, device, config.optimizer_state_dtype)
+    checkpoint_module_types(config.gradient_checkpointing_modules)
+    check_parallel(config, world_size, device)
     if source is None:
         config.require("model")
         source = resolve_model(config.model, vocab_size=data.vocab_size, seq_len=data.seq_len,
@@ -92,7 +99,7 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
     saved callback states (by callback name) to hand to the run's callbacks."""
     config, data = p.config, p.data
     torch.manual_seed(config.seed)
-    precision = resolve_precision(config.precision, p.device)
+    precision = resolve_precision(config.precision, p.device, config.optimizer_state_dtype)
     executor = ExecutorFactory.create(
         config.parallel, grad_accum_steps=config.grad_accum_steps, device=p.device,
         precision=precision, **config.executor_kwargs,
@@ -103,7 +110,12 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
 
     def optimizer_fn(model):
         return build_adamw(model, lr=config.max_lr, weight_decay=config.weight_decay,
-                           betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps)
+                           betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
+                           state_dtype=precision.state_dtype)
+
+    def model_fn():
+        # compiled in place before the executor wraps it (compile, then shard)
+        return apply_compile(p.source.model_fn(), config.compile)
 
     def scheduler_fn(optimizer):
         return SchedulerFactory.create(
@@ -112,7 +124,7 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
             decay_ratio=config.wsd_decay_ratio,
         )
 
-    model, optimizer, scheduler = executor.prepare(p.source.model_fn, optimizer_fn,
+    model, optimizer, scheduler = executor.prepare(model_fn, optimizer_fn,
                                                    scheduler_fn)
     coef = config.moe_aux_loss_coef
     if coef is None:

@@ -145,6 +145,8 @@ class TrainContext:
     in_update: bool = False
     """True while optimizer.step() runs: weights may be half-updated, do not save."""
     completed: bool = False
+    stop_reason: str | None = None
+    """Set by a callback to end training at this step boundary (preemption)."""
     errors: list[str] = field(default_factory=list)
     boundary_rng: dict[str, Any] | None = None
     """RNG states at the last step boundary (saved with the committed TrainerState)."""

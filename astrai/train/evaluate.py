@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,14 +24,23 @@ def evaluate(ctx: TrainContext, max_batches: int | None = None) -> dict[str, flo
     was_training = ctx.model.training
     ctx.model.eval()
     sums: dict[str, float] = {}
+    # Every rank runs the same number of forwards (an FSDP forward is collective): a rank
+    # whose share is a batch short repeats a batch with weight 0, so the sums still agree.
+    steps = math.ceil(math.ceil(len(ctx.eval_data) / ex.world_size) / ctx.config.batch_size)
+    if max_batches is not None:
+        steps = min(steps, max_batches)
+    it, last = iter(loader), None
     try:
         with torch.no_grad(), ex.autocast():
-            for i, batch in enumerate(loader):
-                if max_batches is not None and i >= max_batches:
-                    break
+            for _ in range(steps):
+                batch = next(it, None)
+                weight = 1
+                if batch is None:
+                    batch, weight = last or ctx.collate_fn([ctx.eval_data[0]]), 0
+                last = batch
                 for k, v in strategy.evaluate_batch(strategy.to_device(batch),
                                                     ctx.byte_lengths).items():
-                    sums[k] = sums.get(k, 0) + v
+                    sums[k] = sums.get(k, 0) + v * weight
     finally:
         ctx.model.train(was_training)
     sums = {k: ex.all_reduce_sum(v) for k, v in sums.items()}

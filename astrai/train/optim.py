@@ -34,9 +34,17 @@ def decay_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, 
 
 
 def build_adamw(model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
-                eps: float) -> torch.optim.AdamW:
+                eps: float, state_dtype: torch.dtype = torch.float32) -> torch.optim.Optimizer:
+    """AdamW over decay_param_groups; moments in `state_dtype`. torch's AdamW keeps moments
+    in the weights' dtype, so when they differ (bf16-true weights with fp32 moments, the
+    paper's advice) astrai.train.adamw.AdamW is used instead."""
+    groups = decay_param_groups(model, weight_decay)
+    if any(p.dtype != state_dtype for g in groups for p in g["params"]):
+        from astrai.train.adamw import AdamW
+
+        return AdamW(groups, lr=lr, betas=betas, eps=eps, state_dtype=state_dtype)
     # foreach (not fused): deterministic and bit-reproducible on CPU, fast enough there.
-    return torch.optim.AdamW(decay_param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
 
 
 class GradientState:

@@ -27,6 +27,7 @@ from astrai.train.callbacks import Callback, default_callbacks
 from astrai.train.checkpointing import latest_checkpoint, load_training_state
 from astrai.train.context import RunPaths, TrainContext
 from astrai.train.data import TrainData, open_train_data
+from astrai.train.executors.process_group import dist_env
 from astrai.train.model_source import ModelSource
 from astrai.train.plan import TrainPlan
 from astrai.train.trainer import Trainer
@@ -50,6 +51,10 @@ class TrainSummary:
     skipped_steps: int = 0
     validation: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    preempted: bool = False
+    """Stopped by SIGTERM/SIGINT at a step boundary, with a checkpoint of that step."""
+    rank: int = 0
+    """The process that returned this summary (only rank 0's is shown)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,6 +105,7 @@ def _execute(ctx: TrainContext, callbacks: list[Callback], states: dict[str, Any
         tokens_per_s=round((ctx.state.consumed_tokens - start_tokens) / max(elapsed, 1e-9), 1),
         resumed_from=resumed_from, skipped_steps=ctx.state.skipped_steps,
         validation=dict(ctx.last_eval), warnings=list(ctx.errors),
+        preempted=ctx.stop_reason is not None, rank=ctx.executor.rank,
     )
 
 
@@ -109,11 +115,13 @@ def train(config: TrainConfig, *, data: TrainData | None = None,
     """Train a new run into config.out. `callbacks` run after the default ones."""
     config.require("out")
     paths = run_paths(config)
-    _check_new_run_dir(paths)
+    if dist_env().rank == 0:  # the other ranks of a launched run write nothing
+        _check_new_run_dir(paths)
     prepared = prepare(config, _data(config, data))
     ctx, states = build_context(prepared)
-    paths.run_dir.mkdir(parents=True, exist_ok=True)
-    _write_json_atomic(paths.config, config.to_dict())
+    if ctx.is_main:
+        paths.run_dir.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(paths.config, config.to_dict())
     cbs = default_callbacks(config, progress=progress, console=console) + list(callbacks)
     return _execute(ctx, cbs, states, None)
 

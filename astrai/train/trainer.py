@@ -46,9 +46,9 @@ class Trainer:
         cbs.call("on_train_begin", ctx)
         try:
             ctx.model.train()
-            while not ctx.done:
+            while not ctx.done and ctx.stop_reason is None:
                 self._run_epoch()
-            ctx.completed = True
+            ctx.completed = ctx.stop_reason is None
         except BaseException as e:
             cbs.on_error(ctx, e)
             raise
@@ -64,7 +64,7 @@ class Trainer:
             cbs.call("on_epoch_begin", ctx)
             for window in self._windows():
                 self._run_window(window)
-                if ctx.done:
+                if ctx.done or ctx.stop_reason is not None:
                     break
         if s.epoch_batches // accum >= ctx.windows_per_epoch:
             # Epoch end: drop any partial window so it never leaks into the next epoch.

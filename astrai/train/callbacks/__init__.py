@@ -11,20 +11,24 @@ from astrai.train.callbacks.clipping import GradientClippingCallback
 from astrai.train.callbacks.grad_ckpt import GradientCheckpointingCallback
 from astrai.train.callbacks.metrics import MetricsCallback
 from astrai.train.callbacks.progress import ProgressCallback
+from astrai.train.compile import checkpoint_module_types
 
 
 def default_callbacks(config: TrainConfig, *, progress: bool = False,
                       console: Console | None = None) -> list[Callback]:
     """gradient_checkpointing (optional), metrics, checkpoint, progress (optional),
-    gradient_clipping (always).
+    gradient_clipping (always), preemption (always; SIGTERM/SIGINT save and stop).
 
     Metrics come before checkpoint (the seeds list checkpoint first): both act at
     on_step_end, and writing step N's record before checkpoint step_N exists means a run
     killed in between never resumes with that record missing.
     """
+    from astrai.train.preemption import PreemptionCallback
+
     cbs: list[Callback] = []
     if config.gradient_checkpointing:
-        cbs.append(GradientCheckpointingCallback())
+        cbs.append(GradientCheckpointingCallback(
+            checkpoint_module_types(config.gradient_checkpointing_modules)))
     cbs.append(MetricsCallback(log_interval=config.log_interval,
                                eval_interval=config.eval_interval,
                                eval_max_batches=config.eval_max_batches,
@@ -33,6 +37,7 @@ def default_callbacks(config: TrainConfig, *, progress: bool = False,
     if progress:
         cbs.append(ProgressCallback(console))
     cbs.append(GradientClippingCallback(config.max_grad_norm))
+    cbs.append(PreemptionCallback())  # last: after this step's record and checkpoint
     return cbs
 
 

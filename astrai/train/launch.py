@@ -1,0 +1,231 @@
+"""Running a training job on one or many processes.
+
+    launch_train(config)      -> TrainSummary   (`astrai train`)
+    launch_resume(run_dir)    -> TrainSummary   (`astrai resume`)
+
+Three ways a run starts (docs/distributed.md):
+
+* One process (nnodes x nprocs == 1): training runs in this process.
+* `--nprocs N [--nnodes M --rdzv-endpoint HOST:PORT]`: this process becomes torch's
+  elastic agent (torch.distributed.launcher.elastic_launch, what `torchrun` runs, but
+  in-process): it validates the run first, then starts N spawned workers on this node,
+  which rendezvous with the other nodes' workers, and it watches them.
+* Under an external `torchrun` (WORLD_SIZE is set): every worker runs the command itself,
+  in place; no second launcher is started.
+
+Only rank 0 writes the run directory, checkpoints, metrics and progress. A worker's user
+error (AstraiError) comes back to this process as the same one-line error; a crashed
+worker makes the agent stop the others and raises WorkerFailed. A SIGTERM/SIGINT to this
+process is forwarded by the agent to the workers, which save at the next step boundary
+(astrai.train.preemption); they get `shutdown_timeout_s` for that before being killed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import astrai.errors
+from astrai.config.train import TrainConfig
+from astrai.errors import AstraiError, ConfigError
+from astrai.train.executors.process_group import dist_env
+from astrai.train.preemption import EXIT_PREEMPTED
+
+
+class WorkerFailed(AstraiError):
+    """A worker process crashed (not a user error); the agent stopped the others."""
+
+    exit_code = 1
+
+
+class Interrupted(AstraiError):
+    """A signal ended a launched run before its workers reported back."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class LaunchOptions:
+    """How this node joins a multi-process run (not saved with the run: per invocation)."""
+
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the rendezvous, the same on every node; None = this host, free port
+    (single node). With the c10d backend, the node that can bind it hosts the store."""
+    rdzv_id: str | None = None
+    """Job id shared by all nodes; None = derived from the run directory."""
+    rdzv_backend: str = "c10d"
+    """torch elastic rendezvous backend (c10d needs no extra service)."""
+    max_restarts: int = 0
+    """Times the agent restarts all workers after a failure (resume picks up the newest
+    checkpoint only through `astrai resume`, so restarts retrain from the start)."""
+    shutdown_timeout_s: int = 600
+    """After SIGTERM/SIGINT, seconds the workers get to reach a step boundary and save
+    their checkpoint before the agent kills them."""
+    log_dir: str | None = None
+    """Where the agent keeps per-worker error files; None = a temporary directory."""
+
+
+def world_size(config: TrainConfig) -> int:
+    return config.nnodes * config.nprocs
+
+
+def needs_launch(config: TrainConfig) -> bool:
+    return world_size(config) > 1 and not dist_env().launched
+
+
+# -- entry points ------------------------------------------------------------------------
+def launch_train(config: TrainConfig, *, launch: LaunchOptions | None = None,
+                 progress: bool = False, console: Any = None):
+    """Train a new run on nnodes x nprocs processes (or in this one)."""
+    from astrai.train import run
+
+    if not needs_launch(config):
+        return run.train(config, progress=progress, console=console)
+    config.require("out")
+    run._check_new_run_dir(run.run_paths(config))
+    run.plan_run(config)  # every user error surfaces here, before any process starts
+    return _launch("train", config.model_dump(mode="json"), config, launch or LaunchOptions(),
+                   progress)
+
+
+def launch_resume(run_dir: str | Path, *, launch: LaunchOptions | None = None,
+                  progress: bool = False, console: Any = None):
+    """Continue a run with the process layout it was started with."""
+    from astrai.train import run
+
+    config, _ = run.find_resume_point(run_dir)
+    if not needs_launch(config):
+        return run.resume(run_dir, progress=progress, console=console)
+    return _launch("resume", str(run_dir), config, launch or LaunchOptions(), progress)
+
+
+# -- the launcher ------------------------------------------------------------------------
+def run_workers(fn: Callable[..., Any], args: tuple, *, nprocs: int, nnodes: int = 1,
+                launch: LaunchOptions | None = None, run_id: str | None = None
+                ) -> dict[int, Any]:
+    """Run fn(*args) on nprocs spawned processes of this node (torch's elastic agent,
+    in-process); {global rank: return value}. fn must be importable (module level)."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    opts = launch or LaunchOptions()
+    if nnodes > 1 and not opts.rdzv_endpoint:
+        raise ConfigError(f"nnodes: {nnodes} nodes need --rdzv-endpoint HOST:PORT, the same on "
+                          "every node (one of the nodes' address)")
+    cfg = LaunchConfig(
+        min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nprocs,
+        rdzv_backend=opts.rdzv_backend, rdzv_endpoint=opts.rdzv_endpoint or "localhost:0",
+        run_id=opts.rdzv_id or run_id or uuid.uuid4().hex, max_restarts=opts.max_restarts,
+        monitor_interval=0.1, start_method="spawn", shutdown_timeout=opts.shutdown_timeout_s,
+        logs_specs=DefaultLogsSpecs(log_dir=opts.log_dir),
+    )
+    return elastic_launch(cfg, _entry)(fn, args)
+
+
+def _entry(fn: Callable[..., Any], args: tuple) -> Any:
+    """Worker side of run_workers: share this node's cores, then run fn."""
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        # torchrun sets OMP_NUM_THREADS=1 for the same reason: N workers with one thread
+        # pool of all cores each oversubscribe the machine, and spinning OpenMP threads
+        # then slow even tiny matmuls by orders of magnitude.
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
+    return fn(*args)
+
+
+def _launch(action: str, target: Any, config: TrainConfig, opts: LaunchOptions,
+            progress: bool):
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from astrai.train.run import TrainSummary
+
+    run_id = "astrai-" + hashlib.sha1(str(Path(config.out).resolve()).encode()).hexdigest()[:12]
+    with tempfile.TemporaryDirectory(prefix="astrai-launch-") as tmp:
+        logs = opts.log_dir or str(Path(tmp) / "logs")
+        o = LaunchOptions(**{**opts.__dict__, "log_dir": logs})
+        try:
+            run_workers(_worker, (action, target, progress, tmp), nprocs=config.nprocs,
+                        nnodes=config.nnodes, launch=o,
+                        run_id=run_id if config.nnodes > 1 else None)
+        except ChildFailedError as e:
+            got = _read(tmp, "summary")
+            if got is not None and got.get("preempted"):  # workers exit 75 when preempted
+                return TrainSummary(**got)
+            err = _read(tmp, "error")
+            if err is not None:
+                cls = getattr(astrai.errors, err["type"], AstraiError)
+                raise (cls if issubclass(cls, AstraiError) else AstraiError)(err["message"]) \
+                    from None
+            rank, failure = e.get_first_failure()
+            raise WorkerFailed(
+                f"worker rank {rank} failed (exit {failure.exitcode}): "
+                f"{_first_line(failure.message)}; the other workers were stopped"
+            ) from None
+        except SignalException as e:
+            got = _read(tmp, "summary")
+            if got is not None and got.get("preempted"):
+                return TrainSummary(**got)
+            raise Interrupted(
+                f"interrupted by {e.sigval.name} before the workers saved; resume from the "
+                f"newest complete checkpoint with `astrai resume {config.out}`",
+                128 + int(e.sigval),
+            ) from None
+        got = _read(tmp, "summary")
+        if got is None:  # another node's rank 0 holds the summary
+            return None
+        return TrainSummary(**got)
+
+
+def _worker(action: str, target: Any, progress: bool, result_dir: str) -> None:
+    """One worker: run the job in place, report rank 0's summary or the first user error."""
+    import torch.distributed as dist
+
+    from astrai.train import run
+
+    env = dist_env()
+    try:
+        if action == "train":
+            summary = run.train(TrainConfig.from_dict(target), progress=progress)
+        else:
+            summary = run.resume(target, progress=progress)
+    except AstraiError as e:
+        _write(result_dir, "error", {"type": type(e).__name__, "message": str(e)}, env.rank)
+        sys.exit(e.exit_code)
+    if env.rank == 0:
+        _write(result_dir, "summary", summary.to_dict(), 0)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if summary.preempted:
+        sys.exit(EXIT_PREEMPTED)
+
+
+def _write(result_dir: str, kind: str, obj: dict, rank: int) -> None:
+    path = Path(result_dir) / f"{kind}-{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)  # the parent never reads half a file
+
+
+def _read(result_dir: str, kind: str) -> dict | None:
+    """The lowest rank's `kind` record (errors: the first that a rank wrote)."""
+    files = sorted(Path(result_dir).glob(f"{kind}-*.json"),
+                   key=lambda p: int(p.stem.split("-")[1]))
+    return json.loads(files[0].read_text()) if files else None
+
+
+def _first_line(message: str) -> str:
+    lines = [x.strip() for x in str(message).splitlines() if x.strip()]
+    return lines[-1] if lines else "no message"

@@ -1,0 +1,157 @@
+"""Preemption: SIGTERM / SIGINT end a run cleanly at the next optimizer-step boundary.
+
+Clusters announce preemption with SIGTERM (Kubernetes, SLURM `--signal`, spot VMs) and a
+user stops a run with Ctrl+C (SIGINT). While training runs:
+
+1. The first signal only raises a flag. At the next step boundary (after optimizer,
+   scheduler and counters advanced, so the state is consistent) every rank learns of it
+   (the flag is summed over ranks, so a signal that reached one rank stops all of them at
+   the same step), a checkpoint of that step is saved unless one exists already, and
+   training returns with `preempted=True`. `astrai train` / `astrai resume` then exit with
+   EXIT_PREEMPTED (75, sysexits' EX_TEMPFAIL: "try again"); `astrai resume RUN_DIR`
+   continues exactly.
+2. A second signal, at least `grace_s` after the first, ends the process at once
+   (exit 128 + signal number) from a watcher thread, even when the main thread is stuck in
+   a collective or a long kernel. Checkpoints appear only by an atomic rename, so the last
+   complete one is intact; a half-written temporary directory is never taken for one and is
+   deleted by the next save.
+
+Why the grace period: a launcher forwards the signal it receives to its workers, and Ctrl+C
+also reaches the workers directly from the terminal, so one keypress can arrive twice
+within milliseconds; that must not count as the second, "exit now" signal.
+
+The watcher reads signal numbers from `signal.set_wakeup_fd`, which CPython writes from the
+C-level handler the moment the signal arrives; Python-level handlers only run when the main
+thread returns to the interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from astrai.train.callbacks.base import Callback
+from astrai.train.callbacks.checkpoint import CheckpointCallback
+from astrai.train.checkpointing import save_training_checkpoint
+
+if TYPE_CHECKING:
+    from astrai.train.context import TrainContext
+
+EXIT_PREEMPTED = 75
+"""Exit status of a run stopped by SIGTERM/SIGINT after saving its checkpoint."""
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class PreemptionGuard:
+    """Catches SIGTERM/SIGINT between install() and uninstall() (main thread only)."""
+
+    def __init__(self, signals: tuple[int, ...] = SIGNALS, grace_s: float = 1.0) -> None:
+        self.signals, self.grace_s = tuple(signals), grace_s
+        self.signum: int | None = None
+        """The first signal received (None: none yet)."""
+        self._first = 0.0
+        self._lock = threading.Lock()
+        self._old_handlers: dict[int, object] = {}
+        self._old_fd: int | None = None
+        self._pipe: tuple[int, int] | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def installed(self) -> bool:
+        return self._pipe is not None
+
+    def install(self) -> bool:
+        """Take over the signals; False (and nothing done) outside the main thread."""
+        if self.installed or threading.current_thread() is not threading.main_thread():
+            return False
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        self._pipe = (r, w)
+        for sig in self.signals:
+            # A Python handler must be installed for CPython to write the wakeup fd; the
+            # decision itself is taken by the watcher thread.
+            self._old_handlers[sig] = signal.signal(sig, _ignore)
+        self._old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, args=(r,), name="astrai-preemption",
+                                        daemon=True)
+        self._thread.start()
+        return True
+
+    def uninstall(self) -> None:
+        if not self.installed:
+            return
+        signal.set_wakeup_fd(self._old_fd if self._old_fd is not None else -1)
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old)
+        self._old_handlers.clear()
+        r, w = self._pipe
+        self._pipe = None
+        os.close(w)  # the watcher reads EOF and ends
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        os.close(r)
+
+    def _watch(self, fd: int) -> None:
+        while True:
+            try:
+                data = os.read(fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum in self.signals:
+                    self.notify(signum)
+
+    def notify(self, signum: int) -> None:
+        """Record one signal: the first asks for a stop; a later one exits now."""
+        with self._lock:
+            now = time.monotonic()
+            if self.signum is None:
+                self.signum, self._first = signum, now
+            elif now - self._first >= self.grace_s:
+                os._exit(128 + signum)
+
+
+def _ignore(signum, frame) -> None:
+    pass
+
+
+class PreemptionCallback(Callback):
+    """Stops training at the step boundary after a signal, with a checkpoint of that step.
+
+    Registered after the checkpoint and metrics callbacks, so the step's record is written
+    and an interval checkpoint of the same step is reused, not written twice."""
+
+    name = "preemption"
+
+    def __init__(self, guard: PreemptionGuard | None = None) -> None:
+        self.guard = guard or PreemptionGuard()
+
+    def on_train_begin(self, ctx: TrainContext) -> None:
+        self.guard.install()
+
+    def on_step_end(self, ctx: TrainContext) -> None:
+        stop = self.guard.requested
+        if ctx.world_size > 1:  # collective: every rank calls it at every step
+            stop = ctx.executor.all_reduce_sum(1.0 if stop else 0.0) > 0
+        if not stop or ctx.done:
+            return
+        ckpt = next((cb for cb in ctx.callbacks if isinstance(cb, CheckpointCallback)), None)
+        if ckpt is None or ckpt.last_saved != ctx.state.step:
+            save_training_checkpoint(ctx, ctx.callbacks)
+            if ckpt is not None:
+                ckpt.last_saved = ctx.state.step
+        sig = self.guard.signum
+        ctx.stop_reason = (f"preempted by {signal.Signals(sig).name}" if sig is not None
+                           else "preempted by a signal to another rank")
+
+    def on_train_end(self, ctx: TrainContext) -> None:
+        self.guard.uninstall()
