@@ -12,15 +12,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
+from astrai.config.alignment import AlignmentOptions
 from astrai.errors import ConfigError
 
 ScheduleType = Literal["cosine", "sgdr", "wsd"]
 
 
-class TrainConfig(BaseModel):
-    """One training run (seeds/training.md "Training CLI" plus the options users expect)."""
+class TrainConfig(AlignmentOptions):
+    """One training run (seeds/training.md "Training CLI" plus the options users expect).
+
+    The dpo / grpo / reward / online-* options are inherited from AlignmentOptions
+    (astrai/config/alignment.py).
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 

@@ -173,6 +173,15 @@ def require_checkpoint_dir(path: str | Path) -> Path:
     return path
 
 
+def _model_class(state: dict[str, torch.Tensor]) -> type[Transformer]:
+    """Transformer, or RewardModel when the weights carry a scalar score head."""
+    if "score_head.weight" in state:
+        from astrai.model.reward_head import RewardModel
+
+        return RewardModel
+    return Transformer
+
+
 def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
                     dtype: torch.dtype | None = None) -> tuple[Transformer, ModelConfig, dict]:
     """(model in eval mode, config, meta) from an astrai checkpoint directory."""
@@ -180,7 +189,7 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     config = ModelConfig.load(path / CONFIG)
     state = read_safetensors([path / WEIGHTS])
     with torch.device("meta"):
-        model = Transformer(config)
+        model = _model_class(state)(config)
     check_state_dict(model, state, str(path / WEIGHTS))
     model.load_state_dict(state, assign=True)
     model.reset_rope("cpu")

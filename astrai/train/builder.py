@@ -113,9 +113,13 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
                            betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
                            state_dtype=precision.state_dtype)
 
+    strategy_cls = STRATEGIES.get(config.strategy)
+
     def model_fn():
-        # compiled in place before the executor wraps it (compile, then shard)
-        return apply_compile(p.source.model_fn(), config.compile)
+        # compiled in place before the executor wraps it (compile, then shard); the strategy
+        # may first change the module (reward: a scalar head on the hidden states)
+        model = strategy_cls.prepare_model(p.source.model_fn(), config)
+        return apply_compile(model, config.compile)
 
     def scheduler_fn(optimizer):
         return SchedulerFactory.create(
@@ -131,7 +135,8 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
         coef = p.source.config.moe_aux_loss_coef
     strategy = StrategyFactory.create(
         config.strategy, model, device=p.device, label_smoothing=config.label_smoothing,
-        moe_aux_loss_coef=coef, **config.strategy_kwargs,
+        moe_aux_loss_coef=coef,
+        **{**strategy_cls.setup_kwargs(p), **config.strategy_kwargs},
     )
     byte_lengths = None
     if data.eval_dataset is not None and data.tokenizer_dir is not None:

@@ -120,7 +120,7 @@ class Trainer:
                 ctx.loss = float(out["loss"].detach())
                 ctx.metrics = out["metrics"]
                 ex.backward(out["loss"])
-                B = batch["input_ids"].shape[0]
+                B = strategy.batch_samples(batch)
                 ctx.window_batches += 1
                 ctx.window_samples += B * ex.world_size
                 ctx.window_tokens += strategy.batch_tokens(batch) * ex.world_size

@@ -12,7 +12,7 @@ PAD = 0
 
 
 def tiny_model(seed: int = 0, **kw) -> torch.nn.Module:
-    return build_model(get_preset("tiny", vocab_size=VOCAB, **{**TINY, **kw}), seed=seed)
+    return build_model(get_preset("tiny", **{"vocab_size": VOCAB, **TINY, **kw}), seed=seed)
 
 
 def perturbed(model: torch.nn.Module, seed: int = 1, scale: float = 0.05) -> torch.nn.Module:

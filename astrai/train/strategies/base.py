@@ -48,6 +48,20 @@ class Strategy:
         self.model, self.device = model, torch.device(device)
         self.label_smoothing, self.moe_aux_loss_coef = label_smoothing, moe_aux_loss_coef
 
+    # -- construction hooks (used by astrai.train.builder) ---------------------------------
+    @classmethod
+    def prepare_model(cls, model: nn.Module, config: Any) -> nn.Module:
+        """The module to train, given the one --model describes, before the executor wraps
+        it and the optimizer sees its parameters (the reward strategy adds a scalar head)."""
+        return model
+
+    @classmethod
+    def setup_kwargs(cls, prepared: Any) -> dict[str, Any]:
+        """Keyword arguments for __init__ drawn from the run (`builder.Prepared`: config,
+        data, model source): reference model, tokenizer, rollout options. strategy_kwargs
+        override them."""
+        return {}
+
     # -- batches ------------------------------------------------------------------------
     def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v
@@ -62,6 +76,10 @@ class Strategy:
 
     def loss_units(self, batch: dict[str, torch.Tensor]) -> int:
         return int((self.targets(batch) != IGNORE_INDEX).sum())
+
+    def batch_samples(self, batch: dict[str, torch.Tensor]) -> int:
+        """Samples (rows, pairs, prompts) in the batch, for consumed_samples."""
+        return int(batch["input_ids"].shape[0])
 
     def batch_tokens(self, batch: dict[str, torch.Tensor]) -> int:
         """Tokens processed (for tokens/s and MFU), padding included."""

@@ -1,0 +1,81 @@
+"""Options of the preference and RL strategies (dpo, grpo, reward, online-grpo, online-dpo).
+
+`TrainConfig` inherits these fields, so they are flat train options like the others: a
+config file key `beta: 0.2` and the flag `--beta 0.2` set the same field. Defaults follow
+seeds/training.md ("DPO", "GRPO", "Online Rollout"): beta 0.1 with reduction "sum",
+group_size 4, clip_eps 0.2, kl_coef 0.01.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+DPOLossType = Literal["sigmoid", "ipo", "hinge"]
+
+
+class AlignmentOptions(BaseModel):
+    """Fields shared by TrainConfig for dpo / grpo / reward / online-* runs."""
+
+    # -- reference policy (dpo, grpo KL, online-*) ------------------------------------------
+    ref_model: str | None = None
+    """Frozen reference checkpoint (astrai or HF directory); None = the initial policy
+    (--model), rebuilt the same way on resume."""
+    precompute_ref: bool = False
+    """dpo: compute the reference log-probs of every pair once before training, keep them
+    in the run's state, and free the reference model."""
+
+    # -- DPO ---------------------------------------------------------------------------------
+    beta: float = Field(0.1, gt=0)
+    """DPO temperature beta (implicit reward = beta * log pi/pi_ref)."""
+    dpo_loss: DPOLossType = "sigmoid"
+    """sigmoid (DPO, Rafailov et al. 2023), ipo (Azar et al. 2023), hinge (SLiC, Zhao et
+    al. 2023)."""
+    dpo_reduction: Literal["sum", "mean"] = "sum"
+    """How a response's token log-probs combine: sum (the seeds) or mean (length-normalised)."""
+
+    # -- GRPO --------------------------------------------------------------------------------
+    group_size: int = Field(4, ge=2)
+    """online-grpo / online-dpo: responses generated per prompt (offline grpo uses the
+    dataset's groups)."""
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    """GRPO: the ratio pi/pi_old is clipped to [1 - clip_eps, 1 + clip_eps]."""
+    kl_coef: float = Field(0.01, ge=0)
+    """GRPO: weight of the KL(pi || pi_ref) estimator; 0 = no reference model is loaded."""
+    sync_interval: int = Field(1, gt=0)
+    """grpo (offline): optimizer steps between syncs of old_model (the behaviour policy of
+    the ratio) with the policy; 1 = every step (the ratio is then exactly 1)."""
+
+    # -- rewards (online-*) -------------------------------------------------------------------
+    reward: list[str] = Field(default_factory=list)
+    """Reward functions, summed: exact, numeric, regex:PATTERN, length:MAX_TOKENS,
+    model:REWARD_CHECKPOINT, or module:function / file.py:function (a user callable
+    (prompts, completions, **record) -> list[float]). Default for online runs: exact."""
+    reward_weights: list[float] | None = None
+    """One weight per --reward (default 1 each)."""
+
+    # -- rollouts (online-*) ------------------------------------------------------------------
+    rollout_interval: int = Field(1, gt=0)
+    """Optimizer steps each rollout is trained on; a fresh rollout (and an old_model sync)
+    every N steps. Prompt batches drawn between refreshes are not used."""
+    rollout_max_tokens: int = Field(64, gt=0)
+    """Most tokens generated per response."""
+    rollout_temperature: float = Field(1.0, ge=0)
+    """Sampling temperature of the rollouts (0 = greedy, which gives identical groups)."""
+    rollout_top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling of the rollouts."""
+    rollout_top_k: int = Field(0, ge=0)
+    """Top-k sampling of the rollouts (0 = off)."""
+    rollout_max_requests: int | None = Field(None, gt=0)
+    """Requests the inference engine decodes at once; None = every response of a batch."""
+    eval_max_tokens: int | None = Field(None, gt=0)
+    """online-*: most tokens of the greedy answers scored on validation; None = rollout's."""
+
+    @model_validator(mode="after")
+    def _check_rewards(self) -> AlignmentOptions:
+        w = self.reward_weights
+        if w is not None and len(w) != len(self.reward):
+            raise ValueError(f"reward_weights has {len(w)} values for {len(self.reward)} "
+                             "--reward functions; give one weight per reward")
+        return self

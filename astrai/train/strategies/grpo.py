@@ -1,0 +1,222 @@
+"""GRPO: token-level PPO with group-normalised advantages (seeds/training.md "GRPO").
+
+    A_i   = (r_i - mean_g r) / (std_g r + eps)              one scalar per response,
+                                                            broadcast over its tokens
+    rho_t = pi(a_t|s_t) / pi_old(a_t|s_t)                   behaviour policy pi_old
+    L     = -E_t[min(rho_t A, clip(rho_t, 1-eps, 1+eps) A)]
+            + kl_coef * E_t[pi_ref/pi - log(pi_ref/pi) - 1]   (k3 estimator, Schulman 2020)
+
+E_t is the mean over the valid response tokens of the whole accumulation window (units =
+response tokens); prompt and padding tokens carry no loss. std is the population standard
+deviation of the group (a group with equal rewards has zero advantages).
+
+Offline (`grpo`): groups come from the dataset (prompts [B, P], responses [B, G, R], masks,
+rewards [B, G]). old_model is synced with the policy every `sync_interval` optimizer steps
+(seeds: "synced externally between data-generation rounds"); with sync_interval 1 the old
+policy *is* the current one, so pi_old = pi.detach() and no copy is kept. The online
+variant (`astrai.train.strategies.online`) feeds rollouts through the same loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from astrai.errors import DataError
+from astrai.train.strategies.base import Strategy
+from astrai.train.strategies.logprobs import (
+    frozen_copy,
+    join_prompt_response,
+    token_logprobs,
+    trim_right,
+    unwrap,
+)
+from astrai.train.strategies.reference import copy_weights, freeze, reference_factory
+
+ADV_EPS = 1e-4
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = ADV_EPS) -> torch.Tensor:
+    """rewards [B, G] -> advantages [B, G], normalised within each group (row)."""
+    r = rewards.float()
+    mean = r.mean(dim=1, keepdim=True)
+    std = r.std(dim=1, unbiased=False, keepdim=True)
+    return (r - mean) / (std + eps)
+
+
+def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
+                    adv: torch.Tensor, clip_eps: float, kl_coef: float
+                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token GRPO loss. logp, old_logp, ref_logp [N, T] (token log-probs), adv [N]
+    (one advantage per sequence). Returns (loss [N, T], per-token stats [N, T]: ratio,
+    clipped (1 where the clipped term is the active one), kl)."""
+    A = adv[:, None].to(logp.dtype)  # (N, 1), broadcast over the response tokens
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * A
+    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * A
+    loss = -torch.minimum(unclipped, clipped)
+    stats = {"ratio": ratio.detach(), "clipped": (clipped < unclipped).float()}
+    if ref_logp is not None:
+        d = ref_logp - logp  # log(pi_ref / pi)
+        kl = torch.exp(d) - d - 1.0
+        if kl_coef:
+            loss = loss + kl_coef * kl
+        stats["kl"] = kl.detach()
+    return loss, stats
+
+
+class GRPOStrategy(Strategy):
+    name = "grpo"
+    dataset_kinds = ("grpo",)
+    required_keys = ("prompts", "prompt_mask", "responses", "masks", "rewards")
+
+    def __init__(self, model: nn.Module, *, clip_eps: float = 0.2, kl_coef: float = 0.01,
+                 sync_interval: int = 1, pad_id: int = 0,
+                 reference: nn.Module | None = None,
+                 reference_fn: Callable[[], nn.Module] | None = None,
+                 **kwargs: Any) -> None:
+        """reference / reference_fn as in DPOStrategy (none: a frozen copy of the initial
+        policy); no reference is built when kl_coef is 0."""
+        super().__init__(model, **kwargs)
+        self.clip_eps, self.kl_coef = float(clip_eps), float(kl_coef)
+        self.sync_interval, self.pad_id = int(sync_interval), int(pad_id)
+        self._reference_fn = reference_fn
+        self._reference = None
+        if kl_coef:
+            if reference is not None:
+                self._reference = freeze(reference, model)
+            elif reference_fn is None:
+                self._reference = frozen_copy(model)
+        self.old_model = frozen_copy(model) if self.sync_interval > 1 else None
+        self.steps_since_sync = 0
+
+    @classmethod
+    def setup_kwargs(cls, prepared: Any) -> dict[str, Any]:
+        c, data = prepared.config, prepared.data
+        sample = data.dataset[0]
+        if cls is GRPOStrategy and "responses" not in sample:
+            raise DataError(f"data: {data.path} holds grpo prompts without response groups "
+                            "(online mode); train it with --strategy online-grpo, or build "
+                            "offline groups (records with responses and rewards)")
+        return {"clip_eps": c.clip_eps, "kl_coef": c.kl_coef, "sync_interval": c.sync_interval,
+                "pad_id": _pad_id(data), "reference_fn": reference_factory(prepared)}
+
+    # -- policies ----------------------------------------------------------------------------
+    def reference(self) -> nn.Module:
+        if self._reference is None:
+            self._reference = freeze(self._reference_fn(), self.model)
+        return self._reference
+
+    def sync_old_model(self) -> None:
+        """old_model <- policy (the seeds' sync between data-generation rounds)."""
+        if self.old_model is not None:
+            copy_weights(self.old_model, unwrap(self.model))
+        self.steps_since_sync = 0
+
+    def on_optimizer_step(self) -> None:
+        self.steps_since_sync += 1
+        if self.steps_since_sync >= self.sync_interval:
+            self.sync_old_model()
+
+    def old_logprobs(self, batch: dict[str, Any], ids: torch.Tensor,
+                     logp: torch.Tensor) -> torch.Tensor:
+        """Token log-probs [N, T-1] of the behaviour policy."""
+        if self.old_model is None or self.steps_since_sync == 0:
+            return logp.detach()  # old_model == policy: ratio exactly 1
+        with torch.no_grad():
+            return token_logprobs(self.old_model(ids).logits, ids)
+
+    # -- batches -----------------------------------------------------------------------------
+    def sequences(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every (prompt, response) of the batch as one row: ids, mask [B*G, T]."""
+        B, G, R = batch["responses"].shape
+        prompts = batch["prompts"].repeat_interleave(G, dim=0)  # (B*G, P)
+        pmask = batch["prompt_mask"].repeat_interleave(G, dim=0)
+        ids, mask = join_prompt_response(prompts, pmask, batch["responses"].reshape(B * G, R),
+                                         batch["masks"].reshape(B * G, R), self.pad_id)
+        return trim_right(ids, mask, mask=mask)  # nothing after the last scored token counts
+
+    def loss_units(self, batch: dict[str, Any]) -> int:
+        return int(batch["masks"].sum())
+
+    def batch_samples(self, batch: dict[str, Any]) -> int:
+        return int(batch["prompts"].shape[0])
+
+    def batch_tokens(self, batch: dict[str, Any]) -> int:
+        B, G, R = batch["responses"].shape
+        return int(batch["prompt_mask"].sum()) * G + B * G * R
+
+    # -- the loss ----------------------------------------------------------------------------
+    def loss_sum(self, batch):
+        ids, mask = self.sequences(batch)
+        out = self.model(ids)
+        logp = token_logprobs(out.logits, ids)  # (N, T-1)
+        old = self.old_logprobs(batch, ids, logp)
+        ref = None
+        if self.kl_coef:
+            with torch.no_grad():
+                ref = token_logprobs(self.reference()(ids).logits, ids)
+        adv = group_advantages(batch["rewards"]).reshape(-1)  # (B*G,)
+        loss, stats = grpo_token_loss(logp, old, ref, adv, self.clip_eps, self.kl_coef)
+        m = mask[:, 1:].to(loss.dtype)
+        units = int(m.sum())
+        return (loss * m).sum(), units, out.aux_loss, self.metrics(batch, stats, m)
+
+    def metrics(self, batch: dict[str, Any], stats: dict[str, torch.Tensor],
+                m: torch.Tensor) -> dict[str, float]:
+        n = m.sum().clamp(min=1)
+        r = batch["rewards"].float()
+        out = {"grpo_reward_mean": float(r.mean()),
+               "grpo_reward_std": float(r.std(unbiased=False)),
+               "grpo_ratio_mean": float((stats["ratio"] * m).sum() / n),
+               "grpo_clip_fraction": float((stats["clipped"] * m).sum() / n)}
+        if "kl" in stats:
+            out["grpo_kl"] = float((stats["kl"] * m).sum() / n)
+        return out
+
+    # -- validation --------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate_batch(self, batch, byte_lengths):
+        """On held-out groups: the advantage-weighted token log-likelihood (the surrogate at
+        ratio 1: it rises as the policy favours the better responses) and the KL."""
+        ids, mask = self.sequences(batch)
+        logp = token_logprobs(self.model(ids).logits, ids)
+        m = mask[:, 1:].to(logp.dtype)
+        adv = group_advantages(batch["rewards"]).reshape(-1, 1)
+        out = {"adv_logp": float((adv * logp * m).sum()), "tokens": float(m.sum())}
+        if self.kl_coef:
+            d = token_logprobs(self.reference()(ids).logits, ids) - logp
+            out["kl"] = float(((torch.exp(d) - d - 1.0) * m).sum())
+        return out
+
+    def eval_summary(self, sums):
+        n = max(1.0, sums["tokens"])
+        out = {"val_adv_logp": sums["adv_logp"] / n}
+        if "kl" in sums:
+            out["val_kl"] = sums["kl"] / n
+        return out
+
+    # -- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"steps_since_sync": self.steps_since_sync}
+        if self.old_model is not None and self.steps_since_sync:
+            out["old_model"] = {k: v.detach().cpu() for k, v in
+                                self.old_model.state_dict().items()}
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps_since_sync = int(state.get("steps_since_sync", 0))
+        if self.old_model is not None:
+            if "old_model" in state:
+                self.old_model.load_state_dict(state["old_model"])
+            else:
+                self.sync_old_model()
+
+
+def _pad_id(data: Any) -> int:
+    ds = data.dataset
+    ds = getattr(ds, "dataset", ds)  # a Subset of a validation split
+    return int(getattr(ds, "pad_id", 0))

@@ -1,0 +1,223 @@
+"""online-grpo and online-dpo: the GRPO and DPO losses on fresh rollouts of the policy
+(seeds/training.md "Online Rollout").
+
+Both train on grpo datasets in online mode (rendered prompts + reference answers). A
+RolloutRunner generates `group_size` responses per prompt with the inference engine and
+scores them with the reward (`--reward`, default exact match against the reference); the
+RolloutCache refreshes them every `rollout_interval` optimizer steps.
+
+* online-grpo: the GRPO loss. old_model is synced on each fresh rollout: the behaviour
+  log-probs are the policy's own on the first pass over a rollout (taken before any update,
+  so the ratio starts at exactly 1) and are kept for the later passes.
+* online-dpo: per prompt, the best and the worst response make a (chosen, rejected) pair
+  (a group whose rewards are all equal gives none), trained with the DPO loss against the
+  frozen reference.
+
+Validation (held-out prompts) generates greedy answers: val_reward, and val_accuracy (exact
+match with the reference) when references exist.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from astrai.errors import ConfigError, DataError
+from astrai.train.rollout.cache import RolloutCache
+from astrai.train.rollout.runner import RolloutConfig, RolloutRunner
+from astrai.train.strategies.dpo import DPOStrategy, preference_metrics
+from astrai.train.strategies.grpo import GRPOStrategy, _pad_id
+from astrai.train.strategies.logprobs import join_prompt_response, zero_loss
+from astrai.train.strategies.reference import reference_factory
+
+
+def online_setup(prepared: Any) -> dict[str, Any]:
+    """The rollout pieces of an online run: tokenizer, reward, sampling, cadence."""
+    from astrai.train.rewards.base import build_reward
+
+    c, data = prepared.config, prepared.data
+    if "responses" in data.dataset[0]:
+        raise DataError(f"data: {data.path} holds offline response groups; online strategies "
+                        "generate their own (use --strategy grpo, or preprocess prompt records "
+                        "with a reference answer)")
+    if c.parallel == "fsdp":
+        raise ConfigError("online strategies generate with the whole policy on each process; "
+                          "use --parallel none or ddp")
+    tokenizer = None
+    if data.tokenizer_dir is not None:
+        from astrai.data.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer.load(data.tokenizer_dir)
+    reward = build_reward(c.reward or ["exact"], c.reward_weights, device=prepared.device,
+                          tokenizer_fingerprint=data.fingerprint)
+    rollout = RolloutConfig(group_size=c.group_size, max_tokens=c.rollout_max_tokens,
+                            temperature=c.rollout_temperature, top_p=c.rollout_top_p,
+                            top_k=c.rollout_top_k, max_requests=c.rollout_max_requests,
+                            seed=c.seed)
+    return {"tokenizer": tokenizer, "reward": reward, "rollout": rollout,
+            "rollout_interval": c.rollout_interval, "grad_accum_steps": c.grad_accum_steps,
+            "eval_max_tokens": c.eval_max_tokens, "pad_id": _pad_id(data),
+            "reference_fn": reference_factory(prepared)}
+
+
+def _cache(model: nn.Module, tokenizer: Any, reward: Any, rollout: RolloutConfig | None,
+           runner: RolloutRunner | None, rollout_interval: int, grad_accum_steps: int,
+           pad_id: int) -> RolloutCache:
+    runner = runner or RolloutRunner(model, tokenizer, reward, rollout)
+    return RolloutCache(runner, rollout_interval=rollout_interval,
+                        grad_accum_steps=grad_accum_steps, pad_id=pad_id)
+
+
+class OnlineGRPOStrategy(GRPOStrategy):
+    required_keys = ("prompts", "prompt_mask")
+
+    def __init__(self, model: nn.Module, *, tokenizer: Any = None, reward: Any = None,
+                 rollout: RolloutConfig | None = None, runner: RolloutRunner | None = None,
+                 rollout_interval: int = 1, grad_accum_steps: int = 1,
+                 eval_max_tokens: int | None = None, pad_id: int = 0, **kwargs: Any) -> None:
+        kwargs.pop("sync_interval", None)  # the rollout cadence decides the syncs
+        super().__init__(model, pad_id=pad_id, sync_interval=1, **kwargs)
+        self.rollouts = _cache(model, tokenizer, reward, rollout, runner, rollout_interval,
+                               grad_accum_steps, pad_id)
+        self.eval_max_tokens = eval_max_tokens
+
+    @classmethod
+    def setup_kwargs(cls, prepared: Any) -> dict[str, Any]:
+        c = prepared.config
+        return {**online_setup(prepared), "clip_eps": c.clip_eps, "kl_coef": c.kl_coef}
+
+    def loss_units(self, batch):
+        self.rollouts.attach(batch)
+        return int(batch["masks"].sum())
+
+    def old_logprobs(self, batch, ids, logp):
+        entry = self.rollouts.entries[batch["_slot"]]
+        if "old_logps" not in entry:  # first pass since the rollout: sync old_model
+            entry["old_logps"] = logp.detach()
+            entry["fresh_pass"] = True
+        return entry["old_logps"].to(logp.device)
+
+    def metrics(self, batch, stats, m):
+        out = super().metrics(batch, stats, m)
+        entry = self.rollouts.entries[batch["_slot"]]
+        out.update({f"grpo_{k}": v for k, v in entry["rollout_metrics"].items()})
+        return out
+
+    def loss_sum(self, batch):
+        loss, units, aux, metrics = super().loss_sum(batch)
+        entry = self.rollouts.entries[batch["_slot"]]
+        if entry.pop("fresh_pass", False):
+            # health check: the engine's sampling log-probs vs the trainer's forward
+            gen = batch["gen_logps"].reshape(-1)[batch["masks"].reshape(-1).bool()]
+            mine = self._first_logps(batch, entry)
+            if mine.numel() == gen.numel() and gen.numel():
+                metrics["grpo_logp_gap"] = float((mine - gen.to(mine.device)).abs().mean())
+        return loss, units, aux, metrics
+
+    def _first_logps(self, batch, entry) -> torch.Tensor:
+        _, mask = self.sequences(batch)
+        return entry["old_logps"][mask[:, 1:].bool()]
+
+    def on_optimizer_step(self) -> None:
+        pass  # no old_model copy: the behaviour log-probs live with each rollout
+
+    @torch.no_grad()
+    def evaluate_batch(self, batch, byte_lengths):
+        return self.rollouts.evaluate(batch, self.eval_max_tokens)
+
+    def eval_summary(self, sums):
+        return RolloutCache.eval_summary(sums)
+
+    def state_dict(self):
+        return {"rollouts": self.rollouts.state_dict()}
+
+    def load_state_dict(self, state):
+        if "rollouts" in state:
+            self.rollouts.load_state_dict(state["rollouts"])
+
+
+def best_worst_pairs(batch: dict[str, Any], pad_id: int) -> dict[str, torch.Tensor]:
+    """Per prompt, (prompt + best response, prompt + worst response) as dpo rows; groups
+    whose rewards are all equal give no pair. Returns chosen/rejected [B', T] + masks."""
+    rewards = batch["rewards"]  # (B, G)
+    best, worst = rewards.argmax(dim=1), rewards.argmin(dim=1)
+    keep = (rewards.max(dim=1).values > rewards.min(dim=1).values).nonzero().squeeze(1)
+    rows = torch.arange(rewards.shape[0])[keep]
+    out = {}
+    for name, pick in (("chosen", best), ("rejected", worst)):
+        resp = batch["responses"][rows, pick[keep]]  # (B', R)
+        rmask = batch["masks"][rows, pick[keep]]
+        ids, mask = join_prompt_response(batch["prompts"][rows], batch["prompt_mask"][rows],
+                                         resp, rmask, pad_id)
+        out[name], out[f"{name}_mask"] = ids, mask
+    return out
+
+
+class OnlineDPOStrategy(DPOStrategy):
+    dataset_kinds = ("grpo",)
+    required_keys = ("prompts", "prompt_mask")
+
+    def __init__(self, model: nn.Module, *, tokenizer: Any = None, reward: Any = None,
+                 rollout: RolloutConfig | None = None, runner: RolloutRunner | None = None,
+                 rollout_interval: int = 1, grad_accum_steps: int = 1,
+                 eval_max_tokens: int | None = None, pad_id: int = 0, **kwargs: Any) -> None:
+        if kwargs.get("precompute_ref"):
+            raise ConfigError("precompute_ref: online-dpo scores fresh responses every rollout; "
+                              "its reference cannot be precomputed (drop --precompute-ref)")
+        super().__init__(model, **kwargs)
+        self.pad_id = pad_id
+        self.rollouts = _cache(model, tokenizer, reward, rollout, runner, rollout_interval,
+                               grad_accum_steps, pad_id)
+        self.eval_max_tokens = eval_max_tokens
+
+    @classmethod
+    def setup_kwargs(cls, prepared: Any) -> dict[str, Any]:
+        c = prepared.config
+        if c.precompute_ref:
+            raise ConfigError("precompute_ref: online-dpo scores fresh responses every "
+                              "rollout; its reference cannot be precomputed (drop "
+                              "--precompute-ref)")
+        return {**online_setup(prepared), "beta": c.beta, "loss_type": c.dpo_loss,
+                "reduction": c.dpo_reduction}
+
+    def loss_units(self, batch):
+        entry, _ = self.rollouts.attach(batch)
+        if "pairs" not in entry:
+            entry["pairs"] = best_worst_pairs(entry, self.pad_id)
+        batch.update(entry["pairs"])
+        return int(batch["chosen"].shape[0])
+
+    def batch_samples(self, batch):
+        return int(batch["prompts"].shape[0])
+
+    def batch_tokens(self, batch):
+        B, G, R = batch["responses"].shape
+        return int(batch["prompt_mask"].sum()) * G + B * G * R
+
+    def loss_sum(self, batch):
+        entry = self.rollouts.entries[batch["_slot"]]
+        r = batch["rewards"].float()
+        metrics = {"dpo_reward_mean": float(r.mean()), "dpo_reward_std": float(r.std(
+            unbiased=False)), "dpo_pairs": float(batch["chosen"].shape[0]) / r.shape[0]}
+        metrics.update({f"dpo_{k}": v for k, v in entry["rollout_metrics"].items()})
+        if batch["chosen"].shape[0] == 0:
+            return zero_loss(self.model), 0, None, metrics
+        losses, cr, rr, aux = self.pair_losses(batch)
+        metrics.update(preference_metrics(cr, rr, self.name))
+        return losses.sum(), losses.shape[0], aux, metrics
+
+    @torch.no_grad()
+    def evaluate_batch(self, batch, byte_lengths):
+        return self.rollouts.evaluate(batch, self.eval_max_tokens)
+
+    def eval_summary(self, sums):
+        return RolloutCache.eval_summary(sums)
+
+    def state_dict(self):
+        return {"rollouts": self.rollouts.state_dict()}
+
+    def load_state_dict(self, state):
+        if "rollouts" in state:
+            self.rollouts.load_state_dict(state["rollouts"])

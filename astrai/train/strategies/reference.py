@@ -1,0 +1,54 @@
+"""The frozen reference policy of dpo / grpo / online-*: where it comes from.
+
+Default: the initial policy, i.e. `--model` resolved again exactly as the run resolved it
+(a preset is rebuilt with the run's seed, a checkpoint is loaded again), so a resumed run
+gets the same reference without storing it. `--ref-model DIR` names another checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from astrai.errors import AstraiError, ConfigError
+
+
+def reference_factory(prepared: Any) -> Callable[[], nn.Module]:
+    """A callable building the reference for a run (`builder.Prepared`); loads lazily."""
+    from astrai.train.model_source import resolve_model
+
+    config, data = prepared.config, prepared.data
+    spec = config.ref_model or config.model
+    overrides = {} if config.ref_model else config.model_overrides
+    what = "ref_model" if config.ref_model else "reference (the initial --model)"
+
+    def build() -> nn.Module:
+        try:
+            source = resolve_model(spec, vocab_size=data.vocab_size, seq_len=data.seq_len,
+                                   seed=config.seed, overrides=overrides,
+                                   tokenizer_fingerprint=data.fingerprint)
+        except AstraiError as e:
+            raise ConfigError(f"{what}: {e}") from None
+        return source.model_fn()
+
+    return build
+
+
+def freeze(model: nn.Module, like: nn.Module) -> nn.Module:
+    """`model` in eval mode without gradients, on the device and dtype of `like`'s weights."""
+    p = next(like.parameters())
+    model = model.to(device=p.device, dtype=p.dtype)
+    model.eval().requires_grad_(False)
+    return model
+
+
+@torch.no_grad()
+def copy_weights(dst: nn.Module, src: nn.Module) -> None:
+    """dst <- src in place (an old-policy sync); both plain modules of the same shape."""
+    for (name, a), b in zip(dst.state_dict().items(), src.state_dict().values()):
+        if a.shape != b.shape:
+            raise RuntimeError(f"copy_weights: {name} {tuple(a.shape)} vs {tuple(b.shape)}")
+        a.copy_(b)
