@@ -35,7 +35,8 @@ SOURCES = ("rotary.cu", "paged_decode.cu", "paged_prefill.cu")
 """The translation units of csrc/, each a set of kernels with its `extern "C"` launcher."""
 LIB_NAME = "libastrai_kernels.so"
 DEFAULT_ARCHS = ("80", "90")
-NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-lineinfo", "--expt-relaxed-constexpr")
+NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-lineinfo", "--expt-relaxed-constexpr",
+              "--threads", "0")  # --threads 0: the targets of one file compile in parallel
 
 
 class KernelBuildError(RuntimeError):
