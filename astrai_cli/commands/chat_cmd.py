@@ -148,9 +148,9 @@ def register(app: typer.Typer) -> None:
             "float16.")] = "auto",
         backend: Annotated[str | None, typer.Option(
             "--backend", help="Attention backend: torch_native | flash | cuda "
-            "[default: automatic].")] = None,
+            "(default: automatic).")] = None,
         max_context: Annotated[int | None, typer.Option(
-            "--max-context", help="Context length [default: the model's max_seq_len].")
+            "--max-context", help="Context length (default: the model's max_seq_len).")
         ] = None,
         history_file: Annotated[Path | None, typer.Option(
             "--history-file", help="Keep input history across sessions in this file.")

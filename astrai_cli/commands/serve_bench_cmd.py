@@ -123,7 +123,7 @@ def register(app: typer.Typer) -> None:
             "{\"prompt\" | \"prompt_ids\" | \"messages\", \"output_len\"} a line).")
         ] = "random",
         num_prompts: Annotated[int | None, typer.Option(
-            "--num-prompts", "-n", help="Measured requests [default: 64; a file: all lines].")
+            "--num-prompts", "-n", help="Measured requests (default: 64; a file: all lines).")
         ] = None,
         input_len: Annotated[str, typer.Option(
             "--input-len", help="Prompt tokens, N or MIN:MAX (shared-prefix: the question "
@@ -142,7 +142,7 @@ def register(app: typer.Typer) -> None:
             "--burstiness", help="Gamma shape of arrival gaps: 1 = Poisson, <1 burstier.")
         ] = 1.0,
         max_concurrency: Annotated[int | None, typer.Option(
-            "--max-concurrency", help="Most requests in flight at once [default: no limit].")
+            "--max-concurrency", help="Most requests in flight at once (default: no limit).")
         ] = None,
         seed: Annotated[int, typer.Option("--seed", help="Workload/arrival/weights seed.")] = 0,
         warmup: Annotated[int, typer.Option(
@@ -157,14 +157,14 @@ def register(app: typer.Typer) -> None:
         ] = None,
         backend: Annotated[str | None, typer.Option(
             "--backend", help="Attention backend: torch_native | flash | cuda "
-            "[default: automatic].")] = None,
+            "(default: automatic).")] = None,
         compare_backends: Annotated[str | None, typer.Option(
             "--compare-backends", help="Comma-separated backends (or 'all' available) run in "
             "turn: one column each.")] = None,
         device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N.")
                           ] = "auto",
         threads: Annotated[int | None, typer.Option(
-            "--threads", help="CPU threads for torch [default: torch's choice].")] = None,
+            "--threads", help="CPU threads for torch (default: torch's choice).")] = None,
         dtype: Annotated[str, typer.Option(
             "--dtype", help="auto | float32 | bfloat16 | float16.")] = "auto",
         page_size: Annotated[int, typer.Option("--page-size", help="KV page size.")] = 16,
@@ -178,7 +178,7 @@ def register(app: typer.Typer) -> None:
             "--max-step-tokens", help="Token budget of one engine step (chunked prefill).")
         ] = 2048,
         max_context: Annotated[int | None, typer.Option(
-            "--max-context", help="Context length [default: the model's max_seq_len].")
+            "--max-context", help="Context length (default: the model's max_seq_len).")
         ] = None,
         json_file: Annotated[str | None, typer.Option(
             "--json", metavar="FILE", help="Also write every metric as JSON to FILE ('-': "
