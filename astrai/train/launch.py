@@ -133,8 +133,10 @@ def run_workers(fn: Callable[..., Any], args: tuple, *, nprocs: int, nnodes: int
 
 
 def _entry(fn: Callable[..., Any], args: tuple) -> Any:
-    """Worker side of run_workers: share this node's cores, then run fn."""
+    """Worker side of run_workers: die with the agent, share this node's cores, run fn."""
     import torch
+
+    _die_with_parent()
 
     if "OMP_NUM_THREADS" not in os.environ:
         # torchrun sets OMP_NUM_THREADS=1 for the same reason: N workers with one thread
@@ -210,6 +212,24 @@ def _worker(action: str, target: Any, progress: bool, result_dir: str) -> None:
         dist.destroy_process_group()
     if summary.preempted:
         sys.exit(EXIT_PREEMPTED)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the agent process dies (kill -9 of `astrai train`
+    must not leave orphaned workers training on). Elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the agent died before prctl took effect
+        os._exit(1)
 
 
 def _write(result_dir: str, kind: str, obj: dict, rank: int) -> None:

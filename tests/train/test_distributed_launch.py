@@ -1,0 +1,111 @@
+"""`--nprocs 2 --parallel ddp` through astrai's launcher on a dataset directory
+(issue 5 reliability (b) and (c), multi-process): kill -9 of the whole job after step N
+then resume, and SIGTERM (saved at the next boundary, exit 75) then resume, both end with
+the weights of the uninterrupted 2-process run, bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from astrai.train.checkpointing import list_checkpoints
+from astrai.train.preemption import EXIT_PREEMPTED
+
+from .conftest import TINY
+from .dist_helpers import losses, weights
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 6
+SCRIPT = """
+import json, sys
+from astrai.config.train import TrainConfig
+from astrai.train.launch import launch_resume, launch_train
+from astrai.train.preemption import EXIT_PREEMPTED
+action, arg = sys.argv[1], sys.argv[2]
+s = launch_train(TrainConfig.from_dict(json.loads(arg))) if action == "train" else launch_resume(arg)
+print("done", s.steps, s.preempted, flush=True)
+sys.exit(EXIT_PREEMPTED if s.preempted else 0)
+"""
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from astrai.data.testing import tiny_dataset
+
+    return tiny_dataset(tmp_path_factory.mktemp("data"), "pretrain", vocab_size=300,
+                        max_seq_len=32, n=48, n_val=4)
+
+
+def config(dataset, out) -> dict:
+    return {"strategy": "seq", "data": str(dataset), "model": "tiny",
+            "model_overrides": {k: v for k, v in TINY.items() if k != "max_seq_len"},
+            "out": str(out), "parallel": "ddp", "nprocs": 2, "batch_size": 2,
+            "grad_accum_steps": 2, "max_steps": STEPS, "ckpt_interval": 2, "max_lr": 1e-3,
+            "warmup_steps": 1, "device": "cpu", "peak_tflops": 1.0, "seed": 7}
+
+
+def start(*args):
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            start_new_session=True)  # its own process group, like a job
+
+
+def finish(proc, code=0):
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == code, err[-3000:]
+    return out
+
+
+def wait_checkpoint(run, step, proc):
+    for _ in range(6000):
+        if any(s >= step for s, _ in list_checkpoints(run / "checkpoints")):
+            return
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint")
+
+
+@pytest.fixture(scope="module")
+def straight(dataset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight") / "run"
+    finish(start("train", json.dumps(config(dataset, out))))
+    assert json.loads((out / "train_config.json").read_text())["nprocs"] == 2
+    return out
+
+
+def same_as(run, ref):
+    assert losses(run) == losses(ref)  # metrics.jsonl: every step once, same values
+    w, w_ref = weights(run, STEPS), weights(ref, STEPS)
+    assert all((w[k] == w_ref[k]).all() for k in w_ref)
+
+
+def test_kill9_of_the_job_then_resume(dataset, straight, tmp_path):
+    run = tmp_path / "run"
+    proc = start("train", json.dumps(config(dataset, run)))
+    wait_checkpoint(run, 2, proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # agent and both workers, as when a node dies
+    proc.wait()
+    assert max(s for s, _ in list_checkpoints(run / "checkpoints")) < STEPS
+    assert "done 6 False" in finish(start("resume", str(run)))
+    same_as(run, straight)
+
+
+def test_sigterm_saves_exits_75_then_resume(dataset, straight, tmp_path):
+    run = tmp_path / "run"
+    proc = start("train", json.dumps(config(dataset, run)))
+    wait_checkpoint(run, 2, proc)
+    # to the whole group: each worker gets it directly and again from the agent
+    os.killpg(proc.pid, signal.SIGTERM)
+    out = finish(proc, EXIT_PREEMPTED)
+    stop = max(s for s, _ in list_checkpoints(run / "checkpoints"))
+    assert stop < STEPS and f"done {stop} True" in out
+    assert "done 6 False" in finish(start("resume", str(run)))
+    same_as(run, straight)
