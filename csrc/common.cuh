@@ -53,6 +53,14 @@ __device__ __forceinline__ void load16(const T* __restrict__ p, float (&out)[Vec
   for (int i = 0; i < V; ++i) out[i] = to_float(e[i]);
 }
 
+// Widen 16 raw bytes (already in registers) to fp32.
+template <typename T>
+__device__ __forceinline__ void widen16(const uint4& raw, float (&out)[Vec16<T>::n]) {
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < Vec16<T>::n; ++i) out[i] = to_float(e[i]);
+}
+
 // Butterfly sum over aligned groups of WIDTH lanes (a power of two <= 32); every lane of the
 // warp must call it (full mask), each gets its group's sum.
 template <int WIDTH>

@@ -18,7 +18,7 @@ namespace astrai {
 
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeGroupMax = 8;  // most query heads per block
-constexpr int kDecodeUnroll = 2;    // keys per token group in flight
+constexpr int kDecodeUnroll = 4;    // keys per token group in flight (raw 16-byte registers)
 
 // GM: query heads per block (1, 2, 4 or 8), the GQA group size rounded up to a power of two.
 template <typename T, int D, int GM>
@@ -91,24 +91,27 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) paged_decode_kernel(
       ok[u] = t < end;
       slot[u] = ok[u] ? slots[t] : 0;
     }
-    float kv[kDecodeUnroll][VEC], vv[kDecodeUnroll][VEC];
+    // Issue every load of the U keys before using any (memory-level parallelism); the raw
+    // 16-byte words cost the same registers as widening two keys would.
+    uint4 kraw[kDecodeUnroll], vraw[kDecodeUnroll];
 #pragma unroll
     for (int u = 0; u < kDecodeUnroll; ++u) {
+      kraw[u] = vraw[u] = make_uint4(0, 0, 0, 0);
       if (ok[u]) {
-        load16(kbase + int64_t(slot[u]) * kv_ss, kv[u]);
-        load16(vbase + int64_t(slot[u]) * kv_ss, vv[u]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) kv[u][i] = vv[u][i] = 0.f;
+        kraw[u] = *reinterpret_cast<const uint4*>(kbase + int64_t(slot[u]) * kv_ss);
+        vraw[u] = *reinterpret_cast<const uint4*>(vbase + int64_t(slot[u]) * kv_ss);
       }
     }
 #pragma unroll
     for (int u = 0; u < kDecodeUnroll; ++u) {
+      float kv[VEC], vv[VEC];
+      widen16<T>(kraw[u], kv);
+      widen16<T>(vraw[u], vv);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         float s = 0.f;
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) s += qv[g][i] * kv[u][i];
+        for (int i = 0; i < VEC; ++i) s += qv[g][i] * kv[i];
         s = group_sum<TPT>(s);
         if (ok[u] && g < gcount) {
           float m_new = fmaxf(m[g], s);
@@ -116,7 +119,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) paged_decode_kernel(
           float p = ASTRAI_EXP(s - m_new);
           l[g] = l[g] * alpha + p;
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) acc[g][i] = acc[g][i] * alpha + p * vv[u][i];
+          for (int i = 0; i < VEC; ++i) acc[g][i] = acc[g][i] * alpha + p * vv[i];
           m[g] = m_new;
         }
       }
