@@ -18,6 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,13 @@ class Engine:
             self._route(out)
             return True
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix no running request uses; returns the pages freed.
+        Call it after changing the model's weights (e.g. between GRPO policy updates):
+        cached K/V were computed with the old ones."""
+        with self._lock:
+            return self.pool.radix.clear() if self.pool.radix is not None else 0
+
     def has_unfinished(self) -> bool:
         with self._lock:
             return self.scheduler.has_work() or bool(self._pending)
@@ -281,7 +289,9 @@ class Engine:
         """Generate for one prompt or a list. stream=False: the final outputs, in prompt
         order. stream=True: an iterator of deltas (each with `index` = prompt position) as
         they are produced; closing it early aborts what is unfinished."""
-        if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], int)):
+        if isinstance(prompts, torch.Tensor):
+            prompts = prompts.tolist()
+        if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], Integral)):
             prompts = [prompts]
         if params is None or isinstance(params, SamplingParams):
             params = [params] * len(prompts)

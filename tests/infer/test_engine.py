@@ -79,8 +79,9 @@ def test_prefix_cache_hits_reuse_pages_and_match(model):
     # a repeated prompt hits everything but its last page
     again = eng.generate(prompts[0], SamplingParams.greedy(8))[0]
     assert again.usage.cached_tokens == 24 and again.token_ids == first.token_ids
-    eng.pool.radix.clear()
+    assert eng.reset_prefix_cache() > 0
     assert eng.pool.allocator.num_free() == eng.pool.num_pages
+    assert eng.generate(prompts[1], SamplingParams.greedy(8))[0].usage.cached_tokens == 0
 
 
 def test_no_leaks_over_random_streams_with_aborts(model):
