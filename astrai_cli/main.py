@@ -16,8 +16,11 @@ from astrai_cli.commands import (
     inspect_cmd,
     kernels_cmd,
     preprocess_cmd,
+    quickstart_cmd,
+    resume_cmd,
     serve_bench_cmd,
     tokenizer_cmd,
+    train_cmd,
 )
 from astrai_cli.errors import AstraiGroup
 
@@ -48,8 +51,9 @@ def root(
 
 
 # Each command module exposes register(app); add one line per working command.
-COMMANDS: list = [info_cmd, export_cmd, kernels_cmd, tokenizer_cmd, preprocess_cmd, inspect_cmd,
-                  chat_cmd, serve_bench_cmd]
+COMMANDS: list = [quickstart_cmd,
+                  info_cmd, export_cmd, kernels_cmd, tokenizer_cmd, preprocess_cmd, inspect_cmd,
+                  chat_cmd, serve_bench_cmd, train_cmd, resume_cmd]
 for _module in COMMANDS:
     _module.register(app)
 

@@ -86,6 +86,15 @@ def make_config(tmp_path, **kw) -> TrainConfig:
     return TrainConfig(**base)
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny shapes run fastest on one thread, and a shared CPU stays usable."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def tiny_config(tmp_path):
     return lambda **kw: make_config(tmp_path, **kw)

@@ -111,7 +111,7 @@ def run_killed(mode, kind, out):
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT.format(repo=str(REPO)), mode, kind, str(out)],
         check=False, capture_output=True, text=True, timeout=120, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
 

@@ -1,0 +1,239 @@
+"""`astrai train`: a thin layer over astrai.train.run.
+
+Every TrainConfig field is a long option (`batch_size` -> `--batch-size`) whose help is the
+field's one-line doc, so the CLI, the YAML/JSON config keys and the config class never
+drift apart. Precedence: field defaults < `--config FILE` < flags given on the command line.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import itertools
+import json
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+# Extra spellings for the seeds' training CLI (seeds/training.md "Training CLI").
+ALIASES = {
+    "strategy": ["--train-type"], "data": ["--data-root-path"], "model": ["--param-path"],
+    "batch_size": ["--batch-per-device"], "seed": ["--random-seed"],
+    "parallel": ["--parallel-mode"],
+}
+# Options with a short panel of their own in --help (the rest are "Advanced").
+MAIN = {"strategy", "data", "model", "out", "batch_size", "grad_accum_steps", "epochs",
+        "max_steps", "max_lr", "schedule", "warmup_ratio", "ckpt_interval", "eval_data",
+        "eval_interval", "device", "precision", "seed"}
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a pydantic model and its bases (torchtitan-style)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, nxt in itertools.pairwise(body):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _kind(annotation: Any) -> tuple[str, Any]:
+    """(scalar | bool | list | dict, click type) of a field annotation."""
+    origin = typing.get_origin(annotation)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if origin in (typing.Union, types.UnionType) and len(args) == 1:
+        return _kind(args[0])
+    if annotation is bool:
+        return "bool", bool
+    if origin is typing.Literal:
+        return "scalar", str
+    if origin is dict or annotation is dict:
+        return "dict", str
+    if origin is list:
+        inner = args[0] if args else str
+        return "list", inner if inner in (int, float, str) else str
+    if annotation in (int, float, str):
+        return "scalar", annotation
+    return "scalar", str
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _parse_pairs(name: str, items: list[str]) -> dict[str, Any]:
+    from astrai.errors import ConfigError
+
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--{name.replace('_', '-')} '{item}': expected key=value "
+                              "(e.g. n_layers=2)")
+        k, v = item.split("=", 1)
+        out[k.strip()] = _parse_value(v)
+    return out
+
+
+def config_options() -> tuple[list[inspect.Parameter], dict[str, str]]:
+    """One keyword parameter (typer.Option, default None = not given) per TrainConfig field."""
+    from astrai.config.train import TrainConfig
+
+    docs = field_docs(TrainConfig)
+    params, kinds = [], {}
+    for name, field in TrainConfig.model_fields.items():
+        kind, typ = _kind(field.annotation)
+        kinds[name] = kind
+        flag = "--" + name.replace("_", "-")
+        help_text = docs.get(name, "")
+        default = field.get_default(call_default_factory=True)
+        if kind == "bool":
+            decls = [f"{flag}/--no-{flag[2:]}"]
+            annotation: Any = bool | None
+        elif kind in ("list", "dict"):
+            decls = [flag]
+            annotation = list[typ] | None
+            help_text += " Repeatable" + (" (key=value)." if kind == "dict" else ".")
+        else:
+            decls = [flag, *ALIASES.get(name, [])]
+            annotation = typ | None
+        if default not in (None, [], {}, "") and kind != "bool":
+            help_text += f" (default {default})"
+        elif kind == "bool":
+            help_text += f" (default {'on' if default else 'off'})"
+        panel = "Run" if name in MAIN else "Advanced"
+        params.append(inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+            default=typer.Option(None, *decls, help=help_text, show_default=False,
+                                 rich_help_panel=panel),
+        ))
+    return params, kinds
+
+
+def overrides_from(values: dict[str, Any], kinds: dict[str, str]) -> dict[str, Any]:
+    """Flag values given on the command line -> TrainConfig overrides."""
+    out = {}
+    for name, value in values.items():
+        if value is None or (kinds[name] in ("list", "dict") and not value):
+            continue
+        out[name] = _parse_pairs(name, value) if kinds[name] == "dict" else value
+    return out
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def render_plan(plan: dict[str, Any], console: Console) -> None:
+    t = Table(title="training plan (dry run: nothing trained)", title_justify="left",
+              show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    rows = [
+        ("strategy", plan["strategy"]),
+        ("dataset", (f"{plan['dataset']} ({plan['dataset_kind']}, "
+                     f"{plan['dataset_samples']:,} samples)")),
+        ("model", f"{plan['model']} ({plan['params'] / 1e6:.2f}M params)"),
+        ("sequence length", f"{plan['seq_len']:,}"),
+        ("effective batch", (f"{plan['effective_batch']} = {plan['world_size']} processes x "
+                             f"{plan['batch_size']} x {plan['grad_accum_steps']} accumulation")),
+        ("tokens per step", f"{plan['tokens_per_step']:,}"),
+        ("steps per epoch", f"{plan['windows_per_epoch']:,}"),
+        ("total steps", (f"{plan['total_steps']:,} ({plan['epochs']} epochs, "
+                         f"{plan['warmup_steps']} warmup)")),
+        ("total tokens", f"{plan['total_tokens']:,}"),
+        ("schedule", f"{plan['schedule']} {plan['max_lr']:g} -> {plan['min_lr']:g}"),
+        ("device / precision", f"{plan['device']} / {plan['precision']}"),
+        ("FLOPs per token", f"{plan['flops_per_token']:,}"),
+        ("memory estimate", ", ".join(f"{k} {_gib(v)}" for k, v in plan["memory_bytes"].items())),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
+
+
+def render_summary(s: dict[str, Any], console: Console) -> None:
+    title = "training resumed and finished" if s.get("resumed_from") else "training finished"
+    if s.get("preempted"):
+        title = "training stopped (preempted); continue with astrai resume"
+    t = Table(title=title, title_justify="left", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    loss = s["final_loss"]
+    rows = [("run", s["run_dir"]), ("checkpoint", s["checkpoint"] or "-"),
+            ("steps", f"{s['steps']:,} / {s['total_steps']:,}"),
+            ("final loss", "-" if loss is None else f"{loss:.4f}")]
+    for k, v in s.get("validation", {}).items():
+        rows.append((k, f"{v:.4f}"))
+    rows += [("tokens", f"{s['consumed_tokens']:,}"),
+             ("time", f"{s['elapsed_s']:.1f} s ({s['tokens_per_s']:,.0f} tokens/s)")]
+    if s.get("resumed_from"):
+        rows.append(("resumed from", s["resumed_from"]))
+    if s.get("skipped_steps"):
+        rows.append(("skipped steps", str(s["skipped_steps"])))
+    for k, v in rows:
+        t.add_row(k, str(v))
+    console.print(t)
+
+
+def emit(result: dict[str, Any], as_json: bool, render) -> None:
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        render(result, Console(highlight=False))
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+def register(app: typer.Typer) -> None:
+    params, kinds = config_options()
+
+    def train_cmd(config: Path | None = None, dry_run: bool = False, as_json: bool = False,
+                  **values: Any) -> None:
+        """Train a model: a dataset directory + a preset/config/checkpoint -> a run directory
+        with metrics.jsonl and checkpoints/step_N (each one a self-contained checkpoint)."""
+        from astrai.config.train import load_train_config
+        from astrai.train.run import plan_run, train
+
+        cfg = load_train_config(config, overrides_from(values, kinds))
+        if dry_run:
+            emit(plan_run(cfg).to_dict(), as_json, render_plan)
+            return
+        err = Console(stderr=True)
+        summary = train(cfg, progress=err.is_terminal, console=err)
+        if getattr(summary, "rank", 0) == 0:
+            emit(summary.to_dict(), as_json, render_summary)
+
+    own = [
+        inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
+                          default=typer.Option(None, "--config", "-c", rich_help_panel="Run",
+                                               help="YAML or JSON file of train options "
+                                                    "(keys = option names with '_').")),
+        inspect.Parameter("dry_run", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                          default=typer.Option(False, "--dry-run", rich_help_panel="Run",
+                                               help="Validate and print the plan (effective "
+                                                    "batch, steps, tokens, memory); train "
+                                                    "nothing.")),
+        inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                          default=typer.Option(False, "--json", rich_help_panel="Run",
+                                               help="Print the summary (or plan) as JSON.")),
+    ]
+    train_cmd.__signature__ = inspect.Signature(own + params)  # type: ignore[attr-defined]
+    app.command("train", no_args_is_help=True)(train_cmd)

@@ -1,0 +1,168 @@
+"""`astrai train` / `astrai resume` through the CLI on real `astrai preprocess` datasets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from astrai.data.testing import tiny_dataset
+from astrai_cli.main import app
+
+runner = CliRunner()
+SMALL = ["--model", "tiny", "--model-overrides", "dim=64", "--model-overrides", "n_layers=2",
+         "--model-overrides", "ffn_dim=128", "--window-size", "64", "--device", "cpu",
+         "--peak-tflops", "1"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread, as the killed subprocess (OMP_NUM_THREADS=1): equal bits need the
+    same reduction order, and tiny shapes run fastest on one thread anyway."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    return {"pretrain": tiny_dataset(root, "pretrain", n=24, n_val=4),
+            "sft": tiny_dataset(root, "sft", n=48, n_val=8)}
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(result, *needles):
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("strategy", ["seq", "sft"])
+def test_train_writes_run_dir_and_json_summary(datasets, tmp_path, strategy):
+    kind = "pretrain" if strategy == "seq" else "sft"
+    out = tmp_path / "run"
+    r = invoke("train", "--strategy", strategy, "--data", datasets[kind], "--out", out,
+               *SMALL, "--batch-size", 4, "--max-steps", 3, "--eval-interval", 3, "--json")
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)
+    assert s["steps"] == 3 and s["checkpoint"].endswith("step_3")
+    assert set(s["validation"]) == {"val_loss", "val_ppl", "val_bpb"}
+    ckpt = out / "checkpoints" / "step_3"
+    for f in ("model.safetensors", "config.json", "tokenizer.json", "meta.json",
+              "optimizer.pt", "scheduler.pt", "trainer_state.pt"):
+        assert (ckpt / f).is_file(), f
+    meta = json.loads((ckpt / "meta.json").read_text())
+    assert meta["train_config"]["strategy"] == strategy and meta["step"] == 3
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in recs] == [1, 2, 3] and "val_bpb" in recs[-1]
+    assert json.loads((out / "train_config.json").read_text())["batch_size"] == 4
+
+
+def test_dry_run_prints_plan_and_writes_nothing(datasets, tmp_path):
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text("batch_size: 2\ngrad_accum_steps: 3\nepochs: 2\n")
+    out = tmp_path / "run"
+    r = invoke("train", "--config", cfg, "--data", datasets["pretrain"], "--out", out, *SMALL,
+               "--batch-size", 4, "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    n = plan["dataset_samples"]
+    assert plan["batch_size"] == 4 and plan["grad_accum_steps"] == 3  # flag > file > default
+    assert plan["effective_batch"] == 12 and plan["seq_len"] == 64
+    assert plan["total_steps"] == (-(-n // 4) // 3) * 2
+    assert plan["memory_bytes"]["total"] > 0
+    assert not out.exists()
+    r = invoke("train", "--data", datasets["pretrain"], "--out", out, *SMALL, "--dry-run")
+    assert r.exit_code == 0 and "effective batch" in r.stdout
+
+
+def test_bad_inputs_one_line_exit_2_nothing_written(datasets, tmp_path):
+    out = tmp_path / "run"
+    # a dataset of the wrong kind for the strategy
+    one_line_error(invoke("train", "--strategy", "sft", "--data", datasets["pretrain"],
+                          "--out", out, *SMALL), "'pretrain' dataset", "sft")
+    # a model whose vocabulary does not hold the dataset's tokenizer
+    mcfg = tmp_path / "model.json"
+    mcfg.write_text(json.dumps({"vocab_size": 300, "dim": 32, "n_layers": 1, "n_heads": 2,
+                                "ffn_dim": 64, "max_seq_len": 128}))
+    one_line_error(invoke("train", "--data", datasets["pretrain"], "--out", out,
+                          "--model", mcfg), "vocab_size 300", "512")
+    # an unknown key in the YAML config, with its line
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("batch_size: 2\nlearning_rate: 0.1\n")
+    one_line_error(invoke("train", "--config", bad, "--data", datasets["pretrain"], "--out",
+                          out, *SMALL), "bad.yaml: line 2", "learning_rate")
+    # missing required options, unknown strategy, bad values
+    one_line_error(invoke("train", "--out", out, *SMALL), "`data` is required")
+    one_line_error(invoke("train", "--strategy", "ppo", "--data", datasets["pretrain"],
+                          "--out", out, *SMALL), "unknown 'ppo'")
+    one_line_error(invoke("train", "--data", datasets["pretrain"], "--out", out, *SMALL,
+                          "--grad-accum-steps", 1000), "fewer than one optimizer step")
+    one_line_error(invoke("train", "--data", tmp_path / "nope", "--out", out, *SMALL),
+                   "nope")
+    assert not out.exists()
+    # an existing run directory is never overwritten
+    out.mkdir()
+    (out / "x").write_text("keep")
+    one_line_error(invoke("train", "--data", datasets["pretrain"], "--out", out, *SMALL),
+                   "already exists", "astrai resume")
+    # resume of a directory without a complete checkpoint
+    (tmp_path / "empty").mkdir()
+    one_line_error(invoke("resume", tmp_path / "empty"), "no complete checkpoint")
+
+
+def _argv(data, out, steps, ckpt):
+    return ["train", "--strategy", "sft", "--data", str(data), "--out", str(out), *SMALL,
+            "--batch-size", "2", "--grad-accum-steps", "2", "--max-steps", str(steps),
+            "--ckpt-interval", str(ckpt), "--max-lr", "3e-3"]
+
+
+def test_kill9_then_astrai_resume_is_bit_identical(datasets, tmp_path):
+    """Issue 4 reliability (a) end to end: `astrai train` killed with SIGKILL after step N,
+    then `astrai resume RUN_DIR`, ends with the same model.safetensors bytes as a straight
+    run to 2N, and metrics.jsonl has each step exactly once."""
+    N = 3
+    straight = tmp_path / "straight"
+    assert invoke(*_argv(datasets["sft"], straight, 2 * N, N)).exit_code == 0
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "astrai_cli.main",
+                             *_argv(datasets["sft"], out, 2 * N, N)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    step_n = out / "checkpoints" / f"step_{N}"
+    deadline = time.time() + 120
+    while not step_n.is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert step_n.is_dir() and not (out / "checkpoints" / f"step_{2 * N}").exists()
+    r = invoke("resume", out, "--json")
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)
+    assert s["steps"] == 2 * N and s["resumed_from"].endswith(f"step_{N}")
+    final = Path("checkpoints") / f"step_{2 * N}" / "model.safetensors"
+    assert (out / final).read_bytes() == (straight / final).read_bytes()
+
+    def losses(d):
+        return [(x["step"], x["loss"]) for x in
+                map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
+
+    assert losses(out) == losses(straight)
