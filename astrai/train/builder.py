@@ -171,6 +171,9 @@ def restore(ctx: TrainContext, resume: dict[str, Any]) -> dict[str, Any]:
                           "total steps")
     ctx.state = state
     ctx.strategy.load_state_dict(ts.get("strategy", {}))
+    if ts.get("sampler") is not None:
+        ctx.sampler.load_state_dict(ts["sampler"])
+        ctx.boundary_sampler = ts["sampler"]
     if ts.get("rng") is not None:
         set_rng_state(ts["rng"])
         ctx.boundary_rng = ts["rng"]

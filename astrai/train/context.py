@@ -150,6 +150,8 @@ class TrainContext:
     errors: list[str] = field(default_factory=list)
     boundary_rng: dict[str, Any] | None = None
     """RNG states at the last step boundary (saved with the committed TrainerState)."""
+    boundary_sampler: dict[str, Any] | None = None
+    """Sampler position at the last step boundary."""
 
     @property
     def consumed_samples(self) -> int:

@@ -76,13 +76,13 @@ class Trainer:
 
     # -- data -------------------------------------------------------------------------------------
     def _loader(self) -> DataLoader:
-        """This epoch's micro-batches from the committed sampler position onward."""
+        """This epoch's micro-batches, drawn lazily from the sampler, which resumes at its own
+        position (RDSampler: exactly the next sample after the last committed step)."""
         ctx = self.ctx
-        indices = list(iter(ctx.sampler))[ctx.state.epoch_batches * ctx.config.batch_size:]
         # A dedicated generator: creating the iterator never draws from the global RNG.
         gen = torch.Generator().manual_seed(ctx.config.seed + ctx.state.epoch)
         return DataLoader(
-            ctx.train_data, batch_sampler=BatchSampler(indices, ctx.config.batch_size, False),
+            ctx.train_data, batch_sampler=BatchSampler(ctx.sampler, ctx.config.batch_size, False),
             collate_fn=ctx.collate_fn, num_workers=ctx.config.num_workers, generator=gen,
             pin_memory=ctx.executor.device.type == "cuda",
         )
@@ -154,6 +154,7 @@ class Trainer:
         s.skipped_steps += int(ctx.skip_step)
         ctx.window_samples = 0
         ctx.boundary_rng = rng_state()
+        ctx.boundary_sampler = sampler_state(ctx)
         cbs.call("on_step_end", ctx)
 
     def _nonfinite_skip(self) -> bool:
@@ -175,6 +176,17 @@ class Trainer:
             f"{msg}; nothing was saved from this step. Lower --max-lr, check the data, or "
             "pass --skip-nonfinite N to skip such steps"
         )
+
+
+def sampler_state(ctx: TrainContext) -> dict | None:
+    """The sampler's position at the committed boundary: this rank has used
+    epoch_batches * batch_size samples of epoch `state.epoch` (a prefetching loader may have
+    drawn more indices; those are not consumed)."""
+    if not hasattr(ctx.sampler, "state_dict"):
+        return None
+    state = ctx.sampler.state_dict(consumed=ctx.state.epoch_batches * ctx.config.batch_size)
+    state["epoch"] = ctx.state.epoch
+    return state
 
 
 def first_nonfinite_grad(model: torch.nn.Module) -> str | None:
