@@ -130,6 +130,8 @@ class TrainConfig(AlignmentOptions):
     """Nodes of a multi-node run (each runs the same command with --rdzv-endpoint)."""
     compile: Literal["none", "block", "model"] = "none"
     """torch.compile each decoder block, the whole model, or nothing."""
+    compile_backend: str = "inductor"
+    """torch.compile backend (inductor; aot_eager or eager to debug a compile problem)."""
     executor_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the executor."""
     gradient_checkpointing: bool = False

@@ -16,14 +16,14 @@ import torch
 
 from astrai.config.train import TrainConfig
 from astrai.errors import ConfigError, DataError
+from astrai.train.compile import apply_compile, checkpoint_module_types
 from astrai.train.context import RunPaths, TrainContext, TrainerState
 from astrai.train.data import TrainData
 from astrai.train.executor import ExecutorFactory
+from astrai.train.executors.process_group import check_parallel, expected_world_size
 from astrai.train.model_source import ModelSource, resolve_model
 from astrai.train.optim import build_adamw
 from astrai.train.plan import TrainPlan, make_plan, total_steps, warmup_steps, windows_per_epoch
-from astrai.train.compile import apply_compile, checkpoint_module_types
-from astrai.train.executors.process_group import check_parallel, expected_world_size
 from astrai.train.precision import resolve_device, resolve_precision
 from astrai.train.schedule import SchedulerFactory
 from astrai.train.strategies import STRATEGIES, StrategyFactory
@@ -119,7 +119,7 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
         # compiled in place before the executor wraps it (compile, then shard); the strategy
         # may first change the module (reward: a scalar head on the hidden states)
         model = strategy_cls.prepare_model(p.source.model_fn(), config)
-        return apply_compile(model, config.compile)
+        return apply_compile(model, config.compile, backend=config.compile_backend)
 
     def scheduler_fn(optimizer):
         return SchedulerFactory.create(

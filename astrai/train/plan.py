@@ -38,8 +38,10 @@ def warmup_steps(total: int, warmup_ratio: float, warmup: int | None = None) -> 
 
 def memory_estimate(config: ModelConfig, batch_size: int, seq_len: int, *,
                     param_bytes: int = 4, act_bytes: int = 4,
-                    gradient_checkpointing: bool = False) -> dict[str, int]:
-    """Rough peak bytes on one device: weights + grads + AdamW moments (fp32) + activations.
+                    gradient_checkpointing: bool = False, state_bytes: int = 4,
+                    shards: int = 1) -> dict[str, int]:
+    """Rough peak bytes on one device: weights + grads (param_bytes each) + the two AdamW
+    moments (state_bytes each) + activations; FSDP divides the first three by `shards`.
 
     Activations per block follow Korthikanti et al. 2022 (Table 2, no parallelism) scaled
     to our element size: B*T*(17*C + 2.5*H*T) elements, plus the fp32 logits and their
@@ -55,8 +57,8 @@ def memory_estimate(config: ModelConfig, batch_size: int, seq_len: int, *,
         acts = L * per_block
     logits = B * T * V * 4 * 2
     out = {
-        "weights": n * param_bytes, "gradients": n * param_bytes, "optimizer": n * 8,
-        "activations": int(acts + logits),
+        "weights": n * param_bytes // shards, "gradients": n * param_bytes // shards,
+        "optimizer": n * 2 * state_bytes // shards, "activations": int(acts + logits),
     }
     out["total"] = sum(out.values())
     return out
@@ -90,6 +92,12 @@ class TrainPlan:
     device: str
     precision: str
     memory_bytes: dict[str, int]
+    parallel: str = "none"
+    nnodes: int = 1
+    nprocs: int = 1
+    optimizer_state_dtype: str = "fp32"
+    compile: str = "none"
+    gradient_checkpointing: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,6 +124,12 @@ def make_plan(*, config, model_config: ModelConfig, model_desc: str, dataset_kin
         device=device, precision=precision,
         memory_bytes=memory_estimate(
             model_config, config.batch_size, seq_len,
+            param_bytes=2 if precision == "bf16-true" else 4,
             act_bytes=2 if precision.startswith("bf16") else 4,
-            gradient_checkpointing=config.gradient_checkpointing),
+            gradient_checkpointing=config.gradient_checkpointing,
+            state_bytes=2 if config.optimizer_state_dtype == "bf16" else 4,
+            shards=world_size if config.parallel == "fsdp" else 1),
+        parallel=config.parallel, nnodes=config.nnodes, nprocs=config.nprocs,
+        optimizer_state_dtype=config.optimizer_state_dtype, compile=config.compile,
+        gradient_checkpointing=config.gradient_checkpointing,
     )

@@ -30,6 +30,14 @@ def config_for(out: Path, kind: str, **kw):
     return make_config(out, **{**base, **kw})
 
 
+def compiled(mode: str, backend: str = "aot_eager") -> dict:
+    """Options of a compiled, activation-checkpointed run. aot_eager runs dynamo and AOT
+    autograd (what meets the DDP/FSDP hooks) without inductor's C++ build, in seconds."""
+    return {"compile": mode, "compile_backend": backend, "gradient_checkpointing": True,
+            "gradient_checkpointing_modules": ["Attention", "SwiGLU"] if mode == "model"
+            else ["DecoderBlock"]}
+
+
 class CommCounter(Callback):
     """Gradient-reduction calls seen after each micro-batch (DDP: a counting comm hook on
     every bucket; FSDP: counting reduce-scatters)."""
@@ -107,6 +115,8 @@ def scenarios(out_root: str, names: list[str]) -> dict:
                 pass
             summary = resume(run / "run", data=data_for(kind))
             results[name] = summary.resumed_from
+        elif what in ("block", "model"):  # torch.compile + activation checkpointing
+            train(config_for(run, kind, parallel=parallel, **compiled(what)), data=data_for(kind))
     return results
 
 
