@@ -22,6 +22,7 @@
 #endif
 
 #include <cstdint>
+#include <cstring>
 #include <math.h>
 
 namespace astrai {
@@ -48,7 +49,8 @@ template <typename T>
 __device__ __forceinline__ void load16(const T* __restrict__ p, float (&out)[Vec16<T>::n]) {
   constexpr int V = Vec16<T>::n;
   uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const T* e = reinterpret_cast<const T*>(&raw);
+  T e[V];
+  memcpy(e, &raw, sizeof(raw));  // register moves; no aliasing assumptions
 #pragma unroll
   for (int i = 0; i < V; ++i) out[i] = to_float(e[i]);
 }
@@ -56,7 +58,8 @@ __device__ __forceinline__ void load16(const T* __restrict__ p, float (&out)[Vec
 // Widen 16 raw bytes (already in registers) to fp32.
 template <typename T>
 __device__ __forceinline__ void widen16(const uint4& raw, float (&out)[Vec16<T>::n]) {
-  const T* e = reinterpret_cast<const T*>(&raw);
+  T e[Vec16<T>::n];
+  memcpy(e, &raw, sizeof(raw));
 #pragma unroll
   for (int i = 0; i < Vec16<T>::n; ++i) out[i] = to_float(e[i]);
 }

@@ -1,8 +1,9 @@
 // Host emulation of the small slice of CUDA that astrai's kernels use, for CPU tests.
 //
 // Compile a .cu with a host C++20 compiler and -DASTRAI_EMU: every block of a launch runs in
-// turn, each of its threads as a std::thread, so barriers, warp shuffles, shared memory and
-// WMMA tiles behave as the CUDA programming guide specifies them (a WMMA fragment here holds
+// turn, each of its threads as a fiber (ucontext) on the calling OS thread, switched
+// round-robin at every barrier, so barriers, warp shuffles, shared memory and WMMA tiles
+// behave as the CUDA programming guide specifies them (a WMMA fragment here holds
 // the whole tile in every lane: its element order is opaque on the GPU too, so kernels may only
 // map over it uniformly or pair it with another fragment of the same type). This checks the
 // kernels' indexing, masking and numerics on any machine; it says nothing about speed or about
@@ -13,16 +14,17 @@
 #include <cuda_bf16.h>
 #include <vector_types.h>
 
-#include <barrier>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <thread>
+#include <functional>
 #include <type_traits>
 #include <vector>
+
+#include <ucontext.h>
 
 #undef __host__
 #undef __device__
@@ -54,18 +56,22 @@ template <class F> inline cudaError_t func_set_attribute(F, cudaFuncAttribute, i
 
 namespace astrai_emu {
 
+// One block's threads as fibers. Only one runs at a time, so no locks: a thread waiting at
+// a barrier yields to the scheduler until the barrier's generation moves on.
+struct Barrier {
+  int count = 0, gen = 0, alive = 0;
+};
+
 struct Block {
-  explicit Block(int nthreads, size_t smem)
-      : bar(nthreads), smem(smem + 128), xchg((nthreads + 31) / 32 * 32) {
-    for (int w = 0; w < (nthreads + 31) / 32; ++w) {
-      int n = nthreads - 32 * w < 32 ? nthreads - 32 * w : 32;
-      warps.emplace_back(std::make_unique<std::barrier<>>(n));
-    }
-  }
-  std::barrier<> bar;
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  int n = 0;
+  std::vector<ucontext_t> ctx;
+  std::vector<char> done;
+  ucontext_t sched;
+  Barrier bar;
+  std::vector<Barrier> warps;
   std::vector<unsigned char> smem;
   std::vector<double> xchg;  // one 8-byte slot per thread for shuffles
+  const std::function<void()>* body = nullptr;
 };
 
 inline thread_local Block* block = nullptr;
@@ -74,6 +80,27 @@ inline thread_local int linear_tid = 0;
 inline void* dynamic_smem() {
   auto p = reinterpret_cast<std::uintptr_t>(block->smem.data());
   return reinterpret_cast<void*>((p + 127) & ~std::uintptr_t(127));
+}
+
+inline void yield() { swapcontext(&block->ctx[linear_tid], &block->sched); }
+
+inline void arrive_and_wait(Barrier& b) {
+  const int gen = b.gen;
+  if (++b.count == b.alive) {  // the last to arrive releases the others
+    b.count = 0;
+    ++b.gen;
+    return;
+  }
+  while (b.gen == gen) yield();
+}
+
+// A returned thread no longer holds back its block's or warp's barriers.
+inline void drop(Barrier& b) {
+  --b.alive;
+  if (b.count > 0 && b.count == b.alive) {
+    b.count = 0;
+    ++b.gen;
+  }
 }
 
 }  // namespace astrai_emu
@@ -86,9 +113,9 @@ inline thread_local uint3 blockIdx;
 inline thread_local dim3 blockDim;
 inline thread_local dim3 gridDim;
 
-inline void __syncthreads() { astrai_emu::block->bar.arrive_and_wait(); }
+inline void __syncthreads() { astrai_emu::arrive_and_wait(astrai_emu::block->bar); }
 inline void __syncwarp(unsigned = 0xffffffffu) {
-  astrai_emu::block->warps[astrai_emu::linear_tid / 32]->arrive_and_wait();
+  astrai_emu::arrive_and_wait(astrai_emu::block->warps[astrai_emu::linear_tid / 32]);
 }
 
 template <class T> inline T astrai_emu_exchange(T v, int src_lane) {
@@ -115,31 +142,56 @@ template <class T> inline T __shfl_sync(unsigned, T v, int src, int = 32) {
 
 namespace astrai_emu {
 
-template <class F> void launch(dim3 grid, dim3 blk, size_t smem, F f) {
-  int n = int(blk.x * blk.y * blk.z);
+inline void fiber_entry() {
+  Block* b = block;
+  (*b->body)();
+  b->done[linear_tid] = 1;
+  drop(b->warps[linear_tid / 32]);
+  drop(b->bar);
+}  // returns to b->sched through uc_link
+
+inline void launch(dim3 grid, dim3 blk, size_t smem_bytes, const std::function<void()>& body) {
+  constexpr size_t kStack = 256 * 1024;
+  const int n = int(blk.x * blk.y * blk.z);
+  std::vector<char> stacks(size_t(n) * kStack);
+  Block* saved = block;
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
-        Block b(n, smem);
-        std::vector<std::thread> threads;
-        threads.reserve(n);
+        Block b;
+        b.n = n;
+        b.ctx.resize(n);
+        b.done.assign(n, 0);
+        b.bar.alive = n;
+        b.warps.resize((n + 31) / 32);
+        for (int w = 0; w < int(b.warps.size()); ++w) b.warps[w].alive = min(32, n - 32 * w);
+        b.smem.assign(smem_bytes + 128, 0);
+        b.xchg.assign(b.warps.size() * 32, 0.0);
+        b.body = &body;
+        block = &b;
         for (int t = 0; t < n; ++t) {
-          threads.emplace_back([&, t] {
-            block = &b;
+          getcontext(&b.ctx[t]);
+          b.ctx[t].uc_stack.ss_sp = stacks.data() + size_t(t) * kStack;
+          b.ctx[t].uc_stack.ss_size = kStack;
+          b.ctx[t].uc_link = &b.sched;
+          makecontext(&b.ctx[t], fiber_entry, 0);
+        }
+        blockIdx = uint3{bx, by, bz};
+        blockDim = blk;
+        gridDim = grid;
+        for (int left = n; left > 0;) {
+          left = 0;
+          for (int t = 0; t < n; ++t) {
+            if (b.done[t]) continue;
             linear_tid = t;
             threadIdx = uint3{unsigned(t) % blk.x, unsigned(t) / blk.x % blk.y,
                               unsigned(t) / (blk.x * blk.y)};
-            blockIdx = uint3{bx, by, bz};
-            blockDim = blk;
-            gridDim = grid;
-            f();
-            // A returned thread no longer holds back its block's or warp's barriers.
-            b.warps[t / 32]->arrive_and_drop();
-            b.bar.arrive_and_drop();
-          });
+            swapcontext(&b.sched, &b.ctx[t]);
+            left += !b.done[t];
+          }
         }
-        for (auto& th : threads) th.join();
       }
+  block = saved;
 }
 
 }  // namespace astrai_emu
