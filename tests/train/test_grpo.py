@@ -93,7 +93,7 @@ def test_clipping_engages_exactly_beyond_one_plus_minus_eps(A):
 
 def naive_strategy_loss(policy, ref, batch, eps, coef, old=None):
     """Each (prompt, response) unpadded and run alone; per-token loop over its response."""
-    B, G, R = batch["responses"].shape
+    B, G, _R = batch["responses"].shape
     adv = group_advantages(batch["rewards"])
     logps, olds, refs, advs, masks = [], [], [], [], []
     for b in range(B):
@@ -145,7 +145,7 @@ def test_ratio_one_without_kl_is_advantage_weighted_likelihood():
     got = {n: p.grad.clone() for n, p in policy.named_parameters()}
     policy.zero_grad()
     # -(1/n) sum_i A_i sum_t log pi(y_it) over valid response tokens
-    B, G, R = batch["responses"].shape
+    B, G, _R = batch["responses"].shape
     adv = group_advantages(batch["rewards"])
     total, n = 0.0, 0
     for b in range(B):

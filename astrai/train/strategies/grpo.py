@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from astrai.errors import DataError
+from astrai.errors import ConfigError, DataError
 from astrai.train.strategies.base import Strategy
 from astrai.train.strategies.logprobs import (
     frozen_copy,
@@ -96,6 +96,9 @@ class GRPOStrategy(Strategy):
     @classmethod
     def setup_kwargs(cls, prepared: Any) -> dict[str, Any]:
         c, data = prepared.config, prepared.data
+        if c.precompute_ref:
+            raise ConfigError("precompute_ref applies to --strategy dpo only; drop "
+                              "--precompute-ref")
         sample = data.dataset[0]
         if cls is GRPOStrategy and "responses" not in sample:
             raise DataError(f"data: {data.path} holds grpo prompts without response groups "
