@@ -166,3 +166,24 @@ def test_explicit_backend_choices(model, reference):
     assert [o.token_ids for o in outs] == expected[:2]
     eng = engine(model, backend="torch_native")
     assert eng.backend().name == "torch_native"
+
+
+def test_engine_follows_in_place_weight_updates():
+    """GRPO rollouts share the policy: after an optimizer step the engine must use the new
+    weights (the fused forward reads them live; the CPU head copy tracks _version)."""
+    from astrai.model import build_model
+
+    from .conftest import small_config
+
+    m = build_model(small_config(), seed=11).eval()
+    eng = engine(m)
+    prompt = random_prompts((9,), seed=12)[0]
+    before = eng.generate(prompt, SamplingParams.greedy(8))[0].token_ids
+    assert before == naive_greedy(m, prompt, 8)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        for p in m.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    eng.reset_prefix_cache()
+    after = eng.generate(prompt, SamplingParams.greedy(8))[0].token_ids
+    assert after == naive_greedy(m, prompt, 8) != before
