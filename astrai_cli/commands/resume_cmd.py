@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from astrai_cli.commands.train_cmd import emit, render_summary
+from astrai_cli.commands.train_cmd import LAUNCH_HELP, finish, launch_options
 
 
 def register(app: typer.Typer) -> None:
@@ -17,13 +17,20 @@ def register(app: typer.Typer) -> None:
         run_dir: Annotated[Path, typer.Argument(help="Run directory written by `astrai train`.")],
         as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")
                            ] = False,
+        rdzv_endpoint: Annotated[str | None, typer.Option(help=LAUNCH_HELP["rdzv_endpoint"],
+                                                          show_default=False)] = None,
+        rdzv_id: Annotated[str | None, typer.Option(help=LAUNCH_HELP["rdzv_id"],
+                                                    show_default=False)] = None,
+        shutdown_timeout: Annotated[int | None, typer.Option(
+            help=LAUNCH_HELP["shutdown_timeout"], show_default=False)] = None,
     ) -> None:
         """Continue a run from its newest complete checkpoint: weights, optimizer, scheduler,
         data position, RNG states and counters come back, so the result equals an
         uninterrupted run. Needs no other argument: the resolved config is in the checkpoint."""
-        from astrai.train.run import resume
+        from astrai.train.launch import launch_resume
 
+        launch = launch_options({"rdzv_endpoint": rdzv_endpoint, "rdzv_id": rdzv_id,
+                                 "shutdown_timeout": shutdown_timeout})
         err = Console(stderr=True)
-        summary = resume(run_dir, progress=err.is_terminal, console=err)
-        if getattr(summary, "rank", 0) == 0:
-            emit(summary.to_dict(), as_json, render_summary)
+        summary = launch_resume(run_dir, launch=launch, progress=err.is_terminal, console=err)
+        finish(summary, as_json)

@@ -160,7 +160,10 @@ def render_plan(plan: dict[str, Any], console: Console) -> None:
                          f"{plan['warmup_steps']} warmup)")),
         ("total tokens", f"{plan['total_tokens']:,}"),
         ("schedule", f"{plan['schedule']} {plan['max_lr']:g} -> {plan['min_lr']:g}"),
-        ("device / precision", f"{plan['device']} / {plan['precision']}"),
+        ("device / precision", (f"{plan['device']} / {plan['precision']} (optimizer "
+                                f"moments {plan.get('optimizer_state_dtype', 'fp32')})")),
+        ("parallel", (f"{plan.get('parallel', 'none')}: {plan['world_size']} processes "
+                      f"({plan.get('nnodes', 1)} node(s) x {plan.get('nprocs', 1)})")),
         ("FLOPs per token", f"{plan['flops_per_token']:,}"),
         ("memory estimate", ", ".join(f"{k} {_gib(v)}" for k, v in plan["memory_bytes"].items())),
     ]
@@ -200,6 +203,53 @@ def emit(result: dict[str, Any], as_json: bool, render) -> None:
         render(result, Console(highlight=False))
 
 
+# -- multi-process launch (docs/distributed.md) ---------------------------------------------
+
+LAUNCH_HELP = {
+    "rdzv_endpoint": "Multi-node: HOST:PORT of the rendezvous, the same on every node "
+                     "(default: this host, a free port).",
+    "rdzv_id": "Multi-node: job id shared by the nodes (default: from the run directory).",
+    "shutdown_timeout": "Seconds the workers get after SIGTERM/SIGINT to save their "
+                        "checkpoint before being killed (default 600).",
+}
+
+
+def launch_params() -> list[inspect.Parameter]:
+    """Per-invocation options of the launcher (not saved with the run)."""
+    out = []
+    for name, help_text in LAUNCH_HELP.items():
+        typ = int | None if name == "shutdown_timeout" else str | None
+        out.append(inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, annotation=typ,
+            default=typer.Option(None, "--" + name.replace("_", "-"), help=help_text,
+                                 show_default=False, rich_help_panel="Distributed")))
+    return out
+
+
+def launch_options(values: dict[str, Any]):
+    """Pop the launcher options from the command's values -> LaunchOptions."""
+    from astrai.train.launch import LaunchOptions
+
+    got = {k: values.pop(k, None) for k in LAUNCH_HELP}
+    opts = LaunchOptions(rdzv_endpoint=got["rdzv_endpoint"], rdzv_id=got["rdzv_id"])
+    if got["shutdown_timeout"] is not None:
+        opts.shutdown_timeout_s = got["shutdown_timeout"]
+    return opts
+
+
+def finish(summary, as_json: bool) -> None:
+    """Rank 0 prints the summary; a preempted run exits EXIT_PREEMPTED on every rank (so
+    a scheduler or torchrun sees it did not finish); other nodes' launchers print nothing."""
+    from astrai.train.preemption import EXIT_PREEMPTED
+
+    if summary is None:
+        return
+    if summary.rank == 0:
+        emit(summary.to_dict(), as_json, render_summary)
+    if summary.preempted:
+        raise typer.Exit(EXIT_PREEMPTED)
+
+
 # -- commands ---------------------------------------------------------------------------------
 
 def register(app: typer.Typer) -> None:
@@ -210,16 +260,17 @@ def register(app: typer.Typer) -> None:
         """Train a model: a dataset directory + a preset/config/checkpoint -> a run directory
         with metrics.jsonl and checkpoints/step_N (each one a self-contained checkpoint)."""
         from astrai.config.train import load_train_config
-        from astrai.train.run import plan_run, train
+        from astrai.train.launch import launch_train
+        from astrai.train.run import plan_run
 
+        launch = launch_options(values)
         cfg = load_train_config(config, overrides_from(values, kinds))
         if dry_run:
             emit(plan_run(cfg).to_dict(), as_json, render_plan)
             return
         err = Console(stderr=True)
-        summary = train(cfg, progress=err.is_terminal, console=err)
-        if getattr(summary, "rank", 0) == 0:
-            emit(summary.to_dict(), as_json, render_summary)
+        summary = launch_train(cfg, launch=launch, progress=err.is_terminal, console=err)
+        finish(summary, as_json)
 
     own = [
         inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
@@ -235,5 +286,6 @@ def register(app: typer.Typer) -> None:
                           default=typer.Option(False, "--json", rich_help_panel="Run",
                                                help="Print the summary (or plan) as JSON.")),
     ]
-    train_cmd.__signature__ = inspect.Signature(own + params)  # type: ignore[attr-defined]
+    train_cmd.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        own + params + launch_params())
     app.command("train", no_args_is_help=True)(train_cmd)

@@ -1,7 +1,7 @@
-"""`--nprocs 2 --parallel ddp` through astrai's launcher on a dataset directory
-(issue 5 reliability (b) and (c), multi-process): kill -9 of the whole job after step N
-then resume, and SIGTERM (saved at the next boundary, exit 75) then resume, both end with
-the weights of the uninterrupted 2-process run, bit for bit."""
+"""`astrai train --nprocs 2 --parallel ddp` on a dataset directory (issue 5 reliability (b)
+and (c), multi-process, through the real CLI): kill -9 of the whole job after step N then
+`astrai resume`, and SIGTERM (saved at the next boundary, exit 75) then `astrai resume`,
+both end with the weights of the uninterrupted 2-process run, bit for bit."""
 
 from __future__ import annotations
 
@@ -24,16 +24,6 @@ from .dist_helpers import losses, weights
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
-SCRIPT = """
-import json, sys
-from astrai.config.train import TrainConfig
-from astrai.train.launch import launch_resume, launch_train
-from astrai.train.preemption import EXIT_PREEMPTED
-action, arg = sys.argv[1], sys.argv[2]
-s = launch_train(TrainConfig.from_dict(json.loads(arg))) if action == "train" else launch_resume(arg)
-print("done", s.steps, s.preempted, flush=True)
-sys.exit(EXIT_PREEMPTED if s.preempted else 0)
-"""
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +42,15 @@ def config(dataset, out) -> dict:
             "warmup_steps": 1, "device": "cpu", "peak_tflops": 1.0, "seed": 7}
 
 
-def start(*args):
-    return subprocess.Popen([sys.executable, "-c", SCRIPT, *args], stdout=subprocess.PIPE,
+def start(action, arg):
+    """`astrai train --config FILE --json` or `astrai resume RUN_DIR --json`."""
+    if action == "train":
+        cfg = Path(json.loads(arg)["out"]).parent / "train.json"
+        cfg.write_text(arg)
+        arg = str(cfg)
+    argv = ["train", "--config", arg] if action == "train" else ["resume", arg]
+    return subprocess.Popen([sys.executable, "-m", "astrai_cli.main", *argv, "--json"],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=REPO,
                             start_new_session=True)  # its own process group, like a job
 
@@ -61,7 +58,7 @@ def start(*args):
 def finish(proc, code=0):
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == code, err[-3000:]
-    return out
+    return json.loads(out)  # the summary, printed by rank 0 only
 
 
 def wait_checkpoint(run, step, proc):
@@ -76,7 +73,7 @@ def wait_checkpoint(run, step, proc):
 @pytest.fixture(scope="module")
 def straight(dataset, tmp_path_factory):
     out = tmp_path_factory.mktemp("straight") / "run"
-    finish(start("train", json.dumps(config(dataset, out))))
+    assert finish(start("train", json.dumps(config(dataset, out))))["steps"] == STEPS
     assert json.loads((out / "train_config.json").read_text())["nprocs"] == 2
     return out
 
@@ -94,7 +91,8 @@ def test_kill9_of_the_job_then_resume(dataset, straight, tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)  # agent and both workers, as when a node dies
     proc.wait()
     assert max(s for s, _ in list_checkpoints(run / "checkpoints")) < STEPS
-    assert "done 6 False" in finish(start("resume", str(run)))
+    s = finish(start("resume", str(run)))
+    assert s["steps"] == STEPS and s["resumed_from"] and not s["preempted"]
     same_as(run, straight)
 
 
@@ -104,8 +102,9 @@ def test_sigterm_saves_exits_75_then_resume(dataset, straight, tmp_path):
     wait_checkpoint(run, 2, proc)
     # to the whole group: each worker gets it directly and again from the agent
     os.killpg(proc.pid, signal.SIGTERM)
-    out = finish(proc, EXIT_PREEMPTED)
+    summary = finish(proc, EXIT_PREEMPTED)
     stop = max(s for s, _ in list_checkpoints(run / "checkpoints"))
-    assert stop < STEPS and f"done {stop} True" in out
-    assert "done 6 False" in finish(start("resume", str(run)))
+    assert stop < STEPS and summary["preempted"] and summary["steps"] == stop
+    s = finish(start("resume", str(run)))
+    assert s["steps"] == STEPS and s["resumed_from"].endswith(f"step_{stop}")
     same_as(run, straight)
