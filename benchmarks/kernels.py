@@ -121,6 +121,12 @@ def prefill_one(B, ql, kvl, H, K, D, dtype, flash) -> dict:
     q = torch.randn(B * ql, H, D, device="cuda", dtype=dtype)
     scale = D ** -0.5
     ours = timeit(lambda: paged_prefill(q, kb, vb, qo, kvp, kvi, scale, True))
+    from astrai.kernels.library import get_library, launch_paged_prefill
+
+    lib = get_library()
+    variants = {v: timeit(lambda v=v: launch_paged_prefill(lib, q, kb, vb, qo, kvp, kvi, scale,
+                                                           True, v))
+                for v in ("wmma", "mma")}
     ref = timeit(lambda: paged_prefill_ref(q, kb, vb, qo, kvp, kvi, scale, True), 1, 3)
     prefix = kvl - ql
     mask = (torch.arange(kvl, device="cuda")[None, :]
@@ -148,20 +154,25 @@ def prefill_one(B, ql, kvl, H, K, D, dtype, flash) -> dict:
     flops = 4 * visible * H * D
     return {"B": B, "q": ql, "kv": kvl, "H": H, "K": K, "D": D, "dtype": str(dtype), "ms": ours,
             "tflops": flops / (ours / 1e3) / 1e12, "sdpa_tflops": flops / (sd / 1e3) / 1e12,
-            "x_sdpa": sd / ours, "x_ref": ref / ours, "x_flash": fl / ours}
+            "x_sdpa": sd / ours, "x_ref": ref / ours, "x_flash": fl / ours,
+            "variant_tflops": {v: flops / (ms / 1e3) / 1e12 for v, ms in variants.items()}}
 
 
 def bench_prefill(configs, dtype, results):
     flash = _flash()
-    print(f"\nprefill attention ({dtype}), causal")
+    from astrai.kernels.library import prefill_variant
+
+    print(f"\nprefill attention ({dtype}), causal; default kernel {prefill_variant()!r}")
     print(f"{'B':>3} {'q':>5} {'kv':>6} {'H/K':>6} {'D':>4} | {'astrai ms':>9} {'TFLOP/s':>8} | "
-          f"{'sdpa TF/s':>9} {'x sdpa':>7} {'x ref':>6} {'x flash':>8}")
+          f"{'sdpa TF/s':>9} {'x sdpa':>7} {'x ref':>6} {'x flash':>8} | {'wmma TF/s':>9} "
+          f"{'mma TF/s':>8}")
     for B, ql, kvl, H, K, D in configs:
         r = prefill_one(B, ql, kvl, H, K, D, dtype, flash)
         results["prefill"].append(r)
         print(f"{B:>3} {ql:>5} {kvl:>6} {H:>3}/{K:<2} {D:>4} | {r['ms']:>9.3f} "
               f"{r['tflops']:>8.1f} | {r['sdpa_tflops']:>9.1f} {r['x_sdpa']:>7.2f} "
-              f"{r['x_ref']:>6.1f} {r['x_flash']:>8.2f}")
+              f"{r['x_ref']:>6.1f} {r['x_flash']:>8.2f} | {r['variant_tflops']['wmma']:>9.1f} "
+              f"{r['variant_tflops']['mma']:>8.1f}")
 
 
 def rotary_one(N, heads, D, dtype) -> dict:

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SOURCES = ("rotary.cu", "paged_decode.cu", "paged_prefill.cu")
+SOURCES = ("rotary.cu", "paged_decode.cu", "paged_prefill.cu", "paged_prefill_mma.cu")
 """The translation units of csrc/, each a set of kernels with its `extern "C"` launcher."""
 LIB_NAME = "libastrai_kernels.so"
 DEFAULT_ARCHS = ("80", "90")

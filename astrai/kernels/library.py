@@ -36,6 +36,11 @@ _SIGNATURES = {
     "astrai_paged_prefill": [_P, _P, _P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I,
                              _I64, _I64, _I64, _I64, _F, _I, _P],
 }
+_SIGNATURES["astrai_paged_prefill_mma"] = _SIGNATURES["astrai_paged_prefill"]
+PREFILL_VARIANTS = ("wmma", "mma")
+"""Prefill kernels: "wmma" (csrc/paged_prefill.cu, S/P through shared memory) and "mma"
+(csrc/paged_prefill_mma.cu, PTX mma.sync with S/P/O in registers). ASTRAI_PREFILL_KERNEL
+picks one; the default is "wmma"."""
 
 
 class KernelUnavailable(RuntimeError):
@@ -198,11 +203,20 @@ def launch_paged_decode(lib: ctypes.CDLL, q: torch.Tensor, k_buf: torch.Tensor,
     return out
 
 
+def prefill_variant() -> str:
+    """The prefill kernel ASTRAI_PREFILL_KERNEL names (default "wmma")."""
+    v = os.environ.get("ASTRAI_PREFILL_KERNEL", "wmma").strip() or "wmma"
+    if v not in PREFILL_VARIANTS:
+        raise ValueError(f"ASTRAI_PREFILL_KERNEL={v!r}: use one of {', '.join(PREFILL_VARIANTS)}")
+    return v
+
+
 def launch_paged_prefill(lib: ctypes.CDLL, q: torch.Tensor, k_buf: torch.Tensor,
                          v_buf: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
-                         kv_indices: torch.Tensor, scale: float,
-                         causal: bool = True) -> torch.Tensor:
-    """Run csrc/paged_prefill.cu; shapes as in `reference.paged_prefill_ref`."""
+                         kv_indices: torch.Tensor, scale: float, causal: bool = True,
+                         variant: str | None = None) -> torch.Tensor:
+    """Run a prefill kernel (`prefill_variant()` unless `variant` is given); shapes as in
+    `reference.paged_prefill_ref`."""
     N, H, D = q.shape
     K = k_buf.shape[1]
     if not _aligned(q):
@@ -213,7 +227,9 @@ def launch_paged_prefill(lib: ctypes.CDLL, q: torch.Tensor, k_buf: torch.Tensor,
     kvp = kv_indptr.to(torch.int32).contiguous()
     kvi = kv_indices.to(torch.int32).contiguous()
     out = torch.empty((N, H, D), dtype=q.dtype, device=q.device)
-    code = lib.astrai_paged_prefill(
+    fn = lib.astrai_paged_prefill_mma if (variant or prefill_variant()) == "mma" else (
+        lib.astrai_paged_prefill)
+    code = fn(
         _ptr(q), _ptr(k_buf), _ptr(v_buf), DTYPE_CODES[q.dtype], _ptr(qo), _ptr(kvp), _ptr(kvi),
         _ptr(out), qo.numel() - 1, N, H, K, D, q.stride(0), q.stride(1), k_buf.stride(0),
         k_buf.stride(1), scale, int(causal), _stream(q))

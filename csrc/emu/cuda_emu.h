@@ -71,6 +71,7 @@ struct Block {
   std::vector<Barrier> warps;
   std::vector<unsigned char> smem;
   std::vector<double> xchg;  // one 8-byte slot per thread for shuffles
+  std::vector<uint32_t> mma_regs;  // 6 registers per thread for warp-wide mma
   const std::function<void()>* body = nullptr;
 };
 
@@ -136,6 +137,47 @@ template <class T> inline T __shfl_sync(unsigned, T v, int src, int = 32) {
   return astrai_emu_exchange(v, src);
 }
 
+inline float nvcuda_emu_elem(__half v) { return __half2float(v); }
+inline float nvcuda_emu_elem(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// mma.sync.m16n8k16 (row.col, fp32 accumulate) as the PTX ISA lays out its fragments: every
+// lane posts its A and B registers, then rebuilds the rows and columns of its own outputs.
+template <typename T>
+inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  auto* blk = astrai_emu::block;
+  const int w = astrai_emu::linear_tid / 32, lane = astrai_emu::linear_tid % 32;
+  uint32_t* regs = blk->mma_regs.data() + size_t(w) * 32 * 6;
+  for (int i = 0; i < 4; ++i) regs[lane * 6 + i] = a[i];
+  regs[lane * 6 + 4] = b[0];
+  regs[lane * 6 + 5] = b[1];
+  __syncwarp();
+  auto half_of = [](uint32_t r, int hi) {
+    T v;
+    uint16_t bits = uint16_t(hi ? r >> 16 : r & 0xffffu);
+    std::memcpy(&v, &bits, 2);
+    return nvcuda_emu_elem(v);
+  };
+  auto A = [&](int r, int k) {  // A[r][k], 16 x 16
+    int owner = (r % 8) * 4 + (k % 8) / 2;
+    int reg = (r < 8 ? 0 : 1) + (k < 8 ? 0 : 2);
+    return half_of(regs[owner * 6 + reg], k % 2);
+  };
+  auto Bm = [&](int k, int n) {  // B[k][n], 16 x 8
+    int owner = n * 4 + (k % 8) / 2;
+    return half_of(regs[owner * 6 + 4 + (k < 8 ? 0 : 1)], k % 2);
+  };
+  const int g = lane / 4, t = lane % 4;
+  float out[4];
+  for (int e = 0; e < 4; ++e) {
+    const int r = g + (e < 2 ? 0 : 8), c = 2 * t + (e % 2);
+    float acc = d[e];
+    for (int k = 0; k < 16; ++k) acc += A(r, k) * Bm(k, c);
+    out[e] = acc;
+  }
+  __syncwarp();
+  for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+
 #define ASTRAI_DYNAMIC_SMEM(type, name) type* name = static_cast<type*>(astrai_emu::dynamic_smem())
 #define ASTRAI_EXP(x) expf(x)
 #define ASTRAI_LOG(x) logf(x)
@@ -167,6 +209,7 @@ inline void launch(dim3 grid, dim3 blk, size_t smem_bytes, const std::function<v
         for (int w = 0; w < int(b.warps.size()); ++w) b.warps[w].alive = min(32, n - 32 * w);
         b.smem.assign(smem_bytes + 128, 0);
         b.xchg.assign(b.warps.size() * 32, 0.0);
+        b.mma_regs.assign(b.warps.size() * 32 * 6, 0u);
         b.body = &body;
         block = &b;
         for (int t = 0; t < n; ++t) {

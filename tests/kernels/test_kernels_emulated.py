@@ -57,12 +57,13 @@ def test_decode_kernel_more_splits_than_keys_and_strided_q(lib):
 @pytest.mark.parametrize(("dtype", "H", "K", "D"), [
     (F16, 4, 2, 32), (BF16, 4, 2, 32), (F16, 2, 1, 64), (BF16, 2, 2, 128), (F16, 2, 2, 128),
 ])
-def test_prefill_kernel(lib, dtype, H, K, D):
+@pytest.mark.parametrize("variant", ["wmma", "mma"])
+def test_prefill_kernel(lib, dtype, H, K, D, variant):
     # fresh prompt over two query tiles and two key tiles; cached prefix; decode-like row;
     # an empty request
     case = prefill_case([70, 9, 1, 0], [70, 80, 30, 5], H, K, D, dtype=dtype, seed=D)
     for causal in (True, False):
-        out = launch_paged_prefill(lib, *case, scale=D ** -0.5, causal=causal)
+        out = launch_paged_prefill(lib, *case, scale=D ** -0.5, causal=causal, variant=variant)
         ref = paged_prefill_ref(*case, scale=D ** -0.5, causal=causal)
         assert rel_err(out, ref) < TOL[dtype], (causal, rel_err(out, ref))
 

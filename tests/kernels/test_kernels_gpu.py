@@ -89,7 +89,8 @@ BATCHES = {
 @pytest.mark.parametrize("D", [32, 64, 128])
 @pytest.mark.parametrize(("H", "K"), [(8, 8), (8, 2), (12, 1)])
 @pytest.mark.parametrize("batch", list(BATCHES))
-def test_prefill_matches_reference(lib, dtype, D, H, K, batch):
+@pytest.mark.parametrize("variant", ["wmma", "mma"])
+def test_prefill_matches_reference(lib, dtype, D, H, K, batch, variant):
     from astrai.kernels.library import launch_paged_prefill
     from astrai.kernels.reference import paged_prefill_ref
 
@@ -97,19 +98,20 @@ def test_prefill_matches_reference(lib, dtype, D, H, K, batch):
     case = prefill_case(q_lens, kv_lens, H, K, D, dtype=dtype, device="cuda", seed=D * H)
     for causal in (True, False):
         poison()
-        out = launch_paged_prefill(lib, *case, scale=D ** -0.5, causal=causal)
+        out = launch_paged_prefill(lib, *case, scale=D ** -0.5, causal=causal, variant=variant)
         check(out, paged_prefill_ref(*case, scale=D ** -0.5, causal=causal), dtype,
               f"causal={causal}")
 
 
 @pytest.mark.parametrize("dtype", [F16, BF16])
-def test_prefill_long_prompt_over_long_prefix(lib, dtype):
+@pytest.mark.parametrize("variant", ["wmma", "mma"])
+def test_prefill_long_prompt_over_long_prefix(lib, dtype, variant):
     from astrai.kernels.library import launch_paged_prefill
     from astrai.kernels.reference import paged_prefill_ref
 
     case = prefill_case([2048, 300], [6144, 300], 16, 4, 128, dtype=dtype, device="cuda")
     poison()
-    out = launch_paged_prefill(lib, *case, scale=128 ** -0.5)
+    out = launch_paged_prefill(lib, *case, scale=128 ** -0.5, variant=variant)
     check(out, paged_prefill_ref(*case, scale=128 ** -0.5), dtype)
 
 
