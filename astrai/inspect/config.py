@@ -45,7 +45,7 @@ class InspectConfig(BaseModel):
     """Learning rates at which the dead-zone fraction is always reported."""
     top: int = Field(10, ge=1)
     """How many offenders (tensors and single entries) to list."""
-    chunk_elements: int = Field(1 << 23, ge=1024)
+    chunk_elements: int = Field(1 << 22, ge=1024)
     """Elements read at once; bounds memory (a tensor is never loaded whole)."""
     max_candidates: int = Field(32, ge=1)
     """Locked values located and reported per tensor (most frequent first)."""

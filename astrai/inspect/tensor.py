@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from astrai.inspect.bf16 import EXP_BINS, dead_zone_count, exponent_histogram, ulp
+from astrai.inspect.bf16 import dead_zone_count, ulp
+from astrai.inspect.chunks import Moments, Scratch
 from astrai.inspect.config import InspectConfig
 from astrai.inspect.names import ParamName
 from astrai.inspect.ranges import IndexSet
@@ -27,7 +28,7 @@ from astrai.inspect.ranges import IndexSet
 RowReader = Callable[[int, int], torch.Tensor]
 """read(start, stop) -> rows [start, stop) as a [n, cols] tensor."""
 
-_SAMPLE = 1 << 20  # entries sampled for the median / MAD
+_SAMPLE = 1 << 18  # entries sampled for the median / MAD
 _MAX_FAR_VALUES = 1 << 22  # distinct far-out values kept per tensor before pruning singletons
 
 
@@ -66,7 +67,7 @@ class TensorStats:
     exact_one: int = 0
     """Entries exactly 1.0 (the paper's locked value; the init value of norm gains)."""
     center: float = math.nan
-    """Median (from a strided sample of up to 2^20 entries)."""
+    """Median (from a strided sample of up to 2^18 entries)."""
     scale: float = math.nan
     """Robust std: 1.4826 * MAD, or the std when over half the entries share one value."""
     dominant: float | None = None
@@ -96,30 +97,6 @@ class TensorStats:
         return 0 if self.exp_hist is None else dead_zone_count(self.exp_hist, lr)
 
 
-class _Moments:
-    """Chan et al. parallel mean / M2 merge in float64."""
-
-    def __init__(self) -> None:
-        self.n, self.mean, self.m2 = 0, 0.0, 0.0
-
-    def add(self, x: torch.Tensor) -> None:
-        n = x.numel()
-        if not n:
-            return
-        xd = x.double()
-        mu = float(xd.mean())
-        m2 = float((xd - mu).square().sum())
-        tot = self.n + n
-        delta = mu - self.mean
-        self.mean += delta * n / tot
-        self.m2 += m2 + delta * delta * self.n * n / tot
-        self.n = tot
-
-    @property
-    def std(self) -> float:
-        return math.sqrt(self.m2 / self.n) if self.n else math.nan
-
-
 def analyze_tensor(read: RowReader, param: ParamName, shape: tuple[int, ...],
                    dtype: torch.dtype, cfg: InspectConfig) -> TensorStats:
     """One tensor's TensorStats, reading it through `read` a chunk of rows at a time."""
@@ -132,69 +109,83 @@ def analyze_tensor(read: RowReader, param: ParamName, shape: tuple[int, ...],
         return st
     step = max(1, cfg.chunk_elements // max(cols, 1))
     chunks = [(a, min(a + step, rows)) for a in range(0, rows, step)]
-    sample = _pass_stats(read, chunks, st, rows, cols, cfg)
+    sc = Scratch(min(numel, step * max(cols, 1)), dtype)
+    sample = _pass_stats(read, chunks, st, rows, cols, cfg, sc)
     if st.nonfinite == numel:
         return st
     _robust_scale(st, sample)
     if math.isfinite(st.scale) and st.scale > 0:
         reach = cfg.lock_min_z * st.scale
         if st.min < st.center - reach or st.max > st.center + reach:
-            uniq, cnt = _far_values(read, chunks, st, cfg)
+            uniq, cnt = _far_values(read, chunks, st, cfg, sc)
             locked = _judge(st, uniq, cnt, cfg)
             if locked:
-                _locate(read, chunks, st, locked, rows, cols)
+                _locate(read, chunks, st, locked, rows, cols, sc)
     return st
 
 
 def _pass_stats(read: RowReader, chunks, st: TensorStats, rows: int, cols: int,
-                cfg: InspectConfig) -> torch.Tensor:
+                cfg: InspectConfig, sc: Scratch) -> torch.Tensor:
     """Moments, extremes, counts, exponent histogram, top entries; returns the sample."""
-    mom = _Moments()
-    lo, hi, amax = math.inf, -math.inf, 0.0
+    mom = Moments()
+    lo, hi = math.inf, -math.inf
     stride = max(1, st.numel // _SAMPLE)
-    samples, hist = [], None
+    samples: list[torch.Tensor] = []
+    hist = None
     bad_rows = None
     row_norms = torch.zeros(rows, dtype=torch.float64) if st.param.by_token else None
     top_v: list[float] = []
     top_i: list[int] = []
     k = min(cfg.top, st.numel)
     for a, b in chunks:
-        x = read(a, b)  # (n, cols)
-        xf = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
-        fin = torch.isfinite(xf)
-        n_bad = int((~fin).sum())
-        xv = xf[fin] if n_bad else xf.reshape(-1)
+        x = read(a, b)  # (n, cols) in the stored dtype
+        h, n_bad = sc.exponent_census(x)  # inf/nan counted from the exponent bits
+        hist = h if hist is None else hist + h
+        xf = sc.as_float(x)
+        fin = torch.isfinite(xf) if n_bad else None
+        xv = xf[fin] if fin is not None else xf
         st.nonfinite += n_bad
-        mom.add(xv)
+        mom.add(xv, sc)
         if xv.numel():
-            lo, hi = min(lo, float(xv.min())), max(hi, float(xv.max()))
-            amax = max(amax, float(xv.abs().max()))
-        st.zeros += int((xv == 0).sum())
-        st.exact_one += int((xv == 1).sum())
-        over = xf.abs() > cfg.overflow  # inf counts here too; split below
-        st.overflow += int((over & fin).sum())
-        bad = over | ~fin
-        if n_bad or bool(over.any()):
+            mn, mx = torch.aminmax(xv)
+            lo, hi = min(lo, float(mn)), max(hi, float(mx))
+        st.zeros += sc.count(torch.eq, xv, 0.0)
+        st.exact_one += sc.count(torch.eq, xv, 1.0)
+        ax = sc.like(sc.tmp, xf)
+        torch.abs(xf, out=ax)  # (n, cols)
+        if n_bad:
+            ax.nan_to_num_(nan=-1.0, posinf=math.inf)
+        n_over = sc.count(torch.gt, ax, cfg.overflow)  # inf included, split off below
+        if n_bad:
+            n_over -= int(torch.count_nonzero(torch.isinf(xf)))
+        st.overflow += n_over
+        if n_bad or n_over:
             if bad_rows is None:
                 bad_rows = torch.zeros(rows, dtype=torch.int64, device=x.device)
+            bad = (ax > cfg.overflow) | ~fin if fin is not None else ax > cfg.overflow
             bad_rows[a:b] += bad.sum(1)
-        if row_norms is not None:
-            row_norms[a:b] = torch.linalg.vector_norm(xf.double(), dim=1).cpu()
-        flat = xf.reshape(-1)
-        g0 = a * cols
-        s = flat[(-g0) % stride::stride]
-        samples.append(s[torch.isfinite(s)].double().cpu())
-        h = exponent_histogram(xv).cpu()
-        hist = h if hist is None else hist + h
-        mag = flat.abs().nan_to_num(nan=-1.0)
-        tv, ti = torch.topk(mag, min(k, mag.numel()))
+        # Top |w|: the k largest entries lie in the k rows with the largest row maxima.
+        top_rows = torch.topk(ax.amax(dim=1), min(k, ax.shape[0])).indices  # (k,)
+        sub = ax[top_rows].reshape(-1)  # (k * cols,)
+        tv, ti = torch.topk(sub, min(k, sub.numel()))
         keep = tv >= 0  # NaN entries were mapped to -1
-        top_v += flat[ti[keep]].tolist()
-        top_i += (ti[keep] + g0).tolist()
-    st.mean, st.std = mom.mean if mom.n else math.nan, mom.std
+        r, c = top_rows[ti[keep] // cols], ti[keep] % cols
+        top_v += xf[r, c].tolist()
+        top_i += ((r + a) * cols + c).tolist()
+        if row_norms is not None:
+            norms = torch.linalg.vector_norm(xf, dim=1)  # (n,) fp32; inf when |w| ~ 1e19+
+            big = ~torch.isfinite(norms)
+            if bool(big.any()):
+                norms = norms.double()
+                norms[big] = torch.linalg.vector_norm(xf[big].double(), dim=1)
+            row_norms[a:b] = norms.double().cpu()
+        g0 = a * cols
+        smp = xf.reshape(-1)[(-g0) % stride::stride]
+        samples.append((smp[torch.isfinite(smp)] if n_bad else smp).cpu())
+    st.mean, st.std = (mom.mean, mom.std) if mom.n else (math.nan, math.nan)
     st.min, st.max = (lo, hi) if mom.n else (math.nan, math.nan)
-    st.absmax = amax if mom.n else math.nan
-    st.exp_hist = hist if hist is not None else torch.zeros(EXP_BINS, dtype=torch.int64)
+    st.absmax = max(-lo, hi) if mom.n else math.nan
+    st.exp_hist = hist
     if bad_rows is not None:
         st.bad_rows = IndexSet.from_counts(bad_rows.cpu())
         st.bad_entries = int(bad_rows.sum())
@@ -202,7 +193,7 @@ def _pass_stats(read: RowReader, chunks, st: TensorStats, rows: int, cols: int,
         _extreme_rows(st, row_norms, cfg)
     order = sorted(range(len(top_v)), key=lambda i: -abs(top_v[i]))[:k]
     st.top = [((top_i[i] // cols, top_i[i] % cols), top_v[i]) for i in order]
-    return torch.cat(samples) if samples else torch.zeros(0, dtype=torch.float64)
+    return torch.cat(samples) if samples else torch.zeros(0)
 
 
 def _extreme_rows(st: TensorStats, norms: torch.Tensor, cfg: InspectConfig) -> None:
@@ -234,19 +225,22 @@ def _robust_scale(st: TensorStats, s: torch.Tensor) -> None:
     st.scale = float(rest.std()) if rest.numel() > 1 else 0.0
 
 
-def _far_values(read: RowReader, chunks, st: TensorStats,
-                cfg: InspectConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def _far_values(read: RowReader, chunks, st: TensorStats, cfg: InspectConfig,
+                sc: Scratch) -> tuple[torch.Tensor, torch.Tensor]:
     """Distinct values (sorted) and their counts among entries beyond lock_min_z / 2 robust
     std — wide enough that every candidate's neighbourhood (below) is inside it."""
-    lo = st.center - cfg.lock_min_z / 2 * st.scale
-    hi = st.center + cfg.lock_min_z / 2 * st.scale
+    reach = cfg.lock_min_z / 2 * st.scale
     uniq = torch.zeros(0, dtype=torch.float64)
     cnt = torch.zeros(0, dtype=torch.int64)
     for a, b in chunks:
-        x = read(a, b)
-        xf = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
-        # Overflowed entries are reported as overflow, not as a locked value.
-        keep = (xf.abs() <= cfg.overflow) & ((xf < lo) | (xf > hi))
+        xf = sc.as_float(read(a, b))
+        d = sc.like(sc.tmp, xf)
+        torch.sub(xf, st.center, out=d)
+        d.abs_()  # NaN stays NaN and compares false
+        keep = sc.like(sc.mask, xf)
+        torch.gt(d, reach, out=keep)
+        if st.overflow or st.nonfinite:  # overflowed entries are overflow, not locked
+            keep &= xf.abs() <= cfg.overflow
         far = xf[keep].double().cpu()
         if not far.numel():
             continue
@@ -293,16 +287,17 @@ def _judge(st: TensorStats, uniq: torch.Tensor, cnt: torch.Tensor,
 
 
 def _locate(read: RowReader, chunks, st: TensorStats,
-            locked: list[tuple[float, int, float, float]], rows: int, cols: int) -> None:
+            locked: list[tuple[float, int, float, float]], rows: int, cols: int,
+            sc: Scratch) -> None:
     """Rows and columns of each locked value."""
     K = len(locked)
     row_c = torch.zeros(K, rows, dtype=torch.int64)
     col_c = torch.zeros(K, cols, dtype=torch.int64)
     for a, b in chunks:
-        x = read(a, b)
-        xf = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+        xf = sc.as_float(read(a, b))
+        eq = sc.like(sc.mask, xf)
         for j, (v, *_) in enumerate(locked):
-            eq = xf == v
+            torch.eq(xf, v, out=eq)
             if bool(eq.any()):
                 row_c[j, a:b] += eq.sum(1).cpu()
                 col_c[j] += eq.sum(0).cpu()

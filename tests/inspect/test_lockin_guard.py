@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from astrai.inspect.guard import (
-    HIST_HIGH, HIST_LOW, GuardConfig, LockInGuard, check_lockin, grad_histograms, grad_norms,
+    HIST_HIGH,
+    HIST_LOW,
+    GuardConfig,
+    LockInGuard,
+    check_lockin,
+    grad_histograms,
+    grad_norms,
 )
 from astrai.inspect.testing import plant_lockin, tiny_config
 from astrai.model import build_model
@@ -124,3 +130,16 @@ def test_guard_works_with_trainer_style_state_and_python_logging(caplog):
     assert guard.records[-1]["step"] == 10 and guard.records[-1]["lockin/locked"] == 64
     assert "dead_zone" not in str(guard.records[-1])  # no lr known
     assert "64 locked" in caplog.text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_check_lockin_on_cuda_matches_cpu():
+    cfg = tiny_config()
+    model = _model()
+    with torch.no_grad():
+        plant_lockin(dict(model.named_parameters()), cfg)
+    cpu = check_lockin(model.named_parameters(), lr=1e-4)
+    gpu = check_lockin(model.cuda().named_parameters(), lr=1e-4)
+    assert gpu.counts() == cpu.counts()
+    assert [p.describe() for p in gpu.scan.patterns] == [p.describe() for p in cpu.scan.patterns]

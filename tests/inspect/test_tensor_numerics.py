@@ -32,8 +32,8 @@ def test_statistics_match_torch(chunk):
     st = _analyze(w, chunk_elements=chunk)
     fin = w[torch.isfinite(w)].double()
     assert st.nonfinite == 2 and st.overflow == 1
-    assert st.mean == pytest.approx(float(fin.mean()), rel=1e-9)
-    assert st.std == pytest.approx(float(fin.std(unbiased=False)), rel=1e-9)
+    assert st.mean == pytest.approx(float(fin.mean()), rel=1e-6)  # fp32 accumulation
+    assert st.std == pytest.approx(float(fin.std(unbiased=False)), rel=1e-6)
     assert st.min == float(fin.min()) and st.max == 3e4 and st.absmax == 3e4
     assert st.bad_rows.ranges == [(3, 3), (9, 10)]
     assert st.top[0] == ((9, 9), math.inf)  # inf first, then the overflowed entry
