@@ -153,7 +153,7 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
         paths=run_paths(config), seq_len=data.seq_len, tokenizer_dir=data.tokenizer_dir,
         eval_data=data.eval_dataset, byte_lengths=byte_lengths,
         meta={"dataset": data.path, "dataset_kind": data.kind, "model_source": p.source.desc,
-              "seq_len": data.seq_len},
+              "seq_len": data.seq_len, "tokenizer_fingerprint": data.fingerprint},
     )
     callback_states = restore(ctx, resume) if resume is not None else {}
     return ctx, callback_states

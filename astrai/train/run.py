@@ -154,6 +154,11 @@ def resume(run_dir: str | Path, *, data: TrainData | None = None,
     config, ckpt = find_resume_point(run_dir)
     meta, opt_state, sched_state, trainer_state = load_training_state(ckpt)
     data = _data(config, data)
+    if meta.get("tokenizer_fingerprint") not in (None, data.fingerprint):
+        raise DataError(
+            f"{ckpt}: the run was trained on data tokenized with another tokenizer than "
+            f"{config.data} has now; resume needs the run's own dataset"
+        )
     model_config = ModelConfig.load(ckpt / "config.json")
 
     def model_fn():
