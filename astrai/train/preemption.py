@@ -3,10 +3,11 @@
 Clusters announce preemption with SIGTERM (Kubernetes, SLURM `--signal`, spot VMs) and a
 user stops a run with Ctrl+C (SIGINT). While training runs:
 
-1. The first signal only raises a flag. At the next step boundary (after optimizer,
-   scheduler and counters advanced, so the state is consistent) every rank learns of it
-   (the flag is summed over ranks, so a signal that reached one rank stops all of them at
-   the same step), a checkpoint of that step is saved unless one exists already, and
+1. The first signal only raises a flag. At a step boundary (after optimizer, scheduler
+   and counters advanced, so the state is consistent) every rank learns of it — the next
+   boundary with one process; with several, the flags are summed over ranks without
+   blocking and read one boundary later, so a signal that reached one rank stops all of
+   them at the same step —, a checkpoint of that step is saved unless one exists already, and
    training returns with `preempted=True`. `astrai train` / `astrai resume` then exit with
    EXIT_PREEMPTED (75, sysexits' EX_TEMPFAIL: "try again"); `astrai resume RUN_DIR`
    continues exactly.
@@ -134,14 +135,31 @@ class PreemptionCallback(Callback):
 
     def __init__(self, guard: PreemptionGuard | None = None) -> None:
         self.guard = guard or PreemptionGuard()
+        self._pending = None  # (work, tensor) of the flag sum started at the last boundary
 
     def on_train_begin(self, ctx: TrainContext) -> None:
         self.guard.install()
 
+    def _agreed(self, ctx: TrainContext) -> bool:
+        """Whether any rank had a signal by the previous boundary (one process: by this
+        one). The sum over ranks is started asynchronously at each boundary and read at
+        the next, so agreeing costs no extra synchronisation point per step."""
+        if ctx.world_size == 1:
+            return self.guard.requested
+        import torch
+        import torch.distributed as dist
+
+        stop = False
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            stop = bool(flag.item() > 0)
+        flag = torch.tensor([1.0 if self.guard.requested else 0.0], device=ctx.executor.device)
+        self._pending = (dist.all_reduce(flag, async_op=True), flag)
+        return stop
+
     def on_step_end(self, ctx: TrainContext) -> None:
-        stop = self.guard.requested
-        if ctx.world_size > 1:  # collective: every rank calls it at every step
-            stop = ctx.executor.all_reduce_sum(1.0 if stop else 0.0) > 0
+        stop = self._agreed(ctx)  # collective: every rank calls it at every step
         if not stop or ctx.done:
             return
         ckpt = next((cb for cb in ctx.callbacks if isinstance(cb, CheckpointCallback)), None)
@@ -154,4 +172,7 @@ class PreemptionCallback(Callback):
                            else "preempted by a signal to another rank")
 
     def on_train_end(self, ctx: TrainContext) -> None:
+        if self._pending is not None:
+            self._pending[0].wait()  # every rank started it; none may leave it in flight
+            self._pending = None
         self.guard.uninstall()
