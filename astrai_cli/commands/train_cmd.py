@@ -90,6 +90,30 @@ def _parse_pairs(name: str, items: list[str]) -> dict[str, Any]:
     return out
 
 
+def value_completer(name: str, annotation: Any) -> Any:
+    """Shell completion of an option's values (TAB after `--strategy `): strategy and
+    executor names from their registries, a Literal field's choices; None for free values."""
+    lit = next((a for a in (annotation, *typing.get_args(annotation))
+                if typing.get_origin(a) is typing.Literal), None)
+    if name not in ("strategy", "parallel") and lit is None:
+        return None
+
+    def complete(incomplete: str) -> list[str]:
+        if name == "strategy":
+            from astrai.train.strategies import STRATEGIES
+
+            names = STRATEGIES.names()
+        elif name == "parallel":
+            from astrai.train.executor import EXECUTORS
+
+            names = EXECUTORS.names()
+        else:
+            names = [str(v) for v in typing.get_args(lit)]
+        return [n for n in names if n.startswith(incomplete)]
+
+    return complete
+
+
 def config_options() -> tuple[list[inspect.Parameter], dict[str, str]]:
     """One keyword parameter (typer.Option, default None = not given) per TrainConfig field."""
     from astrai.config.train import TrainConfig
@@ -120,7 +144,8 @@ def config_options() -> tuple[list[inspect.Parameter], dict[str, str]]:
         params.append(inspect.Parameter(
             name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
             default=typer.Option(None, *decls, help=help_text, show_default=False,
-                                 rich_help_panel=panel),
+                                 rich_help_panel=panel,
+                                 autocompletion=value_completer(name, field.annotation)),
         ))
     return params, kinds
 

@@ -1,0 +1,85 @@
+"""QuickstartConfig: the whole newcomer path in one typed object (`astrai quickstart`).
+
+The defaults are the recipe measured for 2 CPU cores (docs/quickstart.md): a byte-level BPE
+of 2048 tokens, the `tiny` preset with tied embeddings (dim 256, 4 layers, 4 query / 2 KV
+heads, ~3.7M parameters) on 256-token rows, AdamW 2e-3 with a 30-step warmup and a cosine
+decay to a tenth; the number of steps is sized by a measured step time so the run fits
+`time_budget_s`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from astrai.errors import ConfigError
+
+
+class QuickstartConfig(BaseModel):
+    """What `astrai quickstart` builds, and how long it may take."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    out: str = "runs/quickstart"
+    """Directory for everything made: tokenizer/, data/, run/ (checkpoints), summary.json."""
+    corpus: str | None = None
+    """Directory holding shakespeare_train.jsonl and shakespeare_val.jsonl; None = the
+    corpus bundled with astrai (examples/data)."""
+    overwrite: bool = False
+    """Replace an existing `out` directory."""
+
+    # -- tokenizer and data ---------------------------------------------------------------
+    vocab_size: int = Field(2048, ge=300)
+    """Byte-level BPE vocabulary size (256 bytes + special tokens + merges)."""
+    seq_len: int = Field(256, ge=16)
+    """Tokens per packed training row (and the model's context length)."""
+
+    # -- model ----------------------------------------------------------------------------
+    model: str = "tiny"
+    """Model preset the overrides apply to."""
+    model_overrides: dict[str, Any] = Field(default_factory=lambda: {"tie_embeddings": True})
+    """ModelConfig fields changed on the preset (vocab_size and max_seq_len are set from
+    the tokenizer and seq_len)."""
+
+    # -- optimisation ---------------------------------------------------------------------
+    batch_size: int = Field(16, gt=0)
+    """Rows per optimizer step."""
+    max_lr: float = Field(2e-3, gt=0)
+    """Peak AdamW learning rate (betas 0.9, 0.95; weight decay 0.1; clip 1.0)."""
+    min_lr: float = Field(2e-4, ge=0)
+    """Learning rate at the end of the cosine decay."""
+    warmup_steps: int = Field(30, ge=0)
+    """Linear warmup steps (fewer when the run is shorter than 4x this)."""
+    steps: int | None = Field(None, gt=0)
+    """Optimizer steps; None = sized from a measured step time to fit time_budget_s."""
+    max_epochs: float = Field(4.0, gt=0)
+    """Upper bound on the sized run, in passes over the data (fast machines stop here
+    rather than overfit the 1 MB corpus)."""
+    time_budget_s: float = Field(240.0, gt=0)
+    """Wall-clock seconds the whole quickstart aims to take (the training steps are sized
+    to what is left after the tokenizer, the data and the measured step time)."""
+    seed: int = 3407
+    """Seed of the model init, data order and the sample."""
+    device: str = "auto"
+    """auto (cuda when present, else cpu), cpu, cuda, cuda:N."""
+
+    # -- sample ---------------------------------------------------------------------------
+    sample_prompt: str = "MACBETH.\n"
+    """Text the finished model continues (speaker names end with a period in the corpus)."""
+    sample_tokens: int = Field(120, gt=0)
+    """Tokens generated for the sample."""
+    temperature: float = Field(0.8, ge=0)
+    """Sampling temperature of the sample (0 = greedy)."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "quickstart options"
+                  ) -> QuickstartConfig:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            parts = []
+            for err in e.errors():
+                loc = ".".join(str(p) for p in err["loc"]) or "config"
+                parts.append(f"{loc}: {err['msg']}")
+            raise ConfigError(f"{source}: {'; '.join(parts)}") from None

@@ -1,0 +1,55 @@
+"""Where the quickstart's corpus lives: the Shakespeare sample of examples/data.
+
+Eight plays for training and two held-out texts (The Tempest, the first sonnets) for
+validation (examples/data/README.md). The files ship in the repository, not inside the
+wheel, so they are looked up beside the installed package (an editable install or a
+checkout), then under the current directory; `--corpus DIR` points anywhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from astrai.errors import DataError
+
+TRAIN_FILE = "shakespeare_train.jsonl"
+VAL_FILE = "shakespeare_val.jsonl"
+
+
+@dataclass(frozen=True)
+class Corpus:
+    train: Path
+    val: Path
+
+
+def _candidates() -> list[Path]:
+    import astrai
+
+    pkg_root = Path(astrai.__file__).resolve().parent.parent
+    return [pkg_root / "examples" / "data", Path.cwd() / "examples" / "data"]
+
+
+def find_corpus(directory: str | Path | None = None) -> Corpus:
+    """The train/val files in `directory`, or in the bundled examples/data."""
+    dirs = [Path(directory)] if directory is not None else _candidates()
+    for d in dirs:
+        if (d / TRAIN_FILE).is_file() and (d / VAL_FILE).is_file():
+            return Corpus(d / TRAIN_FILE, d / VAL_FILE)
+    where = ", ".join(str(d) for d in dirs)
+    raise DataError(
+        f"corpus: {TRAIN_FILE} and {VAL_FILE} not found in {where}; run from an astrai "
+        "checkout (the files are in examples/data) or pass --corpus DIR"
+    )
+
+
+def text_bytes(path: Path, field: str = "text") -> int:
+    """UTF-8 bytes of every record's `field` (for the summary: how much text was held out)."""
+    import json
+
+    n = 0
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                n += len(json.loads(line)[field].encode("utf-8"))
+    return n

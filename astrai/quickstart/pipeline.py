@@ -1,0 +1,301 @@
+"""`run_quickstart(config)`: corpus -> tokenizer -> dataset -> sized training run ->
+validation bits per byte -> a generated sample -> the next commands to try.
+
+Each stage calls the same library function its own command does (`astrai tokenizer train`,
+`astrai preprocess`, `astrai train`), so what the quickstart makes is what those commands
+make: the run directory resumes with `astrai resume`, the checkpoint chats, benchmarks and
+inspects like any other. Validation is the trainer's own (val_bpb of the strategy's
+eval_summary: summed token NLL / ln 2 / UTF-8 bytes of the predicted tokens) on the
+held-out split. Progress goes to `on_event`; the library prints nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from astrai.errors import ConfigError
+from astrai.quickstart.config import QuickstartConfig
+from astrai.quickstart.corpus import find_corpus, text_bytes
+from astrai.quickstart.sizing import StepPlan, eval_seconds, measure_step_seconds, size_steps
+from astrai.train.callbacks.base import Callback
+
+STAGES = ("tokenizer", "preprocess", "size", "train", "validate", "sample")
+"""The stages, in order; every one reports start and end (train also reports each step)."""
+
+TAIL_S = 6.0
+"""Seconds kept for what follows validation (checkpoint, engine start, the sample)."""
+
+
+@dataclass
+class StageEvent:
+    stage: str
+    """One of STAGES."""
+    kind: Literal["start", "update", "end"]
+    completed: float | None = None
+    total: float | None = None
+    info: str = ""
+    """A short human-readable status: counts, loss, rate, result."""
+
+
+EventFn = Callable[[StageEvent], None]
+
+
+@dataclass
+class QuickstartResult:
+    """Everything the quickstart made and measured (also written to OUT/summary.json)."""
+
+    out: str
+    tokenizer: str
+    dataset: str
+    run_dir: str
+    checkpoint: str | None
+    vocab_size: int
+    params: int
+    train_rows: int
+    val_rows: int
+    steps: int
+    step_s: float | None
+    """Measured seconds per training step used to size the run (None with --steps)."""
+    consumed_tokens: int
+    val_loss: float | None
+    val_ppl: float | None
+    val_bpb: float | None
+    """Bits per UTF-8 byte on the held-out plays (the trainer's validation metric)."""
+    val_bytes: int
+    """UTF-8 bytes of held-out text."""
+    sample_prompt: str
+    sample: str | None
+    stage_s: dict[str, float] = field(default_factory=dict)
+    total_s: float = 0.0
+    preempted: bool = False
+    """Stopped by Ctrl-C/SIGTERM during training (a checkpoint of that step was saved)."""
+    commands: list[dict[str, str]] = field(default_factory=list)
+    """The next commands to try on what was made: [{"what", "command"}]."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _TrainEvents(Callback):
+    """Relays the trainer's steps (and the validation at the last step) as stage events."""
+
+    name = "quickstart_events"
+
+    def __init__(self, emit: EventFn) -> None:
+        self.emit = emit
+
+    def on_train_begin(self, ctx) -> None:
+        self.emit(StageEvent("train", "update", ctx.state.step, ctx.total_steps))
+
+    def on_optimizer_step(self, ctx) -> None:
+        # The trainer validates inside the last step's on_step_end (metrics callback), so
+        # the last step's optimizer hook is where training ends and validation begins.
+        if ctx.state.step + 1 >= ctx.total_steps:
+            self.emit(StageEvent("train", "end", ctx.total_steps, ctx.total_steps,
+                                 f"loss {ctx.step_loss:.3f}"))
+            self.emit(StageEvent("validate", "start"))
+
+    def on_step_end(self, ctx) -> None:
+        if ctx.done:
+            bpb = ctx.last_eval.get("val_bpb")
+            self.emit(StageEvent("validate", "end", info="" if bpb is None
+                                 else f"{bpb:.3f} bits/byte"))
+            return
+        tps = ctx.window_tokens / max(1e-9, time.perf_counter() - ctx.window_start)
+        self.emit(StageEvent("train", "update", ctx.state.step, ctx.total_steps,
+                             f"loss {ctx.step_loss:.3f} · {tps:,.0f} tok/s"))
+
+
+def _prepare_out(config: QuickstartConfig) -> Path:
+    out = Path(config.out)
+    ours = ("tokenizer", "data", "run", "summary.json")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {out} is a file; choose a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not config.overwrite:
+            raise ConfigError(f"--out: {out} is not empty; pass --overwrite to replace a "
+                              "previous quickstart there, or choose another --out")
+        others = sorted(p.name for p in out.iterdir() if p.name not in ours)
+        if others:
+            raise ConfigError(f"--out: {out} holds files the quickstart did not make "
+                              f"({', '.join(others[:3])}); --overwrite only replaces a "
+                              "previous quickstart's directory")
+        for name in ours:
+            p = out / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def next_commands(checkpoint: str, run_dir: str) -> list[dict[str, str]]:
+    """The commands printed at the end, on what the quickstart made."""
+    import shlex
+
+    ck, run = shlex.quote(checkpoint), shlex.quote(run_dir)
+    return [
+        {"what": "chat with the model (a base model: it continues your text)",
+         "command": f"astrai chat {ck} --no-template"},
+        {"what": "continue the run exactly after an interruption (Ctrl-C saves a checkpoint)",
+         "command": f"astrai resume {run}"},
+        {"what": "check the weights for BF16 lock-in, overflow and dead zones",
+         "command": f"astrai inspect-weights {ck}"},
+        {"what": "benchmark serving it (TTFT, TPOT, throughput)",
+         "command": f"astrai serve-bench {ck} --num-prompts 16 --input-len 32:128 "
+                    "--output-len 32:64"},
+    ]
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def run_quickstart(config: QuickstartConfig, on_event: EventFn | None = None
+                   ) -> QuickstartResult:
+    """Run every stage into config.out; see the module docstring."""
+    from astrai.config.preprocess import load_spec
+    from astrai.config.train import TrainConfig
+    from astrai.data.bpe import SpecialTokens, train_tokenizer
+    from astrai.data.builder import build_dataset
+    from astrai.data.chat import CHAT_MARKERS
+    from astrai.infer.loading import resolve_device
+    from astrai.model.stats import param_counts
+    from astrai.train.data import open_train_data
+    from astrai.train.model_source import resolve_model
+    from astrai.train.plan import windows_per_epoch
+    from astrai.train.run import train
+
+    t0 = time.perf_counter()
+    stage_s: dict[str, float] = {}
+    started: dict[str, float] = {}
+
+    def emit(ev: StageEvent) -> None:
+        # Stage times for the summary come from the events, so validation (which runs
+        # inside the trainer's last step) is timed apart from training.
+        now = time.perf_counter()
+        if ev.kind == "start":
+            started[ev.stage] = now
+        elif ev.kind == "end" and ev.stage in started:
+            stage_s[ev.stage] = round(now - started[ev.stage], 2)
+        if on_event is not None:
+            on_event(ev)
+
+    corpus = find_corpus(config.corpus)
+    device = resolve_device(config.device)
+    out = _prepare_out(config)
+    tok_dir, data_dir, run_dir = out / "tokenizer", out / "data", out / "run"
+
+    # -- tokenizer ------------------------------------------------------------------------
+    emit(StageEvent("tokenizer", "start", info=f"byte-level BPE, {config.vocab_size} tokens"))
+    tok = train_tokenizer([corpus.train], config.vocab_size, tok_dir, "text",
+                          SpecialTokens(extra=list(CHAT_MARKERS)))
+    emit(StageEvent("tokenizer", "end", info=f"{tok.vocab_size:,} tokens"))
+
+    # -- preprocess -----------------------------------------------------------------------
+    emit(StageEvent("preprocess", "start"))
+    spec = load_spec(data={
+        "kind": "pretrain", "inputs": [str(corpus.train)], "val_inputs": [str(corpus.val)],
+        "tokenizer": str(tok_dir), "output": str(data_dir), "max_seq_len": config.seq_len,
+        "packing": {"mode": "bfd_split"}, "position_ids": "doc_reset", "format": "h5",
+    })
+
+    def on_build(ev: dict) -> None:
+        emit(StageEvent("preprocess", "update", ev["tokens"], None,
+                        f"{ev['split']}: {ev['records']:,} records, {ev['tokens']:,} tokens"))
+
+    built = build_dataset(spec, progress=on_build).to_dict()
+    splits = built["splits"]
+    emit(StageEvent("preprocess", "end", info=(
+        f"{splits['train']['samples']:,} train + {splits['val']['samples']:,} val rows of "
+        f"{config.seq_len} tokens")))
+
+    # -- size the run ---------------------------------------------------------------------
+    emit(StageEvent("size", "start", info="timing training steps"))
+    data = open_train_data(str(data_dir))
+    overrides = {**config.model_overrides, "max_seq_len": data.seq_len}
+    source = resolve_model(config.model, vocab_size=data.vocab_size, seq_len=data.seq_len,
+                           seed=config.seed, overrides=overrides)
+    per_epoch = windows_per_epoch(len(data.dataset), config.batch_size, 1)
+    if config.steps is not None:
+        plan = StepPlan(config.steps, None, None, None)
+    else:
+        step_s = measure_step_seconds(source.config, config.batch_size, data.seq_len,
+                                      device=device, seed=config.seed)
+        val_tokens = int(splits["val"]["tokens"])
+        left = (config.time_budget_s - (time.perf_counter() - t0)
+                - eval_seconds(step_s, val_tokens, config.batch_size * data.seq_len) - TAIL_S)
+        plan = size_steps(left, step_s, steps_per_epoch=per_epoch,
+                          max_epochs=config.max_epochs)
+    why = {"epochs": f" (capped at {config.max_epochs:g} epochs)",
+           "minimum": " (the minimum: the budget is too short for this machine)"}
+    step_info = "" if plan.step_s is None else f" at {plan.step_s:.2f} s/step"
+    emit(StageEvent("size", "end", info=f"{plan.steps} steps{step_info}"
+                    f"{why.get(plan.capped_by or '', '')}"))
+
+    # -- train (+ validate at the last step) ------------------------------------------------
+    tcfg = TrainConfig.from_dict({
+        "strategy": "seq", "data": str(data_dir.resolve()), "model": config.model,
+        "model_overrides": overrides, "out": str(run_dir.resolve()),
+        "batch_size": config.batch_size, "max_steps": plan.steps,
+        "max_lr": config.max_lr, "min_lr": min(config.min_lr, config.max_lr),
+        "warmup_steps": min(config.warmup_steps, plan.steps // 4),
+        "weight_decay": 0.1, "adam_beta1": 0.9, "adam_beta2": 0.95, "max_grad_norm": 1.0,
+        "schedule": "cosine", "ckpt_interval": 0, "log_interval": 10,
+        "seed": config.seed, "device": config.device,
+    }, source="quickstart train config")
+    emit(StageEvent("train", "start", 0, plan.steps))
+    summary = train(tcfg, data=data, callbacks=[_TrainEvents(emit)])
+    val = summary.validation
+
+    # -- sample ---------------------------------------------------------------------------
+    sample = None
+    if summary.checkpoint and not summary.preempted:
+        emit(StageEvent("sample", "start", info=f"{config.sample_tokens} tokens"))
+        sample = generate_sample(summary.checkpoint, config, device)
+        emit(StageEvent("sample", "end"))
+
+    ckpt_shown = None if summary.checkpoint is None else str(
+        run_dir / "checkpoints" / Path(summary.checkpoint).name)
+    result = QuickstartResult(
+        out=str(out), tokenizer=str(tok_dir), dataset=str(data_dir), run_dir=str(run_dir),
+        checkpoint=ckpt_shown, vocab_size=tok.vocab_size,
+        params=param_counts(source.config).total,
+        train_rows=int(splits["train"]["samples"]), val_rows=int(splits["val"]["samples"]),
+        steps=summary.steps, step_s=None if plan.step_s is None else round(plan.step_s, 4),
+        consumed_tokens=summary.consumed_tokens,
+        val_loss=val.get("val_loss"), val_ppl=val.get("val_ppl"), val_bpb=val.get("val_bpb"),
+        val_bytes=text_bytes(corpus.val), sample_prompt=config.sample_prompt, sample=sample,
+        stage_s=stage_s, preempted=summary.preempted,
+        commands=next_commands(ckpt_shown, str(run_dir)) if ckpt_shown else [],
+    )
+    result.total_s = round(time.perf_counter() - t0, 2)
+    _write_json_atomic(out / "summary.json", result.to_dict())
+    return result
+
+
+def generate_sample(checkpoint: str | Path, config: QuickstartConfig, device: Any) -> str:
+    """The prompt and its continuation by the finished checkpoint (the inference engine)."""
+    from astrai.infer.engine import Engine
+    from astrai.infer.params import SamplingParams
+
+    engine = Engine.from_checkpoint(checkpoint, device=str(device), seed=config.seed)
+    tok = engine.tokenizer
+    ids = ([tok.bos_id] if tok.bos_id is not None else []) + tok.encode(config.sample_prompt)
+    room = engine.max_context - len(ids)
+    params = SamplingParams(max_tokens=max(1, min(config.sample_tokens, room)),
+                            temperature=config.temperature, top_k=40, top_p=0.95,
+                            seed=config.seed)
+    (res,) = engine.generate([ids], params)
+    return config.sample_prompt + res.text
+

@@ -1,0 +1,189 @@
+"""`astrai quickstart`: the whole path on the bundled corpus, in minutes on a laptop CPU.
+
+Progress (one row per stage) goes to stderr; the summary, the sample and the next commands
+go to stdout (or JSON with --json). The work is `astrai.quickstart.run_quickstart`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+LABELS = {"tokenizer": "train tokenizer", "preprocess": "preprocess", "size": "size the run",
+          "train": "train", "validate": "validate", "sample": "sample"}
+
+
+class StageDisplay:
+    """Renders StageEvents: live rows with bars on a terminal, one line per stage elsewhere."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.live = console.is_terminal
+        self.tasks: dict[str, Any] = {}
+        self.progress: Progress | None = None
+        if self.live:
+            self.progress = Progress(
+                SpinnerColumn(finished_text="[green]✓[/]"),
+                TextColumn("{task.description:<16}"), BarColumn(bar_width=24),
+                MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
+                console=console, transient=False,
+            )
+
+    def __enter__(self) -> StageDisplay:  # noqa: PYI034
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def __call__(self, ev: Any) -> None:
+        from astrai.quickstart import STAGES
+
+        label = LABELS.get(ev.stage, ev.stage)
+        n = f"[{STAGES.index(ev.stage) + 1}/{len(STAGES)}]" if ev.stage in STAGES else ""
+        if self.progress is None:
+            if ev.kind == "start":
+                self.console.print(f"{n} {label} ...", highlight=False)
+            elif ev.kind == "end":
+                self.console.print(f"{n} {label}: done {escape(ev.info)}", highlight=False)
+            return
+        p = self.progress
+        if ev.kind == "start":
+            self.tasks[ev.stage] = p.add_task(f"{n} {label}", total=ev.total,
+                                              completed=ev.completed or 0, info=ev.info)
+            return
+        task = self.tasks.get(ev.stage)
+        if task is None:
+            return
+        fields: dict[str, Any] = {"info": ev.info} if ev.info else {}
+        if ev.total is not None:
+            fields["total"] = ev.total
+        if ev.kind == "update":
+            p.update(task, completed=ev.completed or 0, **fields)
+        else:
+            total = p.tasks[task].total or 1
+            p.update(task, total=total, completed=total, **fields)
+            p.stop_task(task)
+
+
+def render(res: dict[str, Any], console: Console) -> None:
+    t = Table(title="quickstart finished" if not res["preempted"] else
+              "quickstart stopped during training", title_justify="left", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    bpb = res["val_bpb"]
+    rows = [
+        ("made", f"{res['out']}/ (tokenizer/, data/, run/, summary.json)"),
+        ("model", f"{res['params'] / 1e6:.2f}M parameters, vocabulary {res['vocab_size']:,}"),
+        ("trained", f"{res['steps']:,} steps, {res['consumed_tokens']:,} tokens"),
+        ("validation", "-" if bpb is None else
+         f"{bpb:.3f} bits per byte (loss {res['val_loss']:.3f} nats/token) on "
+         f"{res['val_bytes']:,} bytes of held-out text"),
+        ("checkpoint", res["checkpoint"] or "-"),
+        ("time", f"{res['total_s']:.0f} s (" + ", ".join(
+            f"{k} {v:.0f} s" for k, v in res["stage_s"].items()) + ")"),
+    ]
+    for k, v in rows:
+        t.add_row(k, escape(str(v)))
+    console.print(t)
+    if res["sample"]:
+        console.print(Panel(escape(res["sample"]), title="sample", title_align="left",
+                            expand=False))
+    if res["preempted"]:
+        console.print(f"Continue with:  astrai resume {escape(res['run_dir'])}")
+        return
+    console.print("[bold]Next:[/]")
+    for c in res["commands"]:
+        console.print(f"  [dim]# {escape(c['what'])}[/]\n  {escape(c['command'])}")
+
+
+def _pairs(items: list[str] | None) -> dict[str, Any]:
+    from astrai.errors import ConfigError
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"--model-override '{item}': expected key=value (e.g. n_layers=2)")
+        k, v = item.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("quickstart")
+    def quickstart_cmd(
+        out: Annotated[Path, typer.Option(
+            "--out", help="Directory for everything made.")] = Path("runs/quickstart"),
+        time_budget: Annotated[float, typer.Option(
+            "--time-budget", help="Seconds the whole quickstart aims to take; the training "
+            "steps are sized to fit from a measured step time.")] = 240.0,
+        steps: Annotated[int | None, typer.Option(
+            "--steps", help="Train exactly this many steps (no timing; reproducible "
+            "anywhere).")] = None,
+        device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N.")
+                          ] = "auto",
+        seed: Annotated[int, typer.Option("--seed", help="Seed of init, data order and the "
+                                                         "sample.")] = 3407,
+        overwrite: Annotated[bool, typer.Option(
+            "--overwrite", help="Replace a previous quickstart in --out.")] = False,
+        corpus: Annotated[Path | None, typer.Option(
+            "--corpus", help="Directory with shakespeare_train.jsonl and shakespeare_val.jsonl "
+            "\\[default: the bundled examples/data].")] = None,
+        vocab_size: Annotated[int, typer.Option(
+            "--vocab-size", help="Tokenizer vocabulary size.", rich_help_panel="Recipe")
+        ] = 2048,
+        seq_len: Annotated[int, typer.Option(
+            "--seq-len", help="Tokens per training row.", rich_help_panel="Recipe")] = 256,
+        batch_size: Annotated[int, typer.Option(
+            "--batch-size", help="Rows per step.", rich_help_panel="Recipe")] = 16,
+        max_lr: Annotated[float, typer.Option(
+            "--max-lr", help="Peak learning rate.", rich_help_panel="Recipe")] = 2e-3,
+        model_override: Annotated[list[str] | None, typer.Option(
+            "--model-override", help="ModelConfig field of the tiny preset to change, "
+            "key=value (e.g. n_layers=2). Repeatable.", rich_help_panel="Recipe")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")
+                           ] = False,
+    ) -> None:
+        """Start here: tokenizer, data, training, bits per byte and a sample in minutes.
+
+        On the bundled Shakespeare corpus; then prints how to chat, resume, inspect, benchmark."""
+        from astrai.quickstart import QuickstartConfig, run_quickstart
+        from astrai.train.preemption import EXIT_PREEMPTED
+
+        overrides = {"tie_embeddings": True, **_pairs(model_override)}
+        cfg = QuickstartConfig.from_dict({
+            "out": str(out), "corpus": None if corpus is None else str(corpus),
+            "overwrite": overwrite, "vocab_size": vocab_size, "seq_len": seq_len,
+            "batch_size": batch_size, "max_lr": max_lr, "model_overrides": overrides,
+            "steps": steps, "time_budget_s": time_budget, "seed": seed, "device": device,
+        }, source="quickstart options")
+        err = Console(stderr=True, highlight=False)
+        with StageDisplay(err) as display:
+            result = run_quickstart(cfg, on_event=display)
+        res = result.to_dict()
+        if as_json:
+            typer.echo(json.dumps(res, indent=2))
+        else:
+            render(res, Console(highlight=False, soft_wrap=True))
+        if result.preempted:
+            raise typer.Exit(EXIT_PREEMPTED)
