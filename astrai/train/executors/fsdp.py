@@ -72,14 +72,17 @@ class FSDPExecutor(Executor):
         # The root: it owns what no block does. Its weights stay gathered after forward
         # (the head's backward comes right after), as torchtitan does.
         fully_shard(model, **{**kw, "reshard_after_forward": False})
+        if getattr(getattr(model, "config", None), "n_experts", 0):
+            # An expert no token of this rank chose has no gradient here but may have one
+            # on another rank: reduce zeros for it, or the reduce-scatters would not match.
+            model.set_reduce_scatter_unused_params(True)
         return model
 
     def unwrap(self, model: nn.Module | None = None) -> nn.Module:
         return model if model is not None else self.model  # fully_shard wraps in place
 
     @contextlib.contextmanager
-    def _no_sync(self, model: nn.Module):
-        assert isinstance(model, FSDPModule)
+    def _no_sync(self, model: FSDPModule):
         model.set_requires_gradient_sync(False)  # recurse=True: every sharded block
         try:
             yield
