@@ -25,8 +25,10 @@ ROLLOUT = ["--group-size", "3", "--rollout-max-tokens", "6", "--eval-max-tokens"
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("align")
-    return {kind: tiny_dataset(tmp, kind, n=16, n_val=4, max_seq_len=48) for kind in ("dpo",
-                                                                                       "grpo")}
+    out = {kind: tiny_dataset(tmp, kind, n=16, n_val=4, max_seq_len=48) for kind in ("dpo",
+                                                                                      "grpo")}
+    out["offline"] = tiny_dataset(tmp, "grpo", n=16, n_val=4, max_seq_len=48, offline=True)
+    return out
 
 
 def run(*args):
@@ -83,7 +85,8 @@ def test_online_dpo_cli(data, tmp_path):
     assert len(recs) == 2
     # random completions differ in whether they hold an "e": pairs exist, DPO metrics too
     assert recs[0]["dpo_pairs"] > 0 and "dpo_margin" in recs[0] and "dpo_accuracy" in recs[0]
-    assert recs[0]["dpo_loss"] == pytest.approx(0.6931, abs=1e-3)  # policy == reference
+    # policy == reference: log 2 per pair; the loss is a mean over prompts (no pair: 0)
+    assert recs[0]["dpo_loss"] == pytest.approx(0.6931 * recs[0]["dpo_pairs"], abs=1e-3)
     assert "val_reward" in recs[-1]
 
 
@@ -94,6 +97,11 @@ def test_dpo_and_reward_cli_then_model_reward(data, tmp_path):
     assert {"dpo_chosen_reward", "dpo_rejected_reward", "dpo_margin", "dpo_accuracy",
             "val_accuracy"} <= set(recs[-1])
     assert recs[0]["dpo_loss"] == pytest.approx(25.0, rel=1e-3)  # ipo at h = 0: (1/(2*0.1))^2
+    # a reference from another checkpoint: the policy no longer equals it at step 1
+    run("train", "--strategy", "dpo", "--data", data["dpo"], *MODEL, *COMMON, "--max-steps", "1",
+        "--ref-model", tmp_path / "dpo" / "checkpoints" / "step_2", "--out", tmp_path / "dpo2",
+        "--ckpt-interval", "0")
+    assert metrics(tmp_path / "dpo2")[0]["dpo_margin"] != 0.0
     run("train", "--strategy", "reward", "--data", data["dpo"], *MODEL, *COMMON, "--max-steps",
         "2", "--out", tmp_path / "rm", "--ckpt-interval", "0")
     recs = metrics(tmp_path / "rm")
@@ -105,6 +113,21 @@ def test_dpo_and_reward_cli_then_model_reward(data, tmp_path):
         "--ckpt-interval", "0", "--eval-max-batches", "1")
     rec = metrics(tmp_path / "og")[0]
     assert rec["grpo_reward_std"] > 0  # real-valued scores from the reward model
+
+
+def test_offline_grpo_cli(data, tmp_path):
+    run("train", "--strategy", "grpo", "--data", data["offline"], *MODEL, *COMMON,
+        "--max-steps", "3", "--sync-interval", "2", "--out", tmp_path / "run",
+        "--ckpt-interval", "0")
+    recs = metrics(tmp_path / "run")
+    assert {"grpo_loss", "grpo_reward_mean", "grpo_reward_std", "grpo_kl", "grpo_clip_fraction",
+            "grpo_ratio_mean", "val_adv_logp", "val_kl"} <= set(recs[-1])
+    # step 2 uses old_model = the initial policy; steps 1 and 3 follow a sync (ratio 1)
+    assert [r["grpo_ratio_mean"] == 1.0 for r in recs] == [True, False, True]
+    # prompts without response groups are for online-grpo
+    result = runner.invoke(app, ["train", "--strategy", "grpo", "--data", str(data["grpo"]),
+                                 *MODEL, "--out", str(tmp_path / "bad")])
+    assert result.exit_code == 2 and "online-grpo" in result.stderr
 
 
 @pytest.mark.parametrize("reward, msg", [

@@ -11,7 +11,8 @@ RolloutCache refreshes them every `rollout_interval` optimizer steps.
   so the ratio starts at exactly 1) and are kept for the later passes.
 * online-dpo: per prompt, the best and the worst response make a (chosen, rejected) pair
   (a group whose rewards are all equal gives none), trained with the DPO loss against the
-  frozen reference.
+  frozen reference. The loss is a mean over prompts: a prompt without a pair adds 0, as a
+  tied group's zero advantages do in GRPO.
 
 Validation (held-out prompts) generates greedy answers: val_reward, and val_accuracy (exact
 match with the reference) when references exist.
@@ -183,11 +184,13 @@ class OnlineDPOStrategy(DPOStrategy):
                 "reduction": c.dpo_reduction}
 
     def loss_units(self, batch):
+        # units = prompts: the loss is a mean over prompts, and a prompt whose group tied
+        # contributes 0 (as a tied group's zero advantages do in GRPO)
         entry, _ = self.rollouts.attach(batch)
         if "pairs" not in entry:
             entry["pairs"] = best_worst_pairs(entry, self.pad_id)
         batch.update(entry["pairs"])
-        return int(batch["chosen"].shape[0])
+        return int(batch["prompts"].shape[0])
 
     def batch_samples(self, batch):
         return int(batch["prompts"].shape[0])
@@ -202,11 +205,12 @@ class OnlineDPOStrategy(DPOStrategy):
         metrics = {"dpo_reward_mean": float(r.mean()), "dpo_reward_std": float(r.std(
             unbiased=False)), "dpo_pairs": float(batch["chosen"].shape[0]) / r.shape[0]}
         metrics.update({f"dpo_{k}": v for k, v in entry["rollout_metrics"].items()})
+        prompts = int(batch["prompts"].shape[0])
         if batch["chosen"].shape[0] == 0:
-            return zero_loss(self.model), 0, None, metrics
+            return zero_loss(self.model), prompts, None, metrics
         losses, cr, rr, aux = self.pair_losses(batch)
         metrics.update(preference_metrics(cr, rr, self.name))
-        return losses.sum(), losses.shape[0], aux, metrics
+        return losses.sum(), prompts, aux, metrics
 
     @torch.no_grad()
     def evaluate_batch(self, batch, byte_lengths):
