@@ -1,0 +1,153 @@
+"""`astrai quickstart`: sizing, output directory rules, bad input, the progress display.
+
+The whole quickstart runs in tests/e2e/test_quickstart.py (slow)."""
+
+from __future__ import annotations
+
+import io
+import shlex
+
+import pytest
+import torch
+from rich.console import Console
+from typer.testing import CliRunner
+
+from astrai.errors import ConfigError, DataError
+from astrai.model.config import ModelConfig
+from astrai.quickstart import (
+    QuickstartConfig,
+    StageEvent,
+    find_corpus,
+    measure_step_seconds,
+    next_commands,
+    size_steps,
+)
+from astrai.quickstart.pipeline import _prepare_out
+from astrai_cli.commands.quickstart_cmd import StageDisplay
+from astrai_cli.main import app
+
+
+def test_size_steps_fits_the_budget():
+    p = size_steps(100.0, 0.5, steps_per_epoch=80, max_epochs=4)
+    assert (p.steps, p.capped_by) == (200, None)
+    assert p.steps * 0.5 <= 100.0
+    p = size_steps(100.3, 0.5, steps_per_epoch=80, max_epochs=4)
+    assert p.steps == 200  # floor: never over the budget
+
+
+def test_size_steps_bounds():
+    fast = size_steps(1000.0, 0.01, steps_per_epoch=80, max_epochs=4)
+    assert (fast.steps, fast.capped_by) == (320, "epochs")
+    slow = size_steps(5.0, 2.0, steps_per_epoch=80, max_epochs=4)
+    assert (slow.steps, slow.capped_by) == (10, "minimum")
+    late = size_steps(-30.0, 1.0, steps_per_epoch=80, max_epochs=4)
+    assert late.steps == 10
+
+
+def test_measure_step_seconds_runs_a_real_step():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                      ffn_dim=64, max_seq_len=32)
+    before = torch.get_rng_state()
+    s = measure_step_seconds(cfg, 2, 16, device=torch.device("cpu"), timed=2)
+    assert 0 < s < 60
+    assert torch.equal(before, torch.get_rng_state())  # its own generator: no RNG drawn
+
+
+def test_next_commands_quote_paths():
+    cmds = next_commands("my runs/run/checkpoints/step_9", "my runs/run")
+    by = {shlex.split(c["command"])[1]: shlex.split(c["command"]) for c in cmds}
+    assert set(by) == {"chat", "resume", "inspect-weights", "serve-bench"}
+    assert by["chat"][2] == "my runs/run/checkpoints/step_9"
+    assert by["resume"][2] == "my runs/run"
+    assert "--no-template" in by["chat"]  # a base model continues text
+
+
+def test_out_directory_rules(tmp_path):
+    out = tmp_path / "qs"
+    (out / "run").mkdir(parents=True)
+    (out / "summary.json").write_text("{}")
+    cfg = QuickstartConfig(out=str(out))
+    with pytest.raises(ConfigError, match="--overwrite"):
+        _prepare_out(cfg)
+    cfg.overwrite = True
+    _prepare_out(cfg)
+    assert list(out.iterdir()) == []  # a previous quickstart is replaced
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="notes.txt"):
+        _prepare_out(cfg)  # never deletes what it did not make
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_corpus_is_found_and_bad_dirs_are_named(tmp_path):
+    c = find_corpus()
+    assert c.train.name == "shakespeare_train.jsonl" and c.val.is_file()
+    with pytest.raises(DataError, match=str(tmp_path)):
+        find_corpus(tmp_path)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="vocab_size"):
+        QuickstartConfig.from_dict({"vocab_size": 10})
+    with pytest.raises(ConfigError, match="bogus"):
+        QuickstartConfig.from_dict({"bogus": 1})
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--corpus", "/nonexistent/corpus"], "/nonexistent/corpus"),
+    (["--model-override", "n_layers"], "key=value"),
+    (["--vocab-size", "12"], "vocab_size"),
+])
+def test_cli_bad_input_exits_2_with_one_line(tmp_path, args, needle):
+    r = CliRunner().invoke(app, ["quickstart", "--out", str(tmp_path / "o"), *args])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+    assert "Traceback" not in r.output
+    assert not (tmp_path / "o" / "run").exists()
+
+
+def test_cli_refuses_a_non_empty_out(tmp_path):
+    (tmp_path / "x.txt").write_text("keep")
+    r = CliRunner().invoke(app, ["quickstart", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "--overwrite" in r.output
+    assert (tmp_path / "x.txt").read_text() == "keep"
+
+
+def test_stage_display_plain_lines():
+    buf = io.StringIO()
+    d = StageDisplay(Console(file=buf, force_terminal=False, width=100))
+    with d:
+        d(StageEvent("tokenizer", "start"))
+        d(StageEvent("tokenizer", "end", info="2,048 tokens"))
+        d(StageEvent("train", "start", 0, 10))
+        d(StageEvent("train", "update", 5, 10, "loss 3.0"))
+        d(StageEvent("train", "end", 10, 10, "loss 2.0"))
+    lines = buf.getvalue().splitlines()
+    assert lines == ["[1/6] train tokenizer ...", "[1/6] train tokenizer: done 2,048 tokens",
+                     "[4/6] train ...", "[4/6] train: done loss 2.0"]
+
+
+def test_stage_display_live_rows():
+    buf = io.StringIO()
+    d = StageDisplay(Console(file=buf, force_terminal=True, width=120))
+    with d:
+        d(StageEvent("train", "start", 0, 10))
+        d(StageEvent("train", "update", 4, 10, "loss 3.000"))
+        task = d.progress.tasks[0]
+        assert (task.completed, task.total) == (4, 10)
+        d(StageEvent("validate", "start"))
+        d(StageEvent("validate", "end", info="2.5 bits/byte"))
+        assert d.progress.tasks[1].finished
+    assert "4/6] train" in buf.getvalue()
+
+
+def test_summary_json_keys_documented():
+    # docs/quickstart.md lists the summary.json fields; keep them in step with the result.
+    from dataclasses import fields
+    from pathlib import Path
+
+    from astrai.quickstart import QuickstartResult
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "quickstart.md").read_text()
+    missing = [f.name for f in fields(QuickstartResult) if f"`{f.name}`" not in doc]
+    assert not missing, f"docs/quickstart.md does not describe {missing}"

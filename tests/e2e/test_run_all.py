@@ -1,0 +1,123 @@
+"""benchmarks/run_all.py: each parser reads its benchmark's printed format, and the report
+is one table with the machine and every benchmark (fast: no benchmark is run)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _mod():
+    spec = importlib.util.spec_from_file_location("run_all", ROOT / "benchmarks" / "run_all.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["run_all"] = mod  # dataclasses look their module up while being created
+    spec.loader.exec_module(mod)
+    return mod
+
+
+RA = _mod()
+
+PREPROCESS = """corpus: 3x sample = 3.0 MB, 618 records, 801,234 text tokens (...), vocab 4096, workers 1
+tokenizers encode_batch        :    1,234,567 tokens/s
+tokenizers encode_batch_fast   :    1,300,000 tokens/s
+astrai preprocess (start-up excluded, read+parse+tokenize+pack+write):    1,000,000 tokens/s
+throughput ratio vs encode_batch     : 0.81  (target >= 0.70)
+throughput ratio vs encode_batch_fast: 0.77
+peak RSS 1x: 210 MB, 3x: 230 MB, ratio 1.10  (target <= 1.30)
+"""
+
+TRAIN = """threads 2; fp32 matmul peak 120.0 GFLOP/s; batch 4 x 256
+tiny: astrai 4,100 tok/s (MFU 55.0%) | HF Llama 3,900 tok/s (MFU 52.0%) | plain loop 4,200 tok/s
+tiny: ratio astrai/HF = 1.05, astrai/plain = 0.98
+"""
+
+DIST = """device cpu, 2 threads, fp32; matmul peak 0.120 TFLOP/s per device; global batch 8 x 256
+tiny compile=none: 1 process 4,000 tok/s (MFU 50.0%) | astrai ddp x2 5,000 tok/s (MFU 31.0%) | astrai fsdp x2 4,800 tok/s (MFU 30.0%) | plain DDP x2 5,100 tok/s (MFU 31.5%)
+  ddp/1-process 1.25, fsdp/1-process 1.20, astrai-ddp/plain-DDP 0.98
+"""
+
+INFER = """torch 2.13.0, threads 1, fp32, CPU
+
+== preset tiny (7.3M params)
+(a) one request at a time: engine 210.5 tok/s, HF 120.2 tok/s -> 1.75x HF (CPU time 1.70x); matmul floor 400.0 tok/s -> engine at 0.53 of the floor (CPU time 0.55); same tokens 2/2
+(b) 64 mixed requests: engine 900.0 tok/s, HF static batches of 16 300.0 tok/s -> 3.00x HF (CPU time 2.90x) (peak running 64, preemptions 0); same tokens 64/64
+(c) shared prefix: TTFT p50 120 ms with radix vs 480 ms without -> 4.00x (hit rate 0.80; wall 1.0s vs 3.0s); same tokens 64/64
+"""
+
+ROLLOUT = """preset tiny: 8 prompts x 4 samples x 16 new tokens, threads 2
+astrai RolloutRunner :     800.0 tokens/s  (wall 0.64 s, cpu 1.20 s)
+HF generate (TRL)    :     400.0 tokens/s  (wall 1.28 s, cpu 2.40 s)
+ratio astrai / HF    : 2.00x wall, 2.00x cpu
+"""
+
+INSPECT = """file 0.50 GB, 12 tensors, largest 128 MiB (written in 2 s)
+budget: 2 x largest + 500 MiB = 756 MiB
+inspect-weights: peak RSS 300 MiB (0.40 of budget, PASS), 1.0 s = 0.50 GB/s; verdict locked, locked 10, overflow 1, non-finite 2
+peer (load_file + fp32 stats per tensor): peak RSS 1100 MiB, 2.0 s; ratio peer / ours = 3.67x
+"""
+
+
+def test_parsers_read_each_format():
+    rows = RA.parse_preprocess(PREPROCESS)
+    assert [(r.astrai, r.peer, r.ratio) for r in rows] == [
+        ("1,000,000 tok/s", "1,234,567 tok/s", "0.81"), ("230 MB", "210 MB (1x)", "1.10")]
+    rows = RA.parse_train(TRAIN)
+    assert [r.ratio for r in rows] == ["1.05", "0.98"] and "MFU 55.0%" in rows[0].measure
+    rows = RA.parse_distributed(DIST)
+    assert [(r.astrai, r.peer, r.ratio) for r in rows] == [
+        ("5,000 tok/s", "5,100 tok/s", "0.98"), ("5,000 tok/s", "4,000 tok/s", "1.25")]
+    rows = RA.parse_inference(INFER)
+    assert [r.ratio for r in rows] == ["1.75", "3.00", "4.00"]
+    assert all(r.measure.startswith("tiny:") for r in rows)
+    rows = RA.parse_rollout(ROLLOUT)
+    assert (rows[0].astrai, rows[0].peer, rows[0].ratio) == ("800 tok/s", "400 tok/s", "2.00")
+    rows = RA.parse_inspect(INSPECT)
+    assert (rows[0].astrai, rows[0].peer, rows[0].ratio) == ("300 MiB", "1100 MiB", "3.67")
+    assert "0.50 GB" in rows[0].measure and "PASS" in rows[0].measure
+
+
+def test_parsers_return_nothing_on_other_text():
+    for parse in (RA.parse_preprocess, RA.parse_train, RA.parse_distributed,
+                  RA.parse_inference, RA.parse_rollout, RA.parse_inspect):
+        assert parse("Traceback (most recent call last):\n  boom\n") == []
+
+
+def test_kernels_json(tmp_path):
+    p = tmp_path / "k.json"
+    p.write_text(json.dumps({
+        "decode": [{"B": 8, "L": 4096, "H": 32, "K": 8, "D": 128, "ms": 0.1, "gbs": 900,
+                    "pct_copy": 80.0, "x_ref": 20.0, "x_gather_sdpa": 5.0, "x_sdpa_only": 1.2,
+                    "x_flash": float("nan")}],
+        "prefill": [{"B": 4, "q": 1024, "kv": 1024, "ms": 1.0, "tflops": 200.0,
+                     "sdpa_tflops": 100.0, "x_sdpa": 2.0}],
+        "rotary": [{"N": 4096, "heads": 8, "D": 64, "ms": 0.01, "torch_ms": 0.03,
+                    "x_torch": 3.0}]}))
+    rows = RA.parse_kernels_json(p)
+    assert [r.ratio for r in rows] == ["5.00", "2.00", "3.00"]  # NaN flash row left out
+
+
+def test_report_has_machine_table_and_every_benchmark():
+    b = {x.name: x for x in RA.BENCHES}
+    results = [(b["preprocess"], RA.parse_preprocess(PREPROCESS), PREPROCESS, 12.0, 0),
+               (b["rollout"], [], "Traceback: boom", 3.0, 1),
+               (b["kernels"], [], "", 0.0, None)]
+    text = RA.report(results, {"CPU": "test cpu, 2 logical cores"}, "1.0 1.0 1.0",
+                     "2.0 2.0 2.0", "2025-01-01 00:00")
+    assert "| CPU | test cpu, 2 logical cores |" in text
+    assert "before 1.0 1.0 1.0; after 2.0 2.0 2.0" in text
+    assert "| preprocess | throughput, start-up excluded | 1,000,000 tok/s | 1,234,567 tok/s " \
+           "| **0.81** |" in text
+    assert "| rollout | vs HF generate (TRL path) | — | — | — | failed" in text
+    assert "| kernels | vs torch SDPA / flash-attn | — | — | — | skipped: needs CUDA |" in text
+    assert "Traceback: boom" in text  # the output of a failed benchmark is kept
+
+
+def test_list_names_every_script():
+    scripts = {b.script for b in RA.BENCHES}
+    for s in scripts:
+        assert (ROOT / "benchmarks" / s).is_file(), s
+    assert {"preprocess.py", "train_throughput.py", "inference.py", "kernels.py"} <= scripts
