@@ -73,12 +73,11 @@ class StageDisplay:
         if task is None:
             return
         fields: dict[str, Any] = {"info": ev.info} if ev.info else {}
-        if ev.total is not None:
-            fields["total"] = ev.total
+        total = ev.total if ev.total is not None else p.tasks[task].total
         if ev.kind == "update":
-            p.update(task, completed=ev.completed or 0, **fields)
-        else:
-            total = p.tasks[task].total or 1
+            p.update(task, total=total, completed=ev.completed or 0, **fields)
+        else:  # an open-ended stage (no total) shows as one finished unit
+            total = total or 1
             p.update(task, total=total, completed=total, **fields)
             p.stop_task(task)
 

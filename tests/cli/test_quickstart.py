@@ -135,6 +135,8 @@ def test_stage_display_live_rows():
         d(StageEvent("train", "update", 4, 10, "loss 3.000"))
         task = d.progress.tasks[0]
         assert (task.completed, task.total) == (4, 10)
+        d(StageEvent("train", "end", 10, 10, "loss 2.000"))
+        assert task.finished and task.fields["info"] == "loss 2.000"
         d(StageEvent("validate", "start"))
         d(StageEvent("validate", "end", info="2.5 bits/byte"))
         assert d.progress.tasks[1].finished
