@@ -22,6 +22,7 @@ process is forwarded by the agent to the workers, which save at the next step bo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -90,7 +91,8 @@ def launch_train(config: TrainConfig, *, launch: LaunchOptions | None = None,
     from astrai.train import run
 
     if not needs_launch(config):
-        return run.train(config, progress=progress, console=console)
+        with _external_group():
+            return run.train(config, progress=progress, console=console)
     config.require("out")
     run._check_new_run_dir(run.run_paths(config))
     run.plan_run(config)  # every user error surfaces here, before any process starts
@@ -105,8 +107,23 @@ def launch_resume(run_dir: str | Path, *, launch: LaunchOptions | None = None,
 
     config, _ = run.find_resume_point(run_dir)
     if not needs_launch(config):
-        return run.resume(run_dir, progress=progress, console=console)
+        with _external_group():
+            return run.resume(run_dir, progress=progress, console=console)
     return _launch("resume", str(run_dir), config, launch or LaunchOptions(), progress)
+
+
+@contextlib.contextmanager
+def _external_group():
+    """Under an external torchrun, leave the process group destroyed when the run ends
+    (the executor joined it; nobody else will tear it down before the process exits)."""
+    try:
+        yield
+    finally:
+        if dist_env().launched:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 # -- the launcher ------------------------------------------------------------------------

@@ -78,7 +78,7 @@ class PreemptionGuard:
         for sig in self.signals:
             # A Python handler must be installed for CPython to write the wakeup fd; the
             # decision itself is taken by the watcher thread.
-            self._old_handlers[sig] = signal.signal(sig, _ignore)
+            self._old_handlers[sig] = signal.signal(sig, self._python_handler)
         self._old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         self._thread = threading.Thread(target=self._watch, args=(r,), name="astrai-preemption",
                                         daemon=True)
@@ -98,6 +98,9 @@ class PreemptionGuard:
         if self._thread is not None:
             self._thread.join(timeout=5)
         os.close(r)
+
+    def _python_handler(self, signum, frame) -> None:
+        pass
 
     def _watch(self, fd: int) -> None:
         while True:
@@ -121,10 +124,6 @@ class PreemptionGuard:
                 os._exit(128 + signum)
 
 
-def _ignore(signum, frame) -> None:
-    pass
-
-
 class PreemptionCallback(Callback):
     """Stops training at the step boundary after a signal, with a checkpoint of that step.
 
@@ -137,7 +136,9 @@ class PreemptionCallback(Callback):
         self.guard = guard or PreemptionGuard()
         self._pending = None  # (work, tensor) of the flag sum started at the last boundary
 
-    def on_train_begin(self, ctx: TrainContext) -> None:
+    def on_epoch_begin(self, ctx: TrainContext) -> None:
+        # Not on_train_begin: a later callback failing there skips on_train_end, which
+        # would leave the handlers installed. Epochs run inside the trainer's try/finally.
         self.guard.install()
 
     def _agreed(self, ctx: TrainContext) -> bool:

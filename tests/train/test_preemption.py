@@ -15,6 +15,7 @@ import pytest
 
 from astrai.model.checkpoint import load_checkpoint
 from astrai.train import resume, train
+from astrai.train.callbacks import Callback
 from astrai.train.checkpointing import list_checkpoints
 from astrai.train.preemption import EXIT_PREEMPTED, PreemptionGuard
 
@@ -140,3 +141,18 @@ def test_second_signal_exits_at_once_and_keeps_last_checkpoint(tmp_path):
     assert [s for s, _ in ckpts] == [2]  # step_4 never appeared half-written
     _, _, meta = load_checkpoint(ckpts[-1][1])
     assert meta["step"] == 2
+
+
+def test_handlers_restored_after_a_run_and_a_failed_start(tmp_path):
+    class FailAtBegin(Callback):
+        name = "fail"
+
+        def on_train_begin(self, ctx):
+            raise RuntimeError("no start")
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    train(make_config(tmp_path / "a", max_steps=1), data=make_data("pretrain", n=8))
+    with pytest.raises(RuntimeError, match="no start"):
+        train(make_config(tmp_path / "b", max_steps=1), data=make_data("pretrain", n=8),
+              callbacks=[FailAtBegin()])
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
