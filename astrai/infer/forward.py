@@ -71,7 +71,7 @@ def forward_hidden(model: Transformer, input_ids: torch.Tensor, positions: torch
         k = _linear(h, attn.k_proj).view(N, K, D)  # (N, K, D)
         v = _linear(h, attn.v_proj).view(N, K, D)
         qk = torch.cat((q, k), 1)  # (N, H+K, D)
-        qk = qk * cos2 + torch.cat((qk[..., half:], qk[..., :half]), -1) * sin2
+        qk = qk * cos2 + qk.roll(half, -1) * sin2  # roll(half) = [x2, x1]
         out = backend.attend(qk[None, :, :H], qk[None, :, H:], v[None], attn.layer, ctx)
         x = x + F.linear(out.reshape(N, H * D), attn.o_proj.weight)
         h = _rms(x, block.mlp_norm)
