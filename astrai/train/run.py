@@ -22,6 +22,7 @@ from astrai.config.train import TrainConfig
 from astrai.errors import CheckpointError, ConfigError, DataError
 from astrai.model.checkpoint import load_checkpoint
 from astrai.model.config import ModelConfig
+from astrai.model.presets import PRESETS
 from astrai.train.builder import Prepared, build_context, prepare, run_paths
 from astrai.train.callbacks import Callback, default_callbacks
 from astrai.train.checkpointing import latest_checkpoint, load_training_state
@@ -66,6 +67,20 @@ def _data(config: TrainConfig, data: TrainData | None) -> TrainData:
     config.require("data")
     return open_train_data(config.data, window_size=config.window_size,
                            eval_path=config.eval_data, val_split=config.val_split)
+
+
+def absolute_paths(config: TrainConfig) -> TrainConfig:
+    """The config with its filesystem paths made absolute, so the copy saved with the run
+    (and `astrai resume`) works from any working directory."""
+    update = {}
+    for key in ("data", "eval_data", "out", "ckpt_dir"):
+        value = getattr(config, key)
+        if value:
+            update[key] = str(Path(value).resolve())
+    model = config.model
+    if model and model not in PRESETS and not Path(model).is_absolute() and Path(model).exists():
+        update["model"] = str(Path(model).resolve())
+    return config.model_copy(update=update)
 
 
 def plan_run(config: TrainConfig, *, data: TrainData | None = None) -> TrainPlan:
@@ -114,6 +129,7 @@ def train(config: TrainConfig, *, data: TrainData | None = None,
           console: Any = None) -> TrainSummary:
     """Train a new run into config.out. `callbacks` run after the default ones."""
     config.require("out")
+    config = absolute_paths(config)
     paths = run_paths(config)
     if dist_env().rank == 0:  # the other ranks of a launched run write nothing
         _check_new_run_dir(paths)
