@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import decode_case, naive_rotary, prefill_case, rel_err
+from .kernel_cases import decode_case, naive_rotary, prefill_case, rel_err
 
 from astrai.kernels import build
 from astrai.kernels.library import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import decode_case, prefill_case
+from .kernel_cases import decode_case, prefill_case
 from torch.library import opcheck
 
 from astrai.kernels import paged_decode, paged_prefill, rotary_

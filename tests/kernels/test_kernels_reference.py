@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import (
+from .kernel_cases import (
     decode_case,
     naive_decode,
     naive_prefill,
