@@ -132,7 +132,8 @@ def test_ctrl_c_then_resume(tmp_path):
     finishes the run (exactness of resume itself is tests/train's business)."""
     out = tmp_path / "qs"
     p = subprocess.Popen([sys.executable, "-c", "from astrai_cli.main import main; main()",
-                          "quickstart", "--out", str(out), "--steps", "300", *SMALL],
+                          "quickstart", "--out", str(out), "--steps", "400", "--seq-len", "64",
+                          "--batch-size", "8", *SMALL],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     metrics = out / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 300
@@ -146,11 +147,11 @@ def test_ctrl_c_then_resume(tmp_path):
     resume = next(shlex.split(line) for line in stdout.splitlines() if "astrai resume" in line)
     assert resume[-1] == str(out / "run")
     stopped = sorted((out / "run" / "checkpoints").glob("step_*"))
-    assert len(stopped) == 1 and 10 <= int(stopped[0].name.split("_")[1]) < 300
+    assert len(stopped) == 1 and 10 <= int(stopped[0].name.split("_")[1]) < 400
     assert not (out / "summary.json").exists() or \
         json.loads((out / "summary.json").read_text())["preempted"]
 
     r = astrai(*resume[resume.index("resume"):], "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads(r.stdout)
-    assert s["steps"] == 300 and "val_bpb" in s["validation"]
+    assert s["steps"] == 400 and "val_bpb" in s["validation"]
