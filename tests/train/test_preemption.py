@@ -27,12 +27,12 @@ STEPS = 6
 
 SCRIPT = """
 import pathlib, sys, time
-sys.path.insert(0, {tests!r})
+sys.path.insert(0, {repo!r})
 import astrai.train.checkpointing as ck
 from astrai.train import train
 from astrai.train.callbacks import Callback
 from astrai.train.preemption import EXIT_PREEMPTED
-from train.conftest import make_config, make_data
+from tests.train.conftest import make_config, make_data
 
 out, delay, slow_save = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 
@@ -63,7 +63,7 @@ sys.exit(EXIT_PREEMPTED if summary.preempted else 0)
 
 
 def start(out, delay=0.0, slow_save=-1):
-    code = SCRIPT.format(tests=str(REPO / "tests"), steps=STEPS)
+    code = SCRIPT.format(repo=str(REPO), steps=STEPS)
     return subprocess.Popen([sys.executable, "-c", code, str(out), str(delay), str(slow_save)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
