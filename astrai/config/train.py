@@ -37,7 +37,7 @@ class TrainConfig(AlignmentOptions):
     model: str | None = None
     """Preset name, model config file (.json/.yaml), astrai checkpoint or HF model directory."""
     model_overrides: dict[str, Any] = Field(default_factory=dict)
-    """ModelConfig fields to override on a preset or config file (e.g. {n_layers: 2})."""
+    """ModelConfig fields to override on a preset or config file (CLI: n_layers=2)."""
     out: str | None = None
     """Run directory: resolved config, metrics.jsonl, checkpoints/step_N, `latest` pointer."""
 
