@@ -236,29 +236,29 @@ def register(app: typer.Typer) -> None:
                  "from one run are also compared for stuck weights.")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
         lr: Annotated[float | None, typer.Option(
-            "--lr", help="Learning rate for the BF16 dead zone [default: from meta.json].")] = None,
+            "--lr", help="Learning rate for the BF16 dead zone \\[default: from meta.json].")] = None,
         overflow: Annotated[float | None, typer.Option(
-            "--overflow", help="|w| above this is overflow [default: 1e4].")] = None,
+            "--overflow", help="|w| above this is overflow \\[default: 1e4].")] = None,
         lock_min_count: Annotated[int | None, typer.Option(
             "--lock-min-count", help="A locked value recurs at least this often per tensor "
-                                     "[default: 16].")] = None,
+                                     "\\[default: 16].")] = None,
         lock_z: Annotated[float | None, typer.Option(
             "--lock-z", help="...and lies this many robust std from the median "
-                             "[default: 8].")] = None,
+                             "\\[default: 8].")] = None,
         lock_excess: Annotated[float | None, typer.Option(
             "--lock-excess", help="...and recurs this many times more often than the spread "
-                                  "explains [default: 10].")] = None,
+                                  "explains \\[default: 10].")] = None,
         row_norm_factor: Annotated[float | None, typer.Option(
             "--row-norm-factor", help="Token rows with norm above this × the median are "
-                                      "extreme [default: 50].")] = None,
+                                      "extreme \\[default: 50].")] = None,
         stuck_min_count: Annotated[int | None, typer.Option(
             "--stuck-min-count", help="Stuck entries in moving matrices that make the verdict "
-                                      "'suspected' [default: 16].")] = None,
+                                      "'suspected' \\[default: 16].")] = None,
         stuck_min_moved: Annotated[float | None, typer.Option(
             "--stuck-min-moved", help="Fraction of a tensor that must change for it to count "
-                                      "as moving [default: 0.5].")] = None,
+                                      "as moving \\[default: 0.5].")] = None,
         top: Annotated[int | None, typer.Option(
-            "--top", help="Offenders to list [default: 10].")] = None,
+            "--top", help="Offenders to list \\[default: 10].")] = None,
         tensors: Annotated[bool, typer.Option(
             "--tensors", help="Also print every tensor's statistics.")] = False,
         variance: Annotated[str | None, typer.Option(
@@ -266,7 +266,7 @@ def register(app: typer.Typer) -> None:
             help="Instead: residual-stream variance per block, with and without residual "
                  "scaling, beside the paper's closed form.")] = None,
         tokens: Annotated[str | None, typer.Option(
-            "--tokens", help="--variance: token ids to run (e.g. 1,5,42) [default: random].")
+            "--tokens", help="--variance: token ids to run (e.g. 1,5,42) \\[default: random].")
         ] = None,
         seq_len: Annotated[int, typer.Option(
             "--seq-len", min=1, help="--variance: random tokens per row.")] = 64,
