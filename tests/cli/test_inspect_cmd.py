@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from astrai.inspect.testing import (
@@ -17,6 +18,15 @@ from astrai.inspect.testing import (
 from astrai_cli.main import app
 
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # tiny tensors: one thread avoids OpenMP barrier stalls on a busy 2-core machine
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

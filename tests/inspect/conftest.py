@@ -15,6 +15,16 @@ from astrai.inspect.testing import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # These tensors are tiny: on a busy 2-core machine OpenMP's barrier makes a small matmul
+    # ~1000x slower with 2 threads than with 1.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def cfg():
     return tiny_config()
