@@ -99,3 +99,15 @@ def test_paper_configuration_ratio_within_20_percent_of_2L():
     assert r.contribution_ratio("unit/") == pytest.approx(48, rel=0.2)
     u, s = r.closed_final
     assert (round(u, 1), round(s, 2)) == (17.5, 1.34)
+
+
+def test_hf_directory_target(tmp_path):
+    from astrai.inspect.testing import write_hf_dir
+
+    cfg = tiny_config(n_layers=2)
+    state = fresh_state(cfg, seed=5)
+    ours = V.residual_variance(write_checkpoint(tmp_path / "a", state, cfg), seq_len=8,
+                               fresh=False).get("checkpoint")
+    hf = V.residual_variance(write_hf_dir(tmp_path / "hf", state, cfg), seq_len=8,
+                             fresh=False).get("checkpoint")
+    assert hf.after == pytest.approx(ours.after, rel=1e-6)  # same weights, same tokens
