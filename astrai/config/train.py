@@ -143,6 +143,15 @@ class TrainConfig(AlignmentOptions):
     """DataLoader worker processes."""
     skip_nonfinite: int = Field(0, ge=0)
     """Skip up to N optimizer steps whose loss or gradient is not finite instead of stopping."""
+    guard_bf16: bool | None = None
+    """BF16 lock-in guard: inspect-weights' cheap checks every guard_every steps, counts in
+    metrics.jsonl, a warning when locked weights appear; None = on with bf16-true precision."""
+    guard_every: int = Field(100, gt=0)
+    """Steps between two lock-in checks of the guard."""
+    guard_grad_steps: int = Field(100, ge=0)
+    """The guard logs per-layer gradient norms during the first N steps (the paper's advice)."""
+    guard_histograms: bool = False
+    """The guard also logs per-layer log10 |g| histograms during those steps."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

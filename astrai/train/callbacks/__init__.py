@@ -11,7 +11,13 @@ from astrai.train.callbacks.clipping import GradientClippingCallback
 from astrai.train.callbacks.grad_ckpt import GradientCheckpointingCallback
 from astrai.train.callbacks.metrics import MetricsCallback
 from astrai.train.callbacks.progress import ProgressCallback
+from astrai.inspect.guard import GuardConfig, LockInGuard
 from astrai.train.compile import checkpoint_module_types
+
+
+def bf16_guard_enabled(config: TrainConfig) -> bool:
+    """--guard-bf16 when given, else on exactly with bf16-true weights (issue 8 item 5)."""
+    return config.guard_bf16 if config.guard_bf16 is not None else config.precision == "bf16-true"
 
 
 def default_callbacks(config: TrainConfig, *, progress: bool = False,
@@ -29,6 +35,10 @@ def default_callbacks(config: TrainConfig, *, progress: bool = False,
     if config.gradient_checkpointing:
         cbs.append(GradientCheckpointingCallback(
             checkpoint_module_types(config.gradient_checkpointing_modules)))
+    if bf16_guard_enabled(config):  # before metrics, so its figures land in this step's record
+        cbs.append(LockInGuard(GuardConfig(every=config.guard_every,
+                                           grad_steps=config.guard_grad_steps,
+                                           histograms=config.guard_histograms)))
     cbs.append(MetricsCallback(log_interval=config.log_interval,
                                eval_interval=config.eval_interval,
                                eval_max_batches=config.eval_max_batches,
