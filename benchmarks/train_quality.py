@@ -76,8 +76,10 @@ def main(argv: list[str] | None = None) -> None:
     asset = ASSETS / f"tiny_shakespeare_{corpus}.json"
     if args.record:
         ASSETS.mkdir(parents=True, exist_ok=True)
-        asset.write_text(json.dumps({"corpus_sha256_16": corpus, "train": args.train.name,
-                                     "val": args.val.name, "curve": curve}, indent=1) + "\n")
+        head = json.dumps({"corpus_sha256_16": corpus, "train": args.train.name,
+                           "val": args.val.name})[:-1]
+        rows = ",\n  ".join(json.dumps(r) for r in curve)  # one step per line: diffable
+        asset.write_text(f'{head}, "curve": [\n  {rows}\n]}}\n')
         print(f"recorded {asset}")
     elif asset.is_file():
         ref = {r["step"]: r for r in json.loads(asset.read_text())["curve"]}
