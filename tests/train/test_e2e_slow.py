@@ -53,7 +53,7 @@ def test_pretrain_then_sft_losses_fall(tmp_path):
     evals = [r["val_loss"] for r in recs if "val_loss" in r]
     assert len(evals) == 3 and evals[0] > evals[1] > evals[2]
     assert sum(r["loss"] for r in recs[-5:]) / 5 < recs[0]["loss"] - 1.0
-    sft = tmp_path / "sft"
+    sft = tmp_path / "sft_run"
     ok("train", "--strategy", "sft", "--data", tmp_path / "sft", "--model",
        pre / "checkpoints" / "step_60", "--out", sft, "--batch-size", 8, "--max-steps", 40,
        "--max-lr", 1e-3, "--eval-interval", 20, "--eval-max-batches", 4, "--device", "cpu")
