@@ -63,6 +63,9 @@ class QuickstartConfig(BaseModel):
     """Seed of the model init, data order and the sample."""
     device: str = "auto"
     """auto (cuda when present, else cpu), cpu, cuda, cuda:N."""
+    threads: int | None = Field(None, gt=0)
+    """CPU threads for the run; None = the faster of 1 and torch's default, measured while
+    sizing (torch's default with a fixed `steps`)."""
 
     # -- sample ---------------------------------------------------------------------------
     sample_prompt: str = "MACBETH.\n"

@@ -20,10 +20,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
+
 from astrai.errors import ConfigError
 from astrai.quickstart.config import QuickstartConfig
 from astrai.quickstart.corpus import find_corpus, text_bytes
-from astrai.quickstart.sizing import StepPlan, eval_seconds, measure_step_seconds, size_steps
+from astrai.quickstart.sizing import (
+    StepPlan,
+    eval_seconds,
+    fastest_threads,
+    measure_step_seconds,
+    size_steps,
+)
 from astrai.train.callbacks.base import Callback
 
 STAGES = ("tokenizer", "preprocess", "size", "train", "validate", "sample")
@@ -63,6 +71,8 @@ class QuickstartResult:
     steps: int
     step_s: float | None
     """Measured seconds per training step used to size the run (None with --steps)."""
+    threads: int
+    """CPU threads the run used."""
     consumed_tokens: int
     val_loss: float | None
     val_ppl: float | None
@@ -163,7 +173,16 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
 
 def run_quickstart(config: QuickstartConfig, on_event: EventFn | None = None
                    ) -> QuickstartResult:
-    """Run every stage into config.out; see the module docstring."""
+    """Run every stage into config.out; see the module docstring. The CPU thread count
+    chosen for the run is restored afterwards."""
+    threads = torch.get_num_threads()
+    try:
+        return _run(config, on_event)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult:
     from astrai.config.preprocess import load_spec
     from astrai.config.train import TrainConfig
     from astrai.data.bpe import SpecialTokens, train_tokenizer
@@ -227,19 +246,27 @@ def run_quickstart(config: QuickstartConfig, on_event: EventFn | None = None
     source = resolve_model(config.model, vocab_size=data.vocab_size, seq_len=data.seq_len,
                            seed=config.seed, overrides=overrides)
     per_epoch = windows_per_epoch(len(data.dataset), config.batch_size, 1)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
     if config.steps is not None:
-        plan = StepPlan(config.steps, None, None, None)
+        plan = StepPlan(config.steps, None, torch.get_num_threads(), None, None)
     else:
-        step_s = measure_step_seconds(source.config, config.batch_size, data.seq_len,
-                                      device=device, seed=config.seed)
+        if config.threads is None:
+            threads, step_s = fastest_threads(source.config, config.batch_size, data.seq_len,
+                                              device=device, seed=config.seed)
+            torch.set_num_threads(threads)
+        else:
+            step_s = measure_step_seconds(source.config, config.batch_size, data.seq_len,
+                                          device=device, seed=config.seed)
         val_tokens = int(splits["val"]["tokens"])
         left = (config.time_budget_s - (time.perf_counter() - t0)
                 - eval_seconds(step_s, val_tokens, config.batch_size * data.seq_len) - TAIL_S)
         plan = size_steps(left, step_s, steps_per_epoch=per_epoch,
-                          max_epochs=config.max_epochs)
+                          max_epochs=config.max_epochs, threads=torch.get_num_threads())
     why = {"epochs": f" (capped at {config.max_epochs:g} epochs)",
            "minimum": " (the minimum: the budget is too short for this machine)"}
-    step_info = "" if plan.step_s is None else f" at {plan.step_s:.2f} s/step"
+    step_info = "" if plan.step_s is None else \
+        f" at {plan.step_s:.2f} s/step, {plan.threads} thread{'s' * (plan.threads > 1)}"
     emit(StageEvent("size", "end", info=f"{plan.steps} steps{step_info}"
                     f"{why.get(plan.capped_by or '', '')}"))
 
@@ -273,6 +300,7 @@ def run_quickstart(config: QuickstartConfig, on_event: EventFn | None = None
         params=param_counts(source.config).total,
         train_rows=int(splits["train"]["samples"]), val_rows=int(splits["val"]["samples"]),
         steps=summary.steps, step_s=None if plan.step_s is None else round(plan.step_s, 4),
+        threads=plan.threads,
         consumed_tokens=summary.consumed_tokens,
         val_loss=val.get("val_loss"), val_ppl=val.get("val_ppl"), val_bpb=val.get("val_bpb"),
         val_bytes=text_bytes(corpus.val), sample_prompt=config.sample_prompt, sample=sample,

@@ -59,6 +59,29 @@ def _measure(config: ModelConfig, batch_size: int, seq_len: int, device: torch.d
     return statistics.median(times)
 
 
+def fastest_threads(config: ModelConfig, batch_size: int, seq_len: int, *,
+                    device: torch.device, seed: int = 0) -> tuple[int, float]:
+    """(intra-op threads, seconds per step) of the faster of one thread and the current
+    count, measured. On a CPU shared with other work, OpenMP threads that wait for a
+    descheduled sibling can make two threads several times slower than one (measured on
+    this project's loaded 2-core machine: 6.2 s against 0.53 s per step); on an idle
+    machine all cores win. The thread count is left as it was found."""
+    current = torch.get_num_threads()
+    if device.type != "cpu" or current == 1:
+        return current, measure_step_seconds(config, batch_size, seq_len, device=device,
+                                             seed=seed)
+    times = {}
+    try:
+        for n in (current, 1):
+            torch.set_num_threads(n)
+            times[n] = measure_step_seconds(config, batch_size, seq_len, device=device,
+                                            seed=seed)
+    finally:
+        torch.set_num_threads(current)
+    best = min(times, key=times.get)
+    return best, times[best]
+
+
 @dataclass(frozen=True)
 class StepPlan:
     """How many steps the run gets, and why."""
@@ -66,6 +89,8 @@ class StepPlan:
     steps: int
     step_s: float | None
     """Measured seconds per step (None when --steps fixed the count)."""
+    threads: int
+    """Intra-op CPU threads the run uses."""
     train_budget_s: float | None
     """Seconds left for training when the steps were sized."""
     capped_by: str | None
@@ -73,15 +98,15 @@ class StepPlan:
 
 
 def size_steps(train_budget_s: float, step_s: float, *, steps_per_epoch: int,
-               max_epochs: float, min_steps: int = 10) -> StepPlan:
+               max_epochs: float, min_steps: int = 10, threads: int = 1) -> StepPlan:
     """steps = floor(budget / step time), kept within [min_steps, max_epochs epochs]."""
     fit = math.floor(max(0.0, train_budget_s) / max(step_s, 1e-9))
     cap = max(min_steps, math.floor(max_epochs * steps_per_epoch))
     if fit > cap:
-        return StepPlan(cap, step_s, train_budget_s, "epochs")
+        return StepPlan(cap, step_s, threads, train_budget_s, "epochs")
     if fit < min_steps:
-        return StepPlan(min_steps, step_s, train_budget_s, "minimum")
-    return StepPlan(fit, step_s, train_budget_s, None)
+        return StepPlan(min_steps, step_s, threads, train_budget_s, "minimum")
+    return StepPlan(fit, step_s, threads, train_budget_s, None)
 
 
 def eval_seconds(step_s: float, val_tokens: int, tokens_per_step: int) -> float:

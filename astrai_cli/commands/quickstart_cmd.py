@@ -91,7 +91,8 @@ def render(res: dict[str, Any], console: Console) -> None:
     rows = [
         ("made", f"{res['out']}/ (tokenizer/, data/, run/, summary.json)"),
         ("model", f"{res['params'] / 1e6:.2f}M parameters, vocabulary {res['vocab_size']:,}"),
-        ("trained", f"{res['steps']:,} steps, {res['consumed_tokens']:,} tokens"),
+        ("trained", (f"{res['steps']:,} steps, {res['consumed_tokens']:,} tokens, "
+                    f"{res['threads']} CPU thread{'s' * (res['threads'] > 1)}")),
         ("validation", "-" if bpb is None else
          f"{bpb:.3f} bits per byte (loss {res['val_loss']:.3f} nats/token) on "
          f"{res['val_bytes']:,} bytes of held-out text"),
@@ -143,6 +144,9 @@ def register(app: typer.Typer) -> None:
                           ] = "auto",
         seed: Annotated[int, typer.Option("--seed", help="Seed of init, data order and the "
                                                          "sample.")] = 3407,
+        threads: Annotated[int | None, typer.Option(
+            "--threads", min=1, help="CPU threads \\[default: the faster of 1 and all cores, "
+            "measured; all cores with --steps].")] = None,
         overwrite: Annotated[bool, typer.Option(
             "--overwrite", help="Replace a previous quickstart in --out.")] = False,
         corpus: Annotated[Path | None, typer.Option(
@@ -175,6 +179,7 @@ def register(app: typer.Typer) -> None:
             "overwrite": overwrite, "vocab_size": vocab_size, "seq_len": seq_len,
             "batch_size": batch_size, "max_lr": max_lr, "model_overrides": overrides,
             "steps": steps, "time_budget_s": time_budget, "seed": seed, "device": device,
+            "threads": threads,
         }, source="quickstart options")
         err = Console(stderr=True, highlight=False)
         with StageDisplay(err) as display:

@@ -54,6 +54,21 @@ def test_measure_step_seconds_runs_a_real_step():
     assert torch.equal(before, torch.get_rng_state())  # its own generator: no RNG drawn
 
 
+def test_fastest_threads_picks_a_measured_count_and_restores():
+    from astrai.quickstart.sizing import fastest_threads
+
+    cfg = ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                      ffn_dim=64, max_seq_len=32)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        n, s = fastest_threads(cfg, 2, 16, device=torch.device("cpu"))
+        assert n in (1, 2) and s > 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_next_commands_quote_paths():
     cmds = next_commands("my runs/run/checkpoints/step_9", "my runs/run")
     by = {shlex.split(c["command"])[1]: shlex.split(c["command"]) for c in cmds}
