@@ -2,22 +2,22 @@
 
 Same shapes (a preset), same data (random token rows), same batch, optimizer (AdamW, decay
 on matrices), gradient clipping, fp32 on CPU and thread count; HF uses sdpa attention.
-Rounds are interleaved (astrai, hf, plain, astrai, ...) so a busy machine slows all three
-alike; the median and the best round of tokens/s over the timed steps are printed (on a
-shared machine the best round is the one least disturbed).
+Steps are interleaved (an astrai step, then one HF step and one plain step, from a callback)
+so a busy machine slows all three alike; the ratios are medians of per-step time ratios, and
+the median and best per-step tokens/s are printed too.
 
     python benchmarks/train_throughput.py                        # tiny and small presets
-    python benchmarks/train_throughput.py --presets tiny --rounds 5 --threads 2
+    python benchmarks/train_throughput.py --presets tiny --steps 20 --threads 2
 
-Prints tokens/s, the astrai/HF and astrai/plain ratios, and MFU against the fp32 matmul peak
-measured on this machine (astrai.train.flops.measure_peak_flops, 2048^3 matmuls).
+Prints tokens/s, the astrai/HF and astrai/plain ratios, and MFU (PaLM FLOPs per token,
+astrai.model.stats) against the best fp32 2048^3 matmul rate seen on this machine, at start
+and between steps.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +35,8 @@ from astrai.train.flops import measure_peak_flops
 from astrai.train.optim import decay_param_groups
 
 LR, WD, BETAS = 3e-4, 0.1, (0.9, 0.95)
+CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = time.perf_counter
 
 
 class Rows(torch.utils.data.Dataset):
@@ -54,63 +56,55 @@ def collate(samples):
     return {k: torch.stack([s[k] for s in samples]) for k in samples[0]}
 
 
-class StepTimes(Callback):
-    name = "step_times"
+class Interleave(Callback):
+    """Times each astrai step (end of the previous step -> on_step_end: data loading and
+    every callback included), then takes one step of every
+    peer, so the three alternate step by step and a busy machine slows them alike."""
 
-    def __init__(self) -> None:
-        self.t: list[float] = []
+    name = "interleave"
+
+    def __init__(self, peers: dict) -> None:
+        self.peers = peers
+        self.times: dict[str, list[float]] = {"astrai": [], **{k: [] for k in peers}}
+        self.peak = 0.0
+        self._a, self._b = torch.randn(2048, 2048), torch.randn(2048, 2048)
 
     def on_step_end(self, ctx) -> None:
-        self.t.append(time.perf_counter())
+        self.times["astrai"].append(clock() - self.start)
+        for name, step in self.peers.items():
+            t = clock()
+            step(ctx.state.step - 1)
+            self.times[name].append(clock() - t)
+        # the matmul peak, sampled between steps too: the best one seen is the machine's
+        t = time.perf_counter()
+        self._a @ self._b
+        self.peak = max(self.peak, 2 * 2048**3 / (time.perf_counter() - t))
+        self.start = clock()  # the next astrai step (data loading included) starts now
 
-
-def run_astrai(preset: str, B: int, T: int, warmup: int, steps: int) -> float:
-    """tokens/s of the real Trainer (callbacks, metrics, clipping) between step ends."""
-    cfg = get_preset(preset)
-    data = Rows(B * (warmup + steps + 1), T, cfg.vocab_size)
-    td = TrainData(dataset=data, kind="pretrain", seq_len=T, collate_fn=collate,
-                   vocab_size=cfg.vocab_size)
-    timer = StepTimes()
-    with tempfile.TemporaryDirectory() as tmp:
-        config = TrainConfig(model=preset, out=str(Path(tmp) / "run"), batch_size=B,
-                             max_lr=LR, weight_decay=WD, warmup_steps=0, ckpt_interval=0,
-                             max_steps=warmup + steps + 1, device="cpu", precision="fp32",
-                             peak_tflops=1.0)
-        train(config, data=td, callbacks=[timer])
-    # the last step also writes the final checkpoint: time steps warmup+1 .. warmup+steps
-    return B * T * steps / (timer.t[warmup + steps - 1] - timer.t[warmup - 1])
-
-
-def _loop(model, loss_fn, B: int, T: int, vocab: int, warmup: int, steps: int) -> float:
-    opt = torch.optim.AdamW(decay_param_groups(model, WD), lr=LR, betas=BETAS)
-    data = Rows(B * (warmup + steps), T, vocab)
-    model.train()
-    t0 = 0.0
-    for i in range(warmup + steps):
-        if i == warmup:
-            t0 = time.perf_counter()
-        batch = collate([data[j] for j in range(i * B, (i + 1) * B)])
-        loss = loss_fn(model, batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return B * T * steps / (time.perf_counter() - t0)
+    def on_train_begin(self, ctx) -> None:
+        self.start = clock()
 
 
 def _ce(logits, targets):
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
-def run_plain(preset: str, B: int, T: int, warmup: int, steps: int) -> float:
-    """nanoGPT-style loop over the same astrai Transformer: no trainer, no callbacks."""
-    cfg = get_preset(preset)
-    model = build_model(cfg, seed=0)
-    return _loop(model, lambda m, b: _ce(m(b["input_ids"]).logits, b["target_ids"]),
-                 B, T, cfg.vocab_size, warmup, steps)
+def peer_step(model, forward, data: Rows, B: int):
+    """One plain training step (forward, loss, backward, clip, AdamW) of `model`."""
+    opt = torch.optim.AdamW(decay_param_groups(model, WD), lr=LR, betas=BETAS)
+    model.train()
+
+    def step(i: int) -> None:
+        batch = collate([data[j] for j in range(i * B, (i + 1) * B)])
+        _ce(forward(model, batch["input_ids"]), batch["target_ids"]).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
 
 
-def run_hf(preset: str, B: int, T: int, warmup: int, steps: int) -> float:
+def hf_llama(preset: str):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = get_preset(preset)
@@ -125,11 +119,30 @@ def run_hf(preset: str, B: int, T: int, warmup: int, steps: int) -> float:
     torch.manual_seed(0)
     model = LlamaForCausalLM(hf)
     model.config.use_cache = False
-    return _loop(model, lambda m, b: _ce(m(input_ids=b["input_ids"]).logits, b["target_ids"]),
-                 B, T, c.vocab_size, warmup, steps)
+    return model
 
 
-RUNNERS = {"astrai": run_astrai, "hf": run_hf, "plain": run_plain}
+def run(preset: str, B: int, T: int, warmup: int, steps: int
+        ) -> tuple[dict[str, list[float]], float]:
+    """Seconds per step of astrai's Trainer (callbacks, metrics, clipping), HF Llama and a
+    nanoGPT-style loop over the astrai Transformer, interleaved; warmup steps dropped."""
+    cfg = get_preset(preset)
+    n = warmup + steps + 1
+    data = Rows(B * n, T, cfg.vocab_size)
+    peers = {
+        "hf": peer_step(hf_llama(preset), lambda m, x: m(input_ids=x).logits, data, B),
+        "plain": peer_step(build_model(cfg, seed=0), lambda m, x: m(x).logits, data, B),
+    }
+    timer = Interleave(peers)
+    td = TrainData(dataset=data, kind="pretrain", seq_len=T, collate_fn=collate,
+                   vocab_size=cfg.vocab_size)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = TrainConfig(model=preset, out=str(Path(tmp) / "run"), batch_size=B,
+                             max_lr=LR, weight_decay=WD, warmup_steps=0, ckpt_interval=0,
+                             max_steps=n, device="cpu", precision="fp32", peak_tflops=1.0)
+        train(config, data=td, callbacks=[timer])
+    # drop warmup; the last astrai step also wrote the final checkpoint after its timing
+    return {k: v[warmup:] for k, v in timer.times.items()}, timer.peak
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -138,31 +151,35 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=0, help="timed steps (0 = 8 tiny, 3 others)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=0, help="timed steps (0 = 12 tiny, 4 others)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--clock", choices=list(CLOCK), default="wall",
+                    help="wall time, or this process's CPU time (with --threads 1 it is "
+                         "barely touched by other processes on a shared machine)")
     args = ap.parse_args(argv)
+    global clock
+    clock = CLOCK[args.clock]
     torch.set_num_threads(args.threads)
     peak = measure_peak_flops("cpu", torch.float32, n=2048, seconds=1.0)
-    print(f"threads {args.threads}; fp32 matmul peak {peak / 1e9:.1f} GFLOP/s; "
+    print(f"threads {args.threads}, {args.clock} clock; fp32 matmul at start "
+          f"{peak / 1e9:.1f} GFLOP/s; "
           f"batch {args.batch} x {args.seq}", flush=True)
     for preset in args.presets:
-        steps = args.steps or (8 if preset == "tiny" else 3)
+        steps = args.steps or (12 if preset == "tiny" else 4)
         fpt = flops_per_token(get_preset(preset), args.seq, training=True)
-        res: dict[str, list[float]] = {k: [] for k in RUNNERS}
-        for r in range(args.rounds):
-            for name, fn in RUNNERS.items():
-                res[name].append(fn(preset, args.batch, args.seq, args.warmup, steps))
-                print(f"  {preset} round {r + 1} {name}: {res[name][-1]:,.0f} tok/s",
-                      file=sys.stderr, flush=True)
-        for label, agg in (("median", statistics.median), ("best", max)):
-            v = {k: agg(x) for k, x in res.items()}
-            print(f"{preset} ({label} of {args.rounds}): astrai {v['astrai']:,.0f} tok/s "
+        t, seen = run(preset, args.batch, args.seq, args.warmup, steps)
+        peak = max(peak, seen)
+        print(f"{preset}: best fp32 matmul seen {peak / 1e9:.1f} GFLOP/s (the MFU peak)")
+        tps = {k: [args.batch * args.seq / x for x in v] for k, v in t.items()}
+        ratio_hf = statistics.median(h / a for a, h in zip(t["astrai"], t["hf"], strict=True))
+        ratio_pl = statistics.median(p / a for a, p in zip(t["astrai"], t["plain"], strict=True))
+        for label, agg in (("median step", statistics.median), ("best step", max)):
+            v = {k: agg(x) for k, x in tps.items()}
+            print(f"{preset} ({label} of {steps}): astrai {v['astrai']:,.0f} tok/s "
                   f"(MFU {v['astrai'] * fpt / peak:.1%}) | HF Llama {v['hf']:,.0f} tok/s "
-                  f"(MFU {v['hf'] * fpt / peak:.1%}) | plain loop {v['plain']:,.0f} tok/s | "
-                  f"ratio astrai/HF = {v['astrai'] / v['hf']:.2f}, "
-                  f"astrai/plain = {v['astrai'] / v['plain']:.2f}", flush=True)
-
+                  f"(MFU {v['hf'] * fpt / peak:.1%}) | plain loop {v['plain']:,.0f} tok/s")
+        print(f"{preset}: ratio astrai/HF = {ratio_hf:.2f}, astrai/plain = {ratio_pl:.2f} "
+              "(median over steps of the per-step time ratios)", flush=True)
 
 if __name__ == "__main__":
     main()
