@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=0, help="timed steps (0 = 12 tiny, 4 others)")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved runs, steps pooled")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--clock", choices=list(CLOCK), default="wall",
                     help="wall time, or this process's CPU time (with --threads 1 it is "
@@ -167,19 +168,27 @@ def main(argv: list[str] | None = None) -> None:
     for preset in args.presets:
         steps = args.steps or (12 if preset == "tiny" else 4)
         fpt = flops_per_token(get_preset(preset), args.seq, training=True)
-        t, seen = run(preset, args.batch, args.seq, args.warmup, steps)
-        peak = max(peak, seen)
-        print(f"{preset}: best fp32 matmul seen {peak / 1e9:.1f} GFLOP/s (the MFU peak)")
+        t: dict[str, list[float]] = {}
+        for _ in range(args.rounds):
+            times, seen = run(preset, args.batch, args.seq, args.warmup, steps)
+            peak = max(peak, seen)
+            for k, v in times.items():
+                t.setdefault(k, []).extend(v)
         tps = {k: [args.batch * args.seq / x for x in v] for k, v in t.items()}
+        med = {k: statistics.median(v) for k, v in tps.items()}
+        best = {k: max(v) for k, v in tps.items()}
         ratio_hf = statistics.median(h / a for a, h in zip(t["astrai"], t["hf"], strict=True))
         ratio_pl = statistics.median(p / a for a, p in zip(t["astrai"], t["plain"], strict=True))
-        for label, agg in (("median step", statistics.median), ("best step", max)):
-            v = {k: agg(x) for k, x in tps.items()}
-            print(f"{preset} ({label} of {steps}): astrai {v['astrai']:,.0f} tok/s "
-                  f"(MFU {v['astrai'] * fpt / peak:.1%}) | HF Llama {v['hf']:,.0f} tok/s "
-                  f"(MFU {v['hf'] * fpt / peak:.1%}) | plain loop {v['plain']:,.0f} tok/s")
+        n = len(t["astrai"])
+        print(f"{preset}: astrai {med['astrai']:,.0f} tok/s (MFU {med['astrai'] * fpt / peak:.1%})"
+              f" | HF Llama {med['hf']:,.0f} tok/s (MFU {med['hf'] * fpt / peak:.1%})"
+              f" | plain loop {med['plain']:,.0f} tok/s   (median of {n} steps)")
+        print(f"{preset} best steps -- astrai {best['astrai']:,.0f}, HF Llama {best['hf']:,.0f},"
+              f" plain loop {best['plain']:,.0f} tok/s; MFU peak = best fp32 matmul seen, "
+              f"{peak / 1e9:.1f} GFLOP/s")
         print(f"{preset}: ratio astrai/HF = {ratio_hf:.2f}, astrai/plain = {ratio_pl:.2f} "
-              "(median over steps of the per-step time ratios)", flush=True)
+              "(median of the per-step time ratios)", flush=True)
+
 
 if __name__ == "__main__":
     main()
