@@ -167,6 +167,27 @@ def parse_inspect(out: str) -> list[Row]:
                 f"{ours[3]})", f"{ours[1]} MiB", f"{peer[1]} MiB", peer[2], "> 1 less memory")]
 
 
+def parse_quickstart(out: str) -> list[Row]:
+    rows = []
+    wall = re.search(r"quickstart wall: (\d+) s .*target <= 300 s: (\w+)", out)
+    if wall:
+        rows.append(Row("quickstart", f"wall seconds, whole command on this machine ({wall[2]})",
+                        f"{wall[1]} s", "300 s (target)", f"{int(wall[1]) / 300:.2f}",
+                        "≤ 1 within 5 minutes"))
+    ours = re.search(r"astrai val_bpb: ([\d.]+)", out)
+    peer = re.search(r"HF Llama val_bpb: ([\d.]+) after the same (\d+) steps", out)
+    r = re.search(r"ratio HF/astrai: bits per byte ([\d.]+).*training time ([\d.]+)", out)
+    if ours and peer and r:
+        rows.append(Row("quickstart", f"val bits per byte after {peer[2]} steps vs HF "
+                        "LlamaForCausalLM (target ≤ 2.6)", ours[1], peer[1], r[1],
+                        "≥ 1 as good or better"))
+        t = re.search(r"training seconds: astrai ([\d.]+) s .*HF Llama ([\d.]+) s", out)
+        if t:
+            rows.append(Row("quickstart", "training seconds for those steps vs HF Llama",
+                            f"{t[1]} s", f"{t[2]} s", r[2], "> 1 faster"))
+    return rows
+
+
 def parse_kernels_json(path: Path) -> list[Row]:
     data = json.loads(path.read_text())
     rows = []
@@ -206,6 +227,8 @@ BENCHES = [
                                     "--repeat", "2"], parse_rollout, "HF generate (TRL path)"),
     Bench("inspect", "inspect_memory.py", ["--gb", "0.5"], parse_inspect,
           "safetensors load_file"),
+    Bench("quickstart", "quickstart.py", [], parse_quickstart,
+          "HF transformers LlamaForCausalLM, same recipe"),
     Bench("kernels", "kernels.py", ["--quick"], lambda out: [], "torch SDPA / flash-attn",
           cuda=True),
 ]

@@ -1,10 +1,11 @@
 """QuickstartConfig: the whole newcomer path in one typed object (`astrai quickstart`).
 
 The defaults are the recipe measured for 2 CPU cores (docs/quickstart.md): a byte-level BPE
-of 2048 tokens, the `tiny` preset with tied embeddings (dim 256, 4 layers, 4 query / 2 KV
-heads, ~3.7M parameters) on 256-token rows, AdamW 2e-3 with a 30-step warmup and a cosine
-decay to a tenth; the number of steps is sized by a measured step time so the run fits
-`time_budget_s`.
+of 2048 tokens, the `tiny` preset cut to 2 layers with tied embeddings (dim 256, 4 query /
+2 KV heads, ~2.1M parameters) on 256-token rows, batches of 8 rows, AdamW 2e-3 with a
+30-step warmup and a cosine decay to a tenth; the number of steps is sized by a measured
+step time so the run fits `time_budget_s`. On 2 cores a shallower model seeing more tokens
+beats the 4-layer preset (2.42 against 2.53 bits per byte in the same budget).
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ class QuickstartConfig(BaseModel):
     # -- model ----------------------------------------------------------------------------
     model: str = "tiny"
     """Model preset the overrides apply to."""
-    model_overrides: dict[str, Any] = Field(default_factory=lambda: {"tie_embeddings": True})
+    model_overrides: dict[str, Any] = Field(
+        default_factory=lambda: {"n_layers": 2, "tie_embeddings": True})
     """ModelConfig fields changed on the preset (vocab_size and max_seq_len are set from
     the tokenizer and seq_len)."""
 
     # -- optimisation ---------------------------------------------------------------------
-    batch_size: int = Field(16, gt=0)
+    batch_size: int = Field(8, gt=0)
     """Rows per optimizer step."""
     max_lr: float = Field(2e-3, gt=0)
     """Peak AdamW learning rate (betas 0.9, 0.95; weight decay 0.1; clip 1.0)."""

@@ -21,8 +21,8 @@ from astrai.model.config import ModelConfig
 
 def measure_step_seconds(config: ModelConfig, batch_size: int, seq_len: int, *,
                          device: torch.device, timed: int = 3, seed: int = 0) -> float:
-    """Median seconds of one training step (forward, cross-entropy, backward, AdamW) on
-    random ids, after one untimed warm-up step. bf16 autocast on CUDA, as the trainer.
+    """Median seconds of one training step (forward, cross-entropy, backward, the trainer's
+    AdamW) on random ids, after one untimed warm-up step. bf16 autocast on CUDA, as the trainer.
     Leaves the global RNG states as it found them (module construction draws from them)."""
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
@@ -32,9 +32,10 @@ def measure_step_seconds(config: ModelConfig, batch_size: int, seq_len: int, *,
 def _measure(config: ModelConfig, batch_size: int, seq_len: int, device: torch.device,
              timed: int, seed: int) -> float:
     from astrai.model.init import build_model
+    from astrai.train.optim import build_adamw
 
     model = build_model(config, seed=seed, device=device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    opt = build_adamw(model, lr=1e-6, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, config.vocab_size, (batch_size, seq_len + 1), generator=gen)
     ids = ids.to(device)

@@ -158,12 +158,13 @@ def register(app: typer.Typer) -> None:
         seq_len: Annotated[int, typer.Option(
             "--seq-len", help="Tokens per training row.", rich_help_panel="Recipe")] = 256,
         batch_size: Annotated[int, typer.Option(
-            "--batch-size", help="Rows per step.", rich_help_panel="Recipe")] = 16,
+            "--batch-size", help="Rows per step.", rich_help_panel="Recipe")] = 8,
         max_lr: Annotated[float, typer.Option(
             "--max-lr", help="Peak learning rate.", rich_help_panel="Recipe")] = 2e-3,
         model_override: Annotated[list[str] | None, typer.Option(
             "--model-override", help="ModelConfig field of the tiny preset to change, "
-            "key=value (e.g. n_layers=2). Repeatable.", rich_help_panel="Recipe")] = None,
+            "key=value (e.g. n_layers=4), on top of n_layers=2 and tie_embeddings=true. "
+            "Repeatable.", rich_help_panel="Recipe")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")
                            ] = False,
     ) -> None:
@@ -173,7 +174,8 @@ def register(app: typer.Typer) -> None:
         from astrai.quickstart import QuickstartConfig, run_quickstart
         from astrai.train.preemption import EXIT_PREEMPTED
 
-        overrides = {"tie_embeddings": True, **_pairs(model_override)}
+        overrides = {**QuickstartConfig.model_fields["model_overrides"].default_factory(),
+                     **_pairs(model_override)}
         cfg = QuickstartConfig.from_dict({
             "out": str(out), "corpus": None if corpus is None else str(corpus),
             "overwrite": overwrite, "vocab_size": vocab_size, "seq_len": seq_len,

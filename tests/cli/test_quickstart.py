@@ -168,3 +168,15 @@ def test_summary_json_keys_documented():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "quickstart.md").read_text()
     missing = [f.name for f in fields(QuickstartResult) if f"`{f.name}`" not in doc]
     assert not missing, f"docs/quickstart.md does not describe {missing}"
+
+
+def test_cli_defaults_are_the_config_defaults():
+    """The command's option defaults are QuickstartConfig's (one recipe, not two)."""
+    import typer.main
+
+    cmd = typer.main.get_command(app).commands["quickstart"]
+    defaults = {p.name: p.default for p in cmd.params}
+    cfg = QuickstartConfig()
+    for name in ("vocab_size", "seq_len", "batch_size", "max_lr", "seed", "device"):
+        assert defaults[name] == getattr(cfg, name), name
+    assert defaults["time_budget"] == cfg.time_budget_s

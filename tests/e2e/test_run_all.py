@@ -60,6 +60,15 @@ inspect-weights: peak RSS 300 MiB (0.40 of budget, PASS), 1.0 s = 0.50 GB/s; ver
 peer (load_file + fp32 stats per tensor): peak RSS 1100 MiB, 2.0 s; ratio peer / ours = 3.67x
 """
 
+QUICKSTART = """machine: 2 CPUs, torch 2.13.0+cpu, 2 threads
+quickstart: 2,098,432 parameters, 696 steps of 8 x 256 tokens, 1,422,336 tokens
+quickstart wall: 234 s (summary total 234 s; stages tokenizer 0, train 225); target <= 300 s: met
+astrai val_bpb: 2.4240 (the quickstart reported 2.4240) on 115,583 bytes; target <= 2.6: met
+HF Llama val_bpb: 2.4304 after the same 696 steps
+training seconds: astrai 224.5 s (with validation), HF Llama 209.1 s
+ratio HF/astrai: bits per byte 1.003 (> 1: astrai lower), training time 0.93 (> 1: astrai faster)
+"""
+
 
 def test_parsers_read_each_format():
     rows = RA.parse_preprocess(PREPROCESS)
@@ -78,11 +87,17 @@ def test_parsers_read_each_format():
     rows = RA.parse_inspect(INSPECT)
     assert (rows[0].astrai, rows[0].peer, rows[0].ratio) == ("300 MiB", "1100 MiB", "3.67")
     assert "0.50 GB" in rows[0].measure and "PASS" in rows[0].measure
+    rows = RA.parse_quickstart(QUICKSTART)
+    assert [(r.astrai, r.peer, r.ratio) for r in rows] == [
+        ("234 s", "300 s (target)", "0.78"), ("2.4240", "2.4304", "1.003"),
+        ("224.5 s", "209.1 s", "0.93")]
+    assert "met" in rows[0].measure and "696 steps" in rows[1].measure
 
 
 def test_parsers_return_nothing_on_other_text():
     for parse in (RA.parse_preprocess, RA.parse_train, RA.parse_distributed,
-                  RA.parse_inference, RA.parse_rollout, RA.parse_inspect):
+                  RA.parse_inference, RA.parse_rollout, RA.parse_inspect,
+                  RA.parse_quickstart):
         assert parse("Traceback (most recent call last):\n  boom\n") == []
 
 
