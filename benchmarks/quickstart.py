@@ -6,7 +6,7 @@ packed rows for the same number of optimizer steps with the same recipe: batch, 
 (betas, eps, weight decay on matrices only), linear warmup + cosine, clipping at 1.0, a
 seeded shuffle each epoch. Both models' validation bits per byte are counted here by one
 function (summed next-token NLL in float64 / ln 2 / UTF-8 bytes of the predicted tokens),
-so neither side's own evaluation is trusted.
+not by either side's training loop.
 
     python benchmarks/quickstart.py                 # the default quickstart, then the peer
     python benchmarks/quickstart.py --steps 100     # a fixed step count (quicker check)
@@ -49,11 +49,9 @@ def val_bpb(forward, data_dir: Path, tokenizer_dir: Path) -> tuple[float, int]:
     """(bits per byte, bytes) of `forward(input_ids (1, T)) -> logits (1, T, V)` on the
     quickstart's val split: every target >= 0 is scored; special tokens carry no bytes."""
     from astrai.data.dataset import open_dataset
-    from astrai.data.tokenizer import Tokenizer
+    from astrai.train.bpb import token_byte_lengths
 
-    tok = Tokenizer.load(tokenizer_dir)
-    special = set(tok.special_ids)
-    lengths: dict[int, int] = {}
+    lengths = token_byte_lengths(tokenizer_dir)  # (V,)
     val = open_dataset(data_dir, "val")
     nll, n_bytes = 0.0, 0
     with torch.no_grad():
@@ -64,10 +62,7 @@ def val_bpb(forward, data_dir: Path, tokenizer_dir: Path) -> tuple[float, int]:
             keep = t >= 0
             nll += float(torch.nn.functional.cross_entropy(logits[keep], t[keep],
                                                            reduction="sum"))
-            for j in t[keep].tolist():
-                if j not in lengths:
-                    lengths[j] = 0 if j in special else len(tok.decode([j]).encode("utf-8"))
-                n_bytes += lengths[j]
+            n_bytes += int(lengths[t[keep]].sum())
     return nll / math.log(2) / n_bytes, n_bytes
 
 

@@ -182,8 +182,8 @@ def test_interactive_session_in_a_pseudo_terminal(ckpt):
         tty.send("/set max_tokens 4000\n")  # a reply that would run to the context end
         tty.expect(r">>> ")
         tty.send("Tell me everything\n")
-        tty.expect(r"Tell me everything\r?\n")
-        time.sleep(0.5)
+        tty.expect(r"Tell me everything\r?\n")  # the terminal's echo: not yet read
+        tty.expect(r"\S")  # the reply streams: the program is inside it
         tty.send("\x03")  # Ctrl-C stops the reply, not the program
         tty.expect(r"\(reply stopped\)")
         tty.expect(r">>> ")

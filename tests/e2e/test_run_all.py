@@ -45,7 +45,7 @@ INFER = """torch 2.13.0, threads 1, fp32, CPU
 == preset tiny (7.3M params)
 (a) one request at a time: engine 210.5 tok/s, HF 120.2 tok/s -> 1.75x HF (CPU time 1.70x); matmul floor 400.0 tok/s -> engine at 0.53 of the floor (CPU time 0.55); same tokens 2/2
 (b) 64 mixed requests: engine 900.0 tok/s, HF static batches of 16 300.0 tok/s -> 3.00x HF (CPU time 2.90x) (peak running 64, preemptions 0); same tokens 64/64
-(c) shared prefix: TTFT p50 120 ms with radix vs 480 ms without -> 4.00x (hit rate 0.80; wall 1.0s vs 3.0s); same tokens 64/64
+(c) shared prefix: TTFT p50 120 ms with radix vs 480 ms without -> 0.25x (hit rate 0.80; wall 1.0s vs 3.0s); same tokens 64/64
 """
 
 ROLLOUT = """preset tiny: 8 prompts x 4 samples x 16 new tokens, threads 2
