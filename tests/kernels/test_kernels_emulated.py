@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from .kernel_cases import decode_case, naive_rotary, prefill_case, rel_err
 
 from astrai.kernels import build
 from astrai.kernels.library import (
@@ -17,6 +16,8 @@ from astrai.kernels.library import (
 )
 from astrai.kernels.reference import paged_decode_ref, paged_prefill_ref, rotary_ref_
 from astrai.model.rope import rope_table
+
+from .kernel_cases import decode_case, naive_rotary, prefill_case, rel_err
 
 pytestmark = [
     pytest.mark.slow,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from .kernel_cases import decode_case, prefill_case, rel_err
 
 pytestmark = [

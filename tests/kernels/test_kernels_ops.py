@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from .kernel_cases import decode_case, prefill_case
 from torch.library import opcheck
 
 from astrai.kernels import paged_decode, paged_prefill, rotary_
 from astrai.kernels.reference import paged_decode_ref, paged_prefill_ref, rotary_ref_
 from astrai.model.rope import rope_table
+
+from .kernel_cases import decode_case, prefill_case
 
 
 def test_opcheck_paged_decode():

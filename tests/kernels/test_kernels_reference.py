@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from astrai.kernels.reference import paged_decode_ref, paged_prefill_ref, rotary_ref_
+from astrai.model.rope import apply_rope, rope_table
+
 from .kernel_cases import (
     decode_case,
     naive_decode,
@@ -12,9 +16,6 @@ from .kernel_cases import (
     prefill_case,
     rel_err,
 )
-
-from astrai.kernels.reference import paged_decode_ref, paged_prefill_ref, rotary_ref_
-from astrai.model.rope import apply_rope, rope_table
 
 
 @pytest.mark.parametrize(("H", "K", "D"), [(4, 4, 8), (6, 2, 16), (8, 1, 32)])

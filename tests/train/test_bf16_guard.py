@@ -20,7 +20,7 @@ def read(run_dir):
 
 
 def test_guard_defaults_follow_precision():
-    base = dict(out="o")
+    base = {"out": "o"}
     assert bf16_guard_enabled(TrainConfig(**base, precision="bf16-true"))
     assert not bf16_guard_enabled(TrainConfig(**base, precision="fp32"))
     assert not bf16_guard_enabled(TrainConfig(**base, precision="bf16-true", guard_bf16=False))

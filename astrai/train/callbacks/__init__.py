@@ -5,13 +5,13 @@ from __future__ import annotations
 from rich.console import Console
 
 from astrai.config.train import TrainConfig
+from astrai.inspect.guard import GuardConfig, LockInGuard
 from astrai.train.callbacks.base import HOOKS, Callback, CallbackList
 from astrai.train.callbacks.checkpoint import CheckpointCallback
 from astrai.train.callbacks.clipping import GradientClippingCallback
 from astrai.train.callbacks.grad_ckpt import GradientCheckpointingCallback
 from astrai.train.callbacks.metrics import MetricsCallback
 from astrai.train.callbacks.progress import ProgressCallback
-from astrai.inspect.guard import GuardConfig, LockInGuard
 from astrai.train.compile import checkpoint_module_types
 
 
