@@ -21,6 +21,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from astrai.quickstart import QuickstartConfig
 from astrai_cli.main import app
 
 pytestmark = pytest.mark.slow
@@ -94,7 +95,8 @@ def test_quickstart_end_to_end(tmp_path):
     assert (out / "tokenizer" / "tokenizer.json").is_file()
     assert (out / "data" / "manifest.json").is_file()
     assert (out / "run" / "metrics.jsonl").is_file()
-    assert summary["steps"] == 8 and summary["consumed_tokens"] == 8 * 16 * 256
+    batch = QuickstartConfig().batch_size  # the default recipe's rows per step
+    assert summary["steps"] == 8 and summary["consumed_tokens"] == 8 * batch * 256
     assert summary["vocab_size"] == 2048
     assert summary["sample"].startswith("MACBETH.\n") and len(summary["sample"]) > 12
     assert f"{summary['val_bpb']:.3f} bits per byte" in r.stdout
