@@ -23,13 +23,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8", "NO_CO
        "TERM": "dumb"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny matmuls: threading costs more than it gains on shared CI cores.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

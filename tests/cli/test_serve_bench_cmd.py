@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -18,13 +17,7 @@ FAST = ["--num-prompts", "3", "--input-len", "4:12", "--output-len", "2:3", "--w
         "--max-kv-tokens", "1024", "--max-requests", "8", "--device", "cpu"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny matmuls: threading costs more than it gains on shared CI cores.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -22,16 +22,7 @@ SMALL = ["--model", "tiny", "--model-overrides", "dim=64", "--model-overrides", 
          "--peak-tflops", "1"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread, as the killed subprocess (OMP_NUM_THREADS=1): equal bits need the
-    same reduction order, and tiny shapes run fastest on one thread anyway."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

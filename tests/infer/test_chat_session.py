@@ -26,15 +26,6 @@ def model(tok):
     return m
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny matmuls: threading costs more than it gains on shared CI cores.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def session(model, tok, max_context=None, max_tokens=6, **kw):
     eng = Engine(model, tok, CacheConfig(max_kv_tokens=1024, max_requests=4,
                                          max_context=max_context))

@@ -16,13 +16,8 @@ from astrai.inspect.testing import (
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    # These tensors are tiny: on a busy 2-core machine OpenMP's barrier makes a small matmul
-    # ~1000x slower with 2 threads than with 1.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """Every test here runs on one torch thread (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")

@@ -87,12 +87,8 @@ def make_config(tmp_path, **kw) -> TrainConfig:
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny shapes run fastest on one thread, and a shared CPU stays usable."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """Every test here runs on one torch thread (tests/conftest.py)."""
 
 
 @pytest.fixture

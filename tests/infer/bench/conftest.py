@@ -1,7 +1,6 @@
 """A tiny checkpoint (random weights, tiny trained tokenizer) for benchmark tests."""
 
 import pytest
-import torch
 
 from astrai.data.testing import tiny_tokenizer
 from astrai.model import ModelConfig, build_model
@@ -16,12 +15,3 @@ def tiny_ckpt(tmp_path_factory):
                       ffn_dim=128, max_seq_len=256)
     model = build_model(cfg, seed=0)
     return save_checkpoint(root / "ckpt", model, cfg, tokenizer_dir=tok.path)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny matmuls: threading costs more than it gains on shared CI cores.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
