@@ -30,24 +30,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from peers import hf_twin  # benchmarks/peers.py
 
 from astrai.infer import CacheConfig, Engine, SamplingParams, SchedulerConfig
 from astrai.model import build_model, get_preset
-from astrai.model.checkpoint import save_checkpoint
-from astrai.model.hf import export_hf
-
-
-def hf_twin(model, tmp: Path):
-    """The same weights as a transformers LlamaForCausalLM with sdpa attention."""
-    import transformers
-
-    save_checkpoint(tmp / "ckpt", model, model.config)
-    export_hf(tmp / "ckpt", tmp / "hf")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp / "hf", attn_implementation="sdpa", dtype=torch.float32).eval()
-    hf.generation_config.pad_token_id = 0
-    hf.generation_config.eos_token_id = None
-    return hf
 
 
 def make_engine(model, radix=True, max_running=64):

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from peers import hf_llama  # benchmarks/peers.py
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -66,22 +67,6 @@ def val_bpb(forward, data_dir: Path, tokenizer_dir: Path) -> tuple[float, int]:
     return nll / math.log(2) / n_bytes, n_bytes
 
 
-def hf_model(c, seed: int):
-    """LlamaForCausalLM of the shape of astrai ModelConfig `c`, freshly initialised."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    hf = LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.dim, intermediate_size=c.ffn_dim,
-        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
-        num_key_value_heads=c.kv_heads, head_dim=c.hdim, max_position_embeddings=c.max_seq_len,
-        rms_norm_eps=c.norm_eps, rope_theta=c.rope_theta, tie_word_embeddings=c.tie_embeddings,
-        attention_bias=False, mlp_bias=False, use_cache=False,
-    )
-    hf._attn_implementation = "sdpa"
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(hf)
-
-
 def pad(rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs (B, T) padded with 0 and targets (B, T) padded with -100 (not scored): the
     last packed row of a split may be short."""
@@ -98,14 +83,12 @@ def train_peer(model, data_dir: Path, *, steps: int, batch: int, max_lr: float, 
                warmup: int, seed: int) -> float:
     """The quickstart's recipe in a plain loop over the same rows; returns training seconds."""
     from astrai.data.dataset import open_dataset
+    from astrai.train.optim import decay_param_groups
     from astrai.train.schedule import cosine_rate
 
     data = open_dataset(data_dir, "train")
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
-    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": rest, "weight_decay": 0.0}],
-                            lr=max_lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    opt = torch.optim.AdamW(decay_param_groups(model, 0.1), lr=max_lr, betas=(0.9, 0.95),
+                            eps=1e-8, fused=True)
     gen = torch.Generator().manual_seed(seed)
     order: list[int] = []
     model.train()
@@ -159,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg = QuickstartConfig()
         steps = int(s["steps"])
-        hf = hf_model(model.config, cfg.seed)
+        hf = hf_llama(model.config, cfg.seed)
         peer_train_s = train_peer(hf, data_dir, steps=steps, batch=cfg.batch_size,
                                   max_lr=cfg.max_lr, min_lr=cfg.min_lr,
                                   warmup=min(cfg.warmup_steps, steps // 4), seed=cfg.seed)

@@ -26,23 +26,10 @@ import time
 from pathlib import Path
 
 import torch
+from peers import hf_twin  # benchmarks/peers.py
 
 from astrai.model import build_model, get_preset
-from astrai.model.checkpoint import save_checkpoint
-from astrai.model.hf import export_hf
 from astrai.train.rollout import RolloutConfig, RolloutRunner
-
-
-def hf_twin(model, tmp: Path):
-    import transformers
-
-    save_checkpoint(tmp / "ckpt", model, model.config)
-    export_hf(tmp / "ckpt", tmp / "hf")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp / "hf", attn_implementation="sdpa", dtype=torch.float32).eval()
-    hf.generation_config.pad_token_id = 0
-    hf.generation_config.eos_token_id = None
-    return hf
 
 
 def cpu_time() -> float:

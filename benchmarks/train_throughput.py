@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from peers import hf_llama  # benchmarks/peers.py
 
 from astrai.config.train import TrainConfig
 from astrai.model import build_model, get_preset
@@ -104,24 +105,6 @@ def peer_step(model, forward, data: Rows, B: int):
     return step
 
 
-def hf_llama(preset: str):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    c = get_preset(preset)
-    hf = LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.dim, intermediate_size=c.ffn_dim,
-        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
-        num_key_value_heads=c.kv_heads, head_dim=c.hdim, max_position_embeddings=c.max_seq_len,
-        rms_norm_eps=c.norm_eps, rope_theta=c.rope_theta, tie_word_embeddings=c.tie_embeddings,
-        attention_bias=False, mlp_bias=False,
-    )
-    hf._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(hf)
-    model.config.use_cache = False
-    return model
-
-
 def run(preset: str, B: int, T: int, warmup: int, steps: int
         ) -> tuple[dict[str, list[float]], float]:
     """Seconds per step of astrai's Trainer (callbacks, metrics, clipping), HF Llama and a
@@ -130,7 +113,7 @@ def run(preset: str, B: int, T: int, warmup: int, steps: int
     n = warmup + steps + 1
     data = Rows(B * n, T, cfg.vocab_size)
     peers = {
-        "hf": peer_step(hf_llama(preset), lambda m, x: m(input_ids=x).logits, data, B),
+        "hf": peer_step(hf_llama(get_preset(preset)), lambda m, x: m(input_ids=x).logits, data, B),
         "plain": peer_step(build_model(cfg, seed=0), lambda m, x: m(x).logits, data, B),
     }
     timer = Interleave(peers)
