@@ -11,8 +11,6 @@ held-out split. Progress goes to `on_event`; the library prints nothing.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -165,12 +163,6 @@ def next_commands(checkpoint: str, run_dir: str) -> list[dict[str, str]]:
     ]
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def run_quickstart(config: QuickstartConfig, on_event: EventFn | None = None
                    ) -> QuickstartResult:
     """Run every stage into config.out; see the module docstring. The CPU thread count
@@ -193,7 +185,7 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
     from astrai.train.data import open_train_data
     from astrai.train.model_source import resolve_model
     from astrai.train.plan import windows_per_epoch
-    from astrai.train.run import train
+    from astrai.train.run import train, write_json_atomic
 
     t0 = time.perf_counter()
     stage_s: dict[str, float] = {}
@@ -308,7 +300,7 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
         commands=next_commands(ckpt_shown, str(run_dir)) if ckpt_shown else [],
     )
     result.total_s = round(time.perf_counter() - t0, 2)
-    _write_json_atomic(out / "summary.json", result.to_dict())
+    write_json_atomic(out / "summary.json", result.to_dict())
     return result
 
 

@@ -97,7 +97,8 @@ def _check_new_run_dir(paths: RunPaths) -> None:
         )
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write `obj` as indented JSON so that a reader never sees half a file."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(obj, indent=2) + "\n")
     os.replace(tmp, path)
@@ -137,7 +138,7 @@ def train(config: TrainConfig, *, data: TrainData | None = None,
     ctx, states = build_context(prepared)
     if ctx.is_main:
         paths.run_dir.mkdir(parents=True, exist_ok=True)
-        _write_json_atomic(paths.config, config.to_dict())
+        write_json_atomic(paths.config, config.to_dict())
     cbs = default_callbacks(config, progress=progress, console=console) + list(callbacks)
     return _execute(ctx, cbs, states, None)
 
