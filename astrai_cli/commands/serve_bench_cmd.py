@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from astrai_cli.options import threads_option, use_threads
+from astrai_cli.options import checkpoint_path, threads_option, use_threads
 
 # (label, key, format) rows of the table, in sections; None formats skip the row when the
 # value is None in every run.
@@ -190,7 +190,7 @@ def register(app: typer.Typer) -> None:
         from astrai.infer.config import CacheConfig, SchedulerConfig
 
         config = BenchConfig(
-            target=target, workload=workload, num_prompts=num_prompts,
+            target=str(checkpoint_path(target)), workload=workload, num_prompts=num_prompts,
             input_len=parse_range(input_len, "--input-len"),
             output_len=parse_range(output_len, "--output-len"),
             prefix_len=prefix_len, prefix_groups=prefix_groups,
