@@ -12,10 +12,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from astrai.config.numbers import NoBoolNumbers
+
 DPOLossType = Literal["sigmoid", "ipo", "hinge"]
 
 
-class AlignmentOptions(BaseModel):
+class AlignmentOptions(NoBoolNumbers, BaseModel):
     """Fields shared by TrainConfig for dpo / grpo / reward / online-* runs."""
 
     # -- reference policy (dpo, grpo KL, online-*) ------------------------------------------

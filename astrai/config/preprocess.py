@@ -12,13 +12,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from astrai.config.numbers import NoBoolNumbers
 from astrai.errors import ConfigError
 
 Kind = Literal["pretrain", "sft", "dpo", "grpo"]
 Mask = Literal["train", "mask"]
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers, BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True,
                               use_attribute_docstrings=True)
 

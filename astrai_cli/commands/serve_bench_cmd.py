@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from astrai.tempdir import follow_umask
+
 # (label, key, format) rows of the table, in sections; None formats skip the row when the
 # value is None in every run.
 SECTIONS: list[tuple[str, list[tuple[str, str, str]]]] = [
@@ -92,6 +94,7 @@ def write_json(report: dict, path: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        follow_umask(tmp)  # mkstemp creates it private (0600)
         os.replace(tmp, dst)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
