@@ -196,12 +196,18 @@ def _format(e: ValidationError, source: str) -> str:
     return "; ".join(parts)
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The mapping in a YAML or JSON config file; errors name the file and line."""
+def read_config_file(path: str | Path, what: str = "a mapping of train options",
+                     hint: str = "") -> dict[str, Any]:
+    """The mapping in a YAML or JSON config file; errors name the file and line, say the
+    file should hold `what`, and end with `hint`."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file; expected {what} (YAML or JSON)"
+                          f"{hint}") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as e:
@@ -213,7 +219,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of train options, got {type(data).__name__}")
+        raise ConfigError(f"{path}: expected {what} (YAML or JSON), got "
+                          f"{type(data).__name__}{hint}")
     return data
 
 
