@@ -79,7 +79,8 @@ class PreprocessSpec(_Strict):
     output: str
     """Dataset directory to create (written to a temporary directory, then renamed)."""
     overwrite: bool = False
-    """Replace an existing output directory."""
+    """Replace an existing output that is a dataset astrai wrote (its manifest.json) and
+    holds none of the inputs; any other existing output is refused."""
     sections: list[Section] | None = None
     """Fields to tokenize, in order. Default per kind: pretrain [text: train];
     sft [messages: $role, template]. dpo and grpo use their fixed record keys."""

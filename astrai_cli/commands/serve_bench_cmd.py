@@ -33,7 +33,9 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str]]]] = [
         ("Input token throughput (tok/s)", "input_throughput", "{:.1f}"),
         ("Output token throughput (tok/s)", "output_throughput", "{:.1f}"),
         ("Total token throughput (tok/s)", "total_token_throughput", "{:.1f}"),
-        ("Peak concurrency", "peak_concurrency", "{:d}"),
+        ("Max concurrent requests (vLLM)", "max_concurrent_requests", "{:d}"),
+        ("Peak output tokens/s (vLLM)", "max_output_tokens_per_s", "{:.0f}"),
+        ("Peak concurrency (exact)", "peak_concurrency", "{:d}"),
         ("Mean concurrency", "mean_concurrency", "{:.2f}"),
     ]),
 ]
