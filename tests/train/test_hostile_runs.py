@@ -12,30 +12,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from astrai.train import train
 from astrai.train.checkpointing import clean_leftovers, list_checkpoints, prune
 from astrai.train.preemption import EXIT_PREEMPTED
-from astrai_cli.main import app
 
+from .cli_util import invoke, one_line
 from .conftest import make_config, make_data
 
 REPO = Path(__file__).resolve().parents[2]
-runner = CliRunner()
-
-
-def one_line(r, *needles):
-    assert r.exit_code == 2, r.output
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in r.output, r.output
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

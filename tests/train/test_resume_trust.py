@@ -5,31 +5,18 @@ import json
 import shutil
 
 import pytest
-from typer.testing import CliRunner
 
 from astrai.data.testing import tiny_dataset
 from astrai.train.rewards.trust import absolute_reward, names_code
-from astrai_cli.main import app
 
-runner = CliRunner()
+from .cli_util import invoke, one_line
+
 MODEL = ["--model", "tiny", "--model-overrides", "dim=32", "--model-overrides", "n_layers=1",
          "--model-overrides", "n_heads=2", "--model-overrides", "n_kv_heads=1",
          "--model-overrides", "head_dim=16", "--model-overrides", "ffn_dim=64"]
 ARGS = ["--batch-size", "2", "--device", "cpu", "--peak-tflops", "1", "--group-size", "2",
         "--rollout-max-tokens", "4", "--eval-max-tokens", "2", "--max-steps", "2",
         "--ckpt-interval", "1", "--keep-last", "0"]
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line(r, *needles):
-    assert r.exit_code == 2, r.output
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in r.output, r.output
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def test_spec_kinds():
