@@ -37,6 +37,6 @@ def register(app: typer.Typer) -> None:
         launch = launch_options({"rdzv_endpoint": rdzv_endpoint, "rdzv_id": rdzv_id,
                                  "shutdown_timeout": shutdown_timeout})
         err = Console(stderr=True)
-        summary = launch_resume(run_dir, reward=reward or None, launch=launch,
-                                progress=err.is_terminal, console=err)
+        summary = launch_resume(run_dir, reward=reward or None, launch=launch, progress=True,
+                                console=err)
         finish(summary, as_json)

@@ -294,7 +294,7 @@ def register(app: typer.Typer) -> None:
             emit(plan_run(cfg).to_dict(), as_json, render_plan)
             return
         err = Console(stderr=True)
-        summary = launch_train(cfg, launch=launch, progress=err.is_terminal, console=err)
+        summary = launch_train(cfg, launch=launch, progress=True, console=err)
         finish(summary, as_json)
 
     own = [

@@ -54,6 +54,7 @@ def test_train_writes_run_dir_and_json_summary(datasets, tmp_path, strategy):
     assert r.exit_code == 0, r.output
     s = json.loads(r.stdout)
     assert s["steps"] == 3 and s["checkpoint"].endswith("step_3")
+    assert "step 3/3 (100%) · loss" in r.stderr  # stderr is not a terminal: plain lines
     assert set(s["validation"]) == {"val_loss", "val_ppl", "val_bpb"}
     ckpt = out / "checkpoints" / "step_3"
     for f in ("model.safetensors", "config.json", "tokenizer.json", "meta.json",
