@@ -15,6 +15,7 @@ pretrain records outside the character filters yield ("filtered", where, reason,
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,11 @@ def _messages(value: Any, where: str, role: str) -> list[dict]:
     if isinstance(value, str):
         return [{"role": role, "content": value}]
     return check_messages(value, where)
+
+
+# \uD800-\uDFFF: half of a surrogate pair (an emoji written with ensure_ascii) or, alone,
+# a lone surrogate; lines without one (nearly all) skip the check
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _check_encodable(rec: dict, where: str) -> None:
@@ -179,7 +185,7 @@ class RecordEncoder:
                 if not isinstance(rec, dict):
                     raise DataError(f"{where}: expected a JSON object, got "
                                     f"{type(rec).__name__}")
-                if "\\u" in line:  # only a \uXXXX escape can decode to a lone surrogate
+                if SURROGATE_ESCAPE.search(line):  # only such an escape decodes to one
                     _check_encodable(rec, where)
                 extra: dict = {}
                 chars = 0
