@@ -158,3 +158,23 @@ def test_kill9_then_astrai_resume_is_bit_identical(datasets, tmp_path):
                 map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
 
     assert losses(out) == losses(straight)
+    # a finished run: resume says so instead of reporting a zero-step "training"
+    r = invoke("resume", straight)
+    assert r.exit_code == 0, r.output
+    assert f"nothing to resume: {straight} already finished at step 6 / 6" in " ".join(
+        r.stdout.split())
+
+
+def test_preempted_summary_names_the_resume_command():
+    import io
+
+    from rich.console import Console
+
+    from astrai_cli.commands.train_cmd import render_summary
+
+    buf = io.StringIO()
+    render_summary({"run_dir": "runs/x", "checkpoint": "runs/x/checkpoints/step_4", "steps": 4,
+                    "total_steps": 9, "final_loss": 1.5, "consumed_tokens": 10,
+                    "elapsed_s": 1.0, "tokens_per_s": 10.0, "preempted": True, "steps_run": 4},
+                   Console(file=buf, width=200))
+    assert "continue with: astrai resume runs/x" in buf.getvalue()
