@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from astrai import __version__
 from astrai.errors import CheckpointError
 from astrai.model.config import ModelConfig
 from astrai.model.transformer import Transformer
+from astrai.tempdir import follow_umask, sibling_tempdir
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -43,9 +43,7 @@ TOKENIZER_FILES = (
 def atomic_dir(final: str | Path, *, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temporary directory beside `final`; rename it into place only on success."""
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
+    with sibling_tempdir(final) as tmp:  # permissions of the umask, deleted on an error
         yield tmp
         if final.exists():
             if not overwrite:
@@ -56,9 +54,6 @@ def atomic_dir(final: str | Path, *, overwrite: bool = True) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def save_weights(state_dict: dict[str, torch.Tensor], path: str | Path) -> None:
@@ -67,6 +62,7 @@ def save_weights(state_dict: dict[str, torch.Tensor], path: str | Path) -> None:
     # between writes, and equal weights must give byte-identical files (exact resume is
     # checked by comparing them). The producer version lives in meta.json.
     save_file(tensors, str(path), metadata={"format": "pt"})
+    follow_umask(path)  # safetensors creates the file private (0600)
 
 
 def copy_tokenizer(src: str | Path, dst: str | Path) -> None:
