@@ -163,7 +163,22 @@ class TrainConfig(AlignmentOptions):
             raise ValueError("give either eval_data or val_split, not both")
         if self.label_smoothing:
             self._check_label_smoothing()
+        if self.ref_model:
+            self._check_ref_model()
         return self
+
+    def _check_ref_model(self) -> None:
+        """Here, not when the reference is first built: a bad --ref-model must fail before
+        the run directory exists."""
+        if self.strategy not in ("dpo", "grpo", "online-dpo", "online-grpo"):
+            raise ValueError(f"ref_model: strategy '{self.strategy}' has no reference model "
+                             "(it would be ignored); drop --ref-model")
+        from astrai.model.presets import PRESETS
+
+        if self.ref_model not in PRESETS and not Path(self.ref_model).exists():
+            raise ValueError(f"ref_model: '{self.ref_model}' is neither a preset "
+                             f"({', '.join(PRESETS)}), a config file, nor a checkpoint "
+                             "directory")
 
     def _check_label_smoothing(self) -> None:
         eps, s = self.label_smoothing, self.strategy

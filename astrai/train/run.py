@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -25,7 +26,12 @@ from astrai.model.config import ModelConfig
 from astrai.model.presets import PRESETS
 from astrai.train.builder import Prepared, build_context, prepare, run_paths
 from astrai.train.callbacks import Callback, default_callbacks
-from astrai.train.checkpointing import clean_leftovers, latest_checkpoint, load_training_state
+from astrai.train.checkpointing import (
+    clean_leftovers,
+    latest_checkpoint,
+    list_checkpoints,
+    load_training_state,
+)
 from astrai.train.context import RunPaths, TrainContext
 from astrai.train.data import TrainData, open_train_data
 from astrai.train.executors.process_group import dist_env
@@ -142,11 +148,19 @@ def train(config: TrainConfig, *, data: TrainData | None = None,
         _check_new_run_dir(paths)
     prepared = prepare(config, _data(config, data))
     ctx, states = build_context(prepared)
+    made = ctx.is_main and not paths.run_dir.exists()
     if ctx.is_main:
         paths.run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(paths.config, config.to_dict())
     cbs = default_callbacks(config, progress=progress, console=console) + list(callbacks)
-    return _execute(ctx, cbs, states, None)
+    try:
+        return _execute(ctx, cbs, states, None)
+    except BaseException:
+        # A run that fails before its first checkpoint made nothing to resume: leave no run
+        # directory behind that `astrai train` would refuse and `astrai resume` could not use.
+        if made and not list_checkpoints(paths.ckpt_dir):
+            shutil.rmtree(paths.run_dir, ignore_errors=True)
+        raise
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:
