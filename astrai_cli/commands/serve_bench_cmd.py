@@ -117,7 +117,8 @@ def register(app: typer.Typer) -> None:
         target: Annotated[str, typer.Argument(
             metavar="CHECKPOINT_OR_PRESET",
             help="A checkpoint directory, or a preset (tiny, small, 125m, 1.2b) with random "
-            "weights and a tiny trained tokenizer.")],
+            "weights and a tiny trained tokenizer; with --base-url, the model directory the "
+            "server serves.")],
         workload: Annotated[str, typer.Option(
             "--workload", "-w", help="random | shared-prefix | PATH to a JSONL file (one "
             "{\"prompt\" | \"prompt_ids\" | \"messages\", \"output_len\"} a line).")
@@ -180,11 +181,26 @@ def register(app: typer.Typer) -> None:
         max_context: Annotated[int | None, typer.Option(
             "--max-context", help="Context length (default: the model's max_seq_len).")
         ] = None,
+        base_url: Annotated[str | None, typer.Option(
+            "--base-url", help="Measure this OpenAI-compatible server (http://HOST:PORT) over "
+            "streaming HTTP; CHECKPOINT is then the model directory it serves (tokenizer).")
+        ] = None,
+        endpoint: Annotated[str, typer.Option(
+            "--endpoint", help="With --base-url: /v1/completions (token-id prompts) or "
+            "/v1/chat/completions.")] = "/v1/completions",
+        model: Annotated[str | None, typer.Option(
+            "--model", help="With --base-url: the model id to request (default: the first "
+            "in /v1/models).")] = None,
+        api_key: Annotated[str | None, typer.Option(
+            "--api-key", envvar="OPENAI_API_KEY", help="With --base-url: the server's API key "
+            "(env OPENAI_API_KEY).")] = None,
         json_file: Annotated[str | None, typer.Option(
             "--json", metavar="FILE", help="Also write every metric as JSON to FILE ('-': "
             "stdout, instead of the table).")] = None,
     ) -> None:
-        """Benchmark serving: TTFT, TPOT, ITL, latency, throughput, prefix hits, KV usage."""
+        """Benchmark serving: TTFT, TPOT, ITL, latency, throughput, prefix hits, KV usage.
+
+        In-process by default; --base-url measures any OpenAI-compatible server instead."""
         from astrai.infer.bench import BenchConfig, parse_range, parse_rate, parse_slos
         from astrai.infer.config import CacheConfig, SchedulerConfig
 
@@ -202,6 +218,7 @@ def register(app: typer.Typer) -> None:
                               max_requests=max_requests, radix=not no_radix,
                               max_context=max_context),
             scheduler=SchedulerConfig(max_step_tokens=max_step_tokens),
+            base_url=base_url, endpoint=endpoint, model=model, api_key=api_key,
         )
         report = _run(config).to_dict()
         if json_file is not None:
@@ -211,7 +228,10 @@ def register(app: typer.Typer) -> None:
 
 
 def _run(config: Any) -> Any:
-    from astrai.infer.bench import serve_bench
+    if config.base_url is not None:
+        from astrai.serve.bench import http_serve_bench as serve_bench
+    else:
+        from astrai.infer.bench import serve_bench
 
     err = Console(stderr=True, highlight=False)
     if not err.is_terminal:
