@@ -76,7 +76,8 @@ def free_port() -> int:
 
 def start(cmd: list[str], log: Path, threads: int) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO)}
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "wb"), env=env)
+    with open(log, "wb") as err:
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
 
 
 def bench(hf: Path, args: argparse.Namespace, base_url: str | None, model: str | None,

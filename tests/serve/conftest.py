@@ -51,10 +51,11 @@ class ServeProcess:
     def __init__(self, args: list[str], log: Path) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.log = log
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "astrai_cli.main", "serve", *args, "--port", "0",
-             "--threads", "1", "--device", "cpu"],
-            stdout=subprocess.DEVNULL, stderr=open(log, "wb"), env=env)
+        with open(log, "wb") as err:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "astrai_cli.main", "serve", *args, "--port", "0",
+                 "--threads", "1", "--device", "cpu"],
+                stdout=subprocess.DEVNULL, stderr=err, env=env)
         self.url = wait_until(self._listening, what=f"the server to listen ({log})")
         wait_until(lambda: self.get("/health")[0] == 200, what="/health")
 

@@ -86,8 +86,11 @@ def test_disconnects_and_garbage_under_load(busy_server, ckpt):
     assert [g for i, g in enumerate(got) if i not in leave] == alone
     for status, body in errors:
         assert 400 <= status < 500 and set(body["error"]) == {"message", "type", "param", "code"}
-    m = wait_until(lambda: (lambda m: m if m["astrai:num_requests_in_flight"] == 0 else None)(
-        metrics(srv)), what="every request to leave the engine")
+    def settled():
+        m = metrics(srv)
+        return m if m["astrai:num_requests_in_flight"] == 0 else None
+
+    m = wait_until(settled, what="every request to leave the engine")
     assert m["astrai:kv_pages_free"] == total
     assert srv.get("/health")[0] == 200
     assert "Traceback" not in srv.log.read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import signal
+import urllib.request
 from urllib.parse import urlparse
 
 import pytest
@@ -116,3 +117,19 @@ def test_full_server_answers_503_and_sigterm_drains(ckpt, tmp_path):
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
+
+
+def test_library_server_in_a_thread(ckpt):
+    from astrai.serve import ServeConfig, Server
+
+    server = Server.from_config(ServeConfig(str(ckpt), port=0, device="cpu",
+                                            served_model_name="t")).start()
+    try:
+        req = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(
+            {"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0}).encode())
+        with urllib.request.urlopen(req, timeout=60) as r:
+            body = json.loads(r.read())
+        assert body["usage"]["completion_tokens"] >= 1 and body["model"] == "t"
+    finally:
+        server.stop()
+    assert not server.loop.alive()

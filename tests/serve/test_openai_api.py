@@ -105,8 +105,8 @@ def test_stop_string_cuts_the_text(client):
 
 
 def test_seed_reproducible_and_n_choices(client):
-    kw = dict(model="tiny", prompt="The king", max_tokens=16, temperature=1.0, seed=7, n=2,
-              extra_body={"ignore_eos": True})
+    kw = {"model": "tiny", "prompt": "The king", "max_tokens": 16, "temperature": 1.0,
+          "seed": 7, "n": 2, "extra_body": {"ignore_eos": True}}
     a, b = client.completions.create(**kw), client.completions.create(**kw)
     assert [c.index for c in a.choices] == [0, 1]
     assert [c.text for c in a.choices] == [c.text for c in b.choices]
