@@ -96,40 +96,40 @@ class ServerMetrics:
             family(name, "histogram", doc, rows)
 
         pool = stats.pool
+        # (name, type, help, value) of the single-sample families.
+        single = [
+            ("vllm:num_requests_running", "gauge", "Requests in the running batch.",
+             stats.num_running),
+            ("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.",
+             stats.num_waiting),
+            ("astrai:num_requests_in_flight", "gauge",
+             "Engine requests admitted by the server and not yet finished.", in_flight),
+            ("astrai:peak_running_requests", "gauge",
+             "Most requests the engine has run in one batch since start.", stats.peak_running),
+            ("vllm:kv_cache_usage_perc", "gauge",
+             "Fraction of KV pages held by requests (1 = full; cache-only pages free).",
+             pool.utilization),
+            ("astrai:kv_pages_free", "gauge",
+             "KV pages free or held only by the prefix cache (reclaimable).",
+             pool.num_pages - pool.used_pages + pool.evictable_pages),
+            ("astrai:kv_pages_total", "gauge", "KV pages in the pool.", pool.num_pages),
+            ("vllm:prefix_cache_queries_total", "counter",
+             "Prompt tokens looked up in the prefix cache.", pool.prefix_query_tokens),
+            ("vllm:prefix_cache_hits_total", "counter",
+             "Prompt tokens served from the prefix cache.", pool.prefix_hit_tokens),
+            ("astrai:prefix_cache_hit_rate", "gauge",
+             "prefix_cache_hits / prefix_cache_queries since start.", pool.prefix_hit_rate),
+            ("vllm:num_preemptions_total", "counter", "Requests preempted.",
+             stats.num_preemptions),
+        ]
         with self._lock:
-            family("vllm:num_requests_running", "gauge",
-                   "Requests in the running batch.", [("", "", stats.num_running)])
-            family("vllm:num_requests_waiting", "gauge",
-                   "Requests waiting to be scheduled.", [("", "", stats.num_waiting)])
-            family("astrai:num_requests_in_flight", "gauge",
-                   "Engine requests admitted by the server and not yet finished.",
-                   [("", "", in_flight)])
-            family("astrai:peak_running_requests", "gauge",
-                   "Most requests the engine has run in one batch since start.",
-                   [("", "", stats.peak_running)])
-            family("vllm:kv_cache_usage_perc", "gauge",
-                   "Fraction of KV pages held by requests (1 = full; cache-only pages free).",
-                   [("", "", pool.utilization)])
-            family("astrai:kv_pages_free", "gauge",
-                   "KV pages free or held only by the prefix cache (reclaimable).",
-                   [("", "", pool.num_pages - pool.used_pages + pool.evictable_pages)])
-            family("astrai:kv_pages_total", "gauge", "KV pages in the pool.",
-                   [("", "", pool.num_pages)])
-            family("vllm:prefix_cache_queries_total", "counter",
-                   "Prompt tokens looked up in the prefix cache.",
-                   [("", "", pool.prefix_query_tokens)])
-            family("vllm:prefix_cache_hits_total", "counter",
-                   "Prompt tokens served from the prefix cache.",
-                   [("", "", pool.prefix_hit_tokens)])
-            family("astrai:prefix_cache_hit_rate", "gauge",
-                   "prefix_cache_hits / prefix_cache_queries since start.",
-                   [("", "", pool.prefix_hit_rate)])
-            family("vllm:num_preemptions_total", "counter", "Requests preempted.",
-                   [("", "", stats.num_preemptions)])
-            family("vllm:prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
-                   [("", "", self.prompt_tokens)])
-            family("vllm:generation_tokens_total", "counter",
-                   "Generated tokens of finished requests.", [("", "", self.generation_tokens)])
+            single += [
+                ("vllm:prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+                 self.prompt_tokens),
+                ("vllm:generation_tokens_total", "counter",
+                 "Generated tokens of finished requests.", self.generation_tokens)]
+            for name, kind, doc, value in single:
+                family(name, kind, doc, [("", "", value)])
             family("vllm:request_success_total", "counter", "Finished requests by reason.",
                    [("", f'finished_reason="{r}"', c) for r, c in sorted(self.finished.items())])
             hist("vllm:time_to_first_token_seconds", "Time to first token.", self.ttft)

@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from astrai_cli.commands.options import Backend, Device, Dtype, MaxContext
+
 # (label, key, format) rows of the table, in sections; None formats skip the row when the
 # value is None in every run.
 SECTIONS: list[tuple[str, list[tuple[str, str, str]]]] = [
@@ -156,18 +158,14 @@ def register(app: typer.Typer) -> None:
         goodput: Annotated[str | None, typer.Option(
             "--goodput", help="SLOs for goodput, e.g. ttft:200,tpot:50,e2el:2000 (ms).")
         ] = None,
-        backend: Annotated[str | None, typer.Option(
-            "--backend", help="Attention backend: torch_native | flash | cuda "
-            "(default: automatic).")] = None,
+        backend: Backend = None,
         compare_backends: Annotated[str | None, typer.Option(
             "--compare-backends", help="Comma-separated backends (or 'all' available) run in "
             "turn: one column each.")] = None,
-        device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N.")
-                          ] = "auto",
+        device: Device = "auto",
         threads: Annotated[int | None, typer.Option(
             "--threads", help="CPU threads for torch (default: torch's choice).")] = None,
-        dtype: Annotated[str, typer.Option(
-            "--dtype", help="auto | float32 | bfloat16 | float16.")] = "auto",
+        dtype: Dtype = "auto",
         page_size: Annotated[int, typer.Option("--page-size", help="KV page size.")] = 16,
         max_kv_tokens: Annotated[int, typer.Option(
             "--max-kv-tokens", help="Token slots in the KV pool.")] = 32768,
@@ -178,9 +176,7 @@ def register(app: typer.Typer) -> None:
         max_step_tokens: Annotated[int, typer.Option(
             "--max-step-tokens", help="Token budget of one engine step (chunked prefill).")
         ] = 2048,
-        max_context: Annotated[int | None, typer.Option(
-            "--max-context", help="Context length (default: the model's max_seq_len).")
-        ] = None,
+        max_context: MaxContext = None,
         base_url: Annotated[str | None, typer.Option(
             "--base-url", help="Measure this OpenAI-compatible server (http://HOST:PORT) over "
             "streaming HTTP; CHECKPOINT is then the model directory it serves (tokenizer).")

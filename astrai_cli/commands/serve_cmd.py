@@ -13,6 +13,8 @@ from typing import Annotated
 
 import typer
 
+from astrai_cli.commands.options import Backend, Device, Dtype, MaxContext
+
 
 def register(app: typer.Typer) -> None:
     @app.command("serve")
@@ -42,20 +44,13 @@ def register(app: typer.Typer) -> None:
         drain_timeout: Annotated[float, typer.Option(
             "--drain-timeout", help="Seconds in-flight requests get to finish on SIGTERM / "
             "Ctrl-C.")] = 30.0,
-        device: Annotated[str, typer.Option(
-            "--device", help="auto | cpu | cuda | cuda:N.")] = "auto",
-        dtype: Annotated[str, typer.Option(
-            "--dtype", help="auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | "
-            "float16.")] = "auto",
-        backend: Annotated[str | None, typer.Option(
-            "--backend", help="Attention backend: torch_native | flash | cuda "
-            "(default: automatic).")] = None,
+        device: Device = "auto",
+        dtype: Dtype = "auto",
+        backend: Backend = None,
         max_kv_tokens: Annotated[int, typer.Option(
             "--max-kv-tokens", help="Token slots in the KV pool.")] = 32768,
         page_size: Annotated[int, typer.Option("--page-size", help="KV page size.")] = 16,
-        max_context: Annotated[int | None, typer.Option(
-            "--max-context", help="Context length (default: the model's max_seq_len).")
-        ] = None,
+        max_context: MaxContext = None,
         max_step_tokens: Annotated[int, typer.Option(
             "--max-step-tokens", help="Token budget of one engine step (chunked prefill).")
         ] = 2048,
