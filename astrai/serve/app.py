@@ -187,14 +187,11 @@ def create_app(state: ServerState) -> Any:
         n = job.n
         items = [(f"{rid}-{i}", job.prompts[i // n], p) for i, p in enumerate(job.params)]
         index = {item[0]: i for i, item in enumerate(items)}
-        aio = asyncio.get_running_loop()
+        if state.loop.post is None:  # deliveries run on this (the server's) event loop
+            state.loop.post = asyncio.get_running_loop().call_soon_threadsafe
         q: asyncio.Queue = asyncio.Queue()
-
-        def deliver(out: Any) -> None:
-            aio.call_soon_threadsafe(q.put_nowait, out)
-
         try:
-            state.loop.submit(items, deliver)
+            state.loop.submit(items, q.put_nowait)
         except QueueFull:
             raise APIError(503, "the server is at capacity (max-running + max-queue requests "
                            "in flight); retry later", type="service_unavailable",

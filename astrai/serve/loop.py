@@ -31,10 +31,16 @@ class QueueFull(Exception):
 
 class EngineLoop:
     def __init__(self, engine: Any, *, max_in_flight: int,
-                 on_finish: Callable[[RequestOutput], None] | None = None) -> None:
+                 on_finish: Callable[[RequestOutput], None] | None = None,
+                 post: Callable[[Callable[[], None]], Any] | None = None) -> None:
+        """`post(fn)`: run fn on the consumers' thread (an asyncio loop's
+        call_soon_threadsafe); every delivery of one step goes in one call, so a step with
+        64 running requests wakes the event loop once, not 64 times. None: deliver from
+        the loop thread directly."""
         self.engine = engine
         self.max_in_flight = max_in_flight
         self.on_finish = on_finish
+        self.post = post
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Deliver] = {}
         self._count_lock = threading.Lock()
@@ -93,8 +99,7 @@ class EngineLoop:
         except BaseException as e:  # the loop is dead: fail every waiting request
             log.exception("the engine loop stopped")
             self.error = e
-            for deliver in set(self._sinks.values()):
-                deliver(e)
+            self._send([(d, e) for d in set(self._sinks.values())])
 
     def _command(self, op: str, arg: Any, deliver: Deliver | None) -> None:
         if op == "add":
@@ -108,7 +113,7 @@ class EngineLoop:
                 for rid in added:
                     self.engine.abort(rid)
                 self._release(len(arg) - len(added))
-                deliver(e)
+                self._send([(deliver, e)])
         elif op == "abort":
             for rid in arg:
                 self.engine.abort(rid)
@@ -118,10 +123,11 @@ class EngineLoop:
             outs = self.engine.step()
         except Exception as e:  # a failed step fails the requests it held, not the server
             log.exception("engine step failed")
-            for rid, deliver in list(self._sinks.items()):
-                deliver(e)  # the abort's final output releases the slot next turn
+            self._send([(d, e) for d in set(self._sinks.values())])
+            for rid in list(self._sinks):  # the abort's final output frees the slot next turn
                 self.engine.abort(rid)
             return
+        batch = []
         for out in outs:
             deliver = self._sinks.get(out.request_id)
             if out.finished:
@@ -130,7 +136,22 @@ class EngineLoop:
                 if self.on_finish is not None:
                     self.on_finish(out)
             if deliver is not None:
-                deliver(out)
+                batch.append((deliver, out))
+        self._send(batch)
+
+    def _send(self, batch: list[tuple[Deliver, Any]]) -> None:
+        if not batch:
+            return
+        if self.post is None:
+            for deliver, item in batch:
+                deliver(item)
+            return
+
+        def run() -> None:
+            for deliver, item in batch:
+                deliver(item)
+
+        self.post(run)
 
     def _release(self, k: int) -> None:
         with self._count_lock:
