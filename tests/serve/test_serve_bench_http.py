@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
+from astrai_cli.commands.serve_bench_cmd import render
 from astrai_cli.main import app
 from tests.serve.conftest import API_KEY
 
@@ -37,6 +40,9 @@ def test_http_mode_measures_the_same_workload(server, ckpt, endpoint):
     assert d["model"] == {"kind": "server", "name": "tiny", "path": str(ckpt), "dtype": "-",
                           "device": server.url}
     assert d["settings"]["endpoint"] == endpoint
+    out = io.StringIO()
+    render(d, Console(file=out, width=200))  # the table renders the server's run too
+    assert "(server, -, http://" in out.getvalue() and "Time to first token" in out.getvalue()
 
 
 def test_http_mode_errors_are_one_line(ckpt):
