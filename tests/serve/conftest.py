@@ -23,7 +23,9 @@ from astrai.model import ModelConfig, build_model
 from astrai.model.checkpoint import save_checkpoint
 
 API_KEY = "sk-test"
-MAX_CONTEXT = 128
+MAX_CONTEXT = 1024
+"""Long enough that a request of max_tokens ~1000 cannot end on its own while a test that
+aborts it is still acting: an abort is then the only way it leaves early."""
 
 
 @pytest.fixture(scope="session")

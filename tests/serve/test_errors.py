@@ -61,7 +61,7 @@ def test_client_raises_typed_errors(client, server):
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="tiny", messages=[], max_tokens=2)
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="tiny", prompt=list(range(MAX_CONTEXT)), max_tokens=4)
+        client.completions.create(model="tiny", prompt=[5] * MAX_CONTEXT, max_tokens=4)
     assert e.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="tiny", prompt=[1, 2], max_tokens=4, echo=True)

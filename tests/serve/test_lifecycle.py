@@ -68,7 +68,9 @@ def test_metrics_parse_with_vllm_names(server, client):
 def test_disconnect_aborts_and_frees_the_kv_pages(server):
     total = metrics(server)["astrai:kv_pages_total"]
     before = metrics(server).get("vllm:request_success_total{finished_reason=abort}", 0)
-    streams = [open_stream(server, {"prompt": list(range(10 + i, 30 + i)), "max_tokens": 100,
+    # ~1000 tokens each: they cannot finish while the test reads two events and closes, so
+    # only the abort on disconnect can take them out of the engine.
+    streams = [open_stream(server, {"prompt": list(range(10 + i, 30 + i)), "max_tokens": 1000,
                                     "temperature": 0, "ignore_eos": True}) for i in range(4)]
     for _, resp in streams:
         next_event(resp)
@@ -90,9 +92,11 @@ def test_disconnect_aborts_and_frees_the_kv_pages(server):
 
 def test_full_server_answers_503_and_sigterm_drains(ckpt, tmp_path):
     srv = ServeProcess([str(ckpt), "--api-key", API_KEY, "--max-running", "1",
-                        "--max-queue", "0", "--max-kv-tokens", "1024"], tmp_path / "err.txt")
+                        "--max-queue", "0", "--max-kv-tokens", "1024", "--drain-timeout", "600"],
+                       tmp_path / "err.txt")
     try:
-        conn, resp = open_stream(srv, {"prompt": [5, 6, 7], "max_tokens": 120,
+        # 400 tokens: still running when the next request comes, however fast the machine
+        conn, resp = open_stream(srv, {"prompt": [5, 6, 7], "max_tokens": 400,
                                        "temperature": 0, "ignore_eos": True})
         first = json.loads(next_event(resp))
         assert first["object"] == "text_completion"
@@ -110,7 +114,7 @@ def test_full_server_answers_503_and_sigterm_drains(ckpt, tmp_path):
         while (e := next_event(resp)) != "[DONE]":
             events.append(json.loads(e))
         assert events[-1]["choices"][0]["finish_reason"] == "length"
-        assert 1 + len(events) == 120
+        assert 1 + len(events) == 400
         conn.close()
         assert srv.proc.wait(timeout=60) == 0
         assert '"POST /v1/completions" 503' in srv.log.read_text()  # the access log

@@ -149,12 +149,12 @@ def test_models_and_health(client, server):
 def test_concurrent_clients_share_the_batch_and_get_what_they_get_alone(client, engine,
                                                                          server):
     prompts = [list(range(40 + i, 60 + 2 * i)) for i in range(8)]
-    want = [o.text for o in local(engine, prompts, 40, ignore_eos=True)]
+    want = [o.text for o in local(engine, prompts, 150, ignore_eos=True)]
     got: list = [None] * 8
     opened = threading.Barrier(8)
 
     def one(i: int) -> None:
-        stream = client.completions.create(model="tiny", prompt=prompts[i], max_tokens=40,
+        stream = client.completions.create(model="tiny", prompt=prompts[i], max_tokens=150,
                                            temperature=0, stream=True,
                                            extra_body={"ignore_eos": True})
         parts = []
