@@ -19,7 +19,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from astrai_cli.commands.options import Backend, Device, Dtype, MaxContext
+from astrai_cli.options import (
+    Backend,
+    Device,
+    Dtype,
+    MaxContext,
+    checkpoint_path,
+    threads_option,
+    use_threads,
+)
 
 
 @contextlib.contextmanager
@@ -187,6 +195,7 @@ def register(app: typer.Typer) -> None:
         history_file: Annotated[Path | None, typer.Option(
             "--history-file", help="Keep input history across sessions in this file.")
         ] = None,
+        threads: Annotated[str | None, threads_option()] = None,
     ) -> None:
         """Chat with a model: streamed replies, /set, /system, /reset, /stats, /exit."""
         from astrai.infer.chat_session import open_chat
@@ -194,6 +203,7 @@ def register(app: typer.Typer) -> None:
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed)  # invalid values: exit 2 here
+        use_threads(threads)
         err = Console(stderr=True, highlight=False, soft_wrap=True)
         text = None
         if prompt is not None:
@@ -201,6 +211,7 @@ def register(app: typer.Typer) -> None:
             if not text.strip():
                 from astrai.errors import ConfigError
                 raise ConfigError("--prompt is empty: give the message to answer")
+        checkpoint = checkpoint_path(checkpoint, err)
         session = open_chat(checkpoint, params=params, system=system,
                             template=not no_template, device=device, dtype=dtype,
                             backend=backend, max_context=max_context, seed=seed or 0)

@@ -17,7 +17,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from astrai_cli.commands.options import Backend, Device, Dtype, MaxContext
+from astrai.tempdir import follow_umask
+from astrai_cli.options import (
+    Backend,
+    Device,
+    Dtype,
+    MaxContext,
+    checkpoint_path,
+    threads_option,
+    use_threads,
+)
 
 # (label, key, format) rows of the table, in sections; None formats skip the row when the
 # value is None in every run.
@@ -33,7 +42,9 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str]]]] = [
         ("Input token throughput (tok/s)", "input_throughput", "{:.1f}"),
         ("Output token throughput (tok/s)", "output_throughput", "{:.1f}"),
         ("Total token throughput (tok/s)", "total_token_throughput", "{:.1f}"),
-        ("Peak concurrency", "peak_concurrency", "{:d}"),
+        ("Max concurrent requests (vLLM)", "max_concurrent_requests", "{:d}"),
+        ("Peak output tokens/s (vLLM)", "max_output_tokens_per_s", "{:.0f}"),
+        ("Peak concurrency (exact)", "peak_concurrency", "{:d}"),
         ("Mean concurrency", "mean_concurrency", "{:.2f}"),
     ]),
 ]
@@ -94,6 +105,7 @@ def write_json(report: dict, path: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        follow_umask(tmp)  # mkstemp creates it private (0600)
         os.replace(tmp, dst)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -163,8 +175,7 @@ def register(app: typer.Typer) -> None:
             "--compare-backends", help="Comma-separated backends (or 'all' available) run in "
             "turn: one column each.")] = None,
         device: Device = "auto",
-        threads: Annotated[int | None, typer.Option(
-            "--threads", help="CPU threads for torch (default: torch's choice).")] = None,
+        threads: Annotated[str | None, threads_option()] = None,
         dtype: Dtype = "auto",
         page_size: Annotated[int, typer.Option("--page-size", help="KV page size.")] = 16,
         max_kv_tokens: Annotated[int, typer.Option(
@@ -201,14 +212,15 @@ def register(app: typer.Typer) -> None:
         from astrai.infer.config import CacheConfig, SchedulerConfig
 
         config = BenchConfig(
-            target=target, workload=workload, num_prompts=num_prompts,
+            target=str(checkpoint_path(target)), workload=workload, num_prompts=num_prompts,
             input_len=parse_range(input_len, "--input-len"),
             output_len=parse_range(output_len, "--output-len"),
             prefix_len=prefix_len, prefix_groups=prefix_groups,
             request_rate=parse_rate(request_rate), burstiness=burstiness,
             max_concurrency=max_concurrency, seed=seed, warmup=warmup,
             temperature=temperature, ignore_eos=not stop_at_eos, slos=parse_slos(goodput),
-            backends=_backends(backend, compare_backends), device=device, threads=threads,
+            backends=_backends(backend, compare_backends), device=device,
+            threads=None if threads is None else use_threads(threads),
             dtype=None if dtype == "auto" else dtype,
             cache=CacheConfig(page_size=page_size, max_kv_tokens=max_kv_tokens,
                               max_requests=max_requests, radix=not no_radix,

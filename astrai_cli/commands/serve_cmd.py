@@ -13,7 +13,15 @@ from typing import Annotated
 
 import typer
 
-from astrai_cli.commands.options import Backend, Device, Dtype, MaxContext
+from astrai_cli.options import (
+    Backend,
+    Device,
+    Dtype,
+    MaxContext,
+    checkpoint_path,
+    threads_option,
+    use_threads,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -54,8 +62,7 @@ def register(app: typer.Typer) -> None:
         max_step_tokens: Annotated[int, typer.Option(
             "--max-step-tokens", help="Token budget of one engine step (chunked prefill).")
         ] = 2048,
-        threads: Annotated[int | None, typer.Option(
-            "--threads", help="CPU threads for torch (default: torch's choice).")] = None,
+        threads: Annotated[str | None, threads_option()] = None,
         seed: Annotated[int, typer.Option(
             "--seed", help="Seed of requests that give none.")] = 0,
     ) -> None:
@@ -63,6 +70,7 @@ def register(app: typer.Typer) -> None:
         from astrai.infer.config import CacheConfig, SchedulerConfig
         from astrai.serve import ServeConfig, serve
 
+        checkpoint = checkpoint_path(checkpoint)  # a run directory: its newest checkpoint
         config = ServeConfig(
             model_path=str(checkpoint), host=host, port=port, api_key=api_key,
             served_model_name=served_model_name, max_running=max_running,
@@ -74,11 +82,7 @@ def register(app: typer.Typer) -> None:
             scheduler=SchedulerConfig(max_step_tokens=max_step_tokens))
         config.validate()  # bad flags fail before the weights load
         if threads is not None:
-            if threads < 1:
-                from astrai.errors import ConfigError
-                raise ConfigError(f"--threads {threads}: must be >= 1")
-            import torch
-            torch.set_num_threads(threads)
+            use_threads(threads)
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
         for name in ("astrai.serve", "astrai.infer"):
