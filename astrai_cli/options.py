@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -37,3 +37,12 @@ def checkpoint_path(path: str | Path, err: Any = None) -> Path:
         (err or Console(stderr=True)).print(note, highlight=False, soft_wrap=True,
                                             markup=False)
     return resolved
+
+
+Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N.")]
+Dtype = Annotated[str, typer.Option(
+    "--dtype", help="auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16.")]
+Backend = Annotated[str | None, typer.Option(
+    "--backend", help="Attention backend: torch_native | flash | cuda (default: automatic).")]
+MaxContext = Annotated[int | None, typer.Option(
+    "--max-context", help="Context length (default: the model's max_seq_len).")]

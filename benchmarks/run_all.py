@@ -189,6 +189,29 @@ def parse_quickstart(out: str) -> list[Row]:
     return rows
 
 
+def parse_serve(out: str) -> list[Row]:
+    rows = []
+    tp = r": ([\d.]+) output tok/s, median TTFT ([\d.]+) ms"
+    local = re.search(r"astrai in-process" + tp, out)
+    http = re.search(r"astrai serve \(HTTP /v1/completions\)" + tp, out)
+    r = re.search(r"astrai HTTP / in-process output throughput: ([\d.]+)", out)
+    if local and http and r:
+        rows.append(Row("serving (HTTP)", "astrai serve vs in-process engine, output tok/s "
+                        "(same workload)", f"{http[1]} tok/s", f"{local[1]} tok/s", r[1],
+                        "≥ 0.90 HTTP costs < 10%"))
+    chat = re.search(r"astrai serve \(HTTP /v1/chat/completions\)" + tp, out)
+    peer = re.search(r"transformers serve --continuous-batching \(HTTP [^)]*\)" + tp, out)
+    pr = re.search(r"ratio astrai/peer \(chat\): output throughput ([\d.]+)x.*?median TTFT "
+                   r"([\d.]+)x", out)
+    if chat and peer and pr:
+        rows.append(Row("serving (HTTP)", "output tok/s vs transformers serve "
+                        "--continuous-batching (target ≥ 2.0)", f"{chat[1]} tok/s",
+                        f"{peer[1]} tok/s", pr[1], "> 1 faster"))
+        rows.append(Row("serving (HTTP)", "median TTFT vs transformers serve (target ≤ 0.5)",
+                        f"{chat[2]} ms", f"{peer[2]} ms", pr[2], "< 1 faster"))
+    return rows
+
+
 def parse_kernels_json(path: Path) -> list[Row]:
     data = json.loads(path.read_text())
     rows = []
@@ -228,6 +251,8 @@ BENCHES = [
                                     "--repeat", "2"], parse_rollout, "HF generate (TRL path)"),
     Bench("inspect", "inspect_memory.py", ["--gb", "0.5"], parse_inspect,
           "safetensors load_file"),
+    Bench("serve", "serve.py", [], parse_serve,
+          "transformers serve --continuous-batching (HTTP)"),
     Bench("quickstart", "quickstart.py", [], parse_quickstart,
           "HF transformers LlamaForCausalLM, same recipe"),
     Bench("kernels", "kernels.py", ["--quick"], lambda out: [], "torch SDPA / flash-attn",

@@ -69,6 +69,15 @@ training seconds: astrai 224.5 s (with validation), HF Llama 209.1 s
 ratio HF/astrai: bits per byte 1.003 (> 1: astrai lower), training time 0.93 (> 1: astrai faster)
 """
 
+SERVE = """== preset tiny, 64 requests, input 32:128, output 16:64, Poisson 8.0 req/s, 1 thread(s), CPU fp32
+astrai in-process: 300.5 output tok/s, median TTFT 70.1 ms, median ITL 20.0 ms, 64 completed, 0 failed
+astrai serve (HTTP /v1/completions): 290.0 output tok/s, median TTFT 90.0 ms, median ITL 21.0 ms, 64 completed, 0 failed
+astrai serve (HTTP /v1/chat/completions): 280.0 output tok/s, median TTFT 95.0 ms, median ITL 21.0 ms, 64 completed, 0 failed
+astrai HTTP / in-process output throughput: 0.97 (target >= 0.90)
+transformers serve --continuous-batching (HTTP /v1/chat/completions): 100.0 output tok/s, median TTFT 900.0 ms, median ITL 90.0 ms, 64 completed, 0 failed
+ratio astrai/peer (chat): output throughput 2.80x (target >= 2.0), median TTFT 0.11x (target <= 0.5)
+"""
+
 
 def test_parsers_read_each_format():
     rows = RA.parse_preprocess(PREPROCESS)
@@ -92,12 +101,16 @@ def test_parsers_read_each_format():
         ("234 s", "300 s (target)", "0.78"), ("2.4240", "2.4304", "1.003"),
         ("224.5 s", "209.1 s", "0.93")]
     assert "met" in rows[0].measure and "696 steps" in rows[1].measure
+    rows = RA.parse_serve(SERVE)
+    assert [(r.astrai, r.peer, r.ratio) for r in rows] == [
+        ("290.0 tok/s", "300.5 tok/s", "0.97"), ("280.0 tok/s", "100.0 tok/s", "2.80"),
+        ("95.0 ms", "900.0 ms", "0.11")]
 
 
 def test_parsers_return_nothing_on_other_text():
     for parse in (RA.parse_preprocess, RA.parse_train, RA.parse_distributed,
                   RA.parse_inference, RA.parse_rollout, RA.parse_inspect,
-                  RA.parse_quickstart):
+                  RA.parse_quickstart, RA.parse_serve):
         assert parse("Traceback (most recent call last):\n  boom\n") == []
 
 

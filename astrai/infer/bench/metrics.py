@@ -54,10 +54,13 @@ class RequestRecord:
     """When the request finished (its last token, or its abort)."""
     success: bool = True
     error: str = ""
+    num_output: int | None = None
+    """Output tokens when a server reports them (usage); None = one per token time. A
+    server may stream several tokens in one chunk: TPOT then counts tokens, ITL chunks."""
 
     @property
     def output_len(self) -> int:
-        return len(self.token_times)
+        return len(self.token_times) if self.num_output is None else self.num_output
 
     @property
     def ttft(self) -> float | None:
