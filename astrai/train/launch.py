@@ -101,15 +101,17 @@ def launch_train(config: TrainConfig, *, launch: LaunchOptions | None = None,
 
 
 def launch_resume(run_dir: str | Path, *, launch: LaunchOptions | None = None,
-                  progress: bool = False, console: Any = None):
+                  progress: bool = False, console: Any = None, tensorboard: bool = False):
     """Continue a run with the process layout it was started with."""
     from astrai.train import run
 
     config, _ = run.find_resume_point(run_dir)
     if not needs_launch(config):
         with _external_group():
-            return run.resume(run_dir, progress=progress, console=console)
-    return _launch("resume", str(run_dir), config, launch or LaunchOptions(), progress)
+            return run.resume(run_dir, progress=progress, console=console,
+                              tensorboard=tensorboard)
+    return _launch("resume", {"run_dir": str(run_dir), "tensorboard": tensorboard}, config,
+                   launch or LaunchOptions(), progress)
 
 
 @contextlib.contextmanager
@@ -219,7 +221,8 @@ def _worker(action: str, target: Any, progress: bool, result_dir: str) -> None:
         if action == "train":
             summary = run.train(TrainConfig.from_dict(target), progress=progress)
         else:
-            summary = run.resume(target, progress=progress)
+            summary = run.resume(target["run_dir"], tensorboard=target["tensorboard"],
+                                 progress=progress)
     except AstraiError as e:
         _write(result_dir, "error", {"type": type(e).__name__, "message": str(e)}, env.rank)
         sys.exit(e.exit_code)

@@ -17,6 +17,9 @@ def register(app: typer.Typer) -> None:
         run_dir: Annotated[Path, typer.Argument(help="Run directory written by `astrai train`.")],
         as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")
                            ] = False,
+        tensorboard: Annotated[bool, typer.Option(
+            "--tensorboard", help="Also write TensorBoard event files beside metrics.jsonl "
+            "(the whole history, then every new record); kept on for later resumes.")] = False,
         rdzv_endpoint: Annotated[str | None, typer.Option(help=LAUNCH_HELP["rdzv_endpoint"],
                                                           show_default=False)] = None,
         rdzv_id: Annotated[str | None, typer.Option(help=LAUNCH_HELP["rdzv_id"],
@@ -32,5 +35,6 @@ def register(app: typer.Typer) -> None:
         launch = launch_options({"rdzv_endpoint": rdzv_endpoint, "rdzv_id": rdzv_id,
                                  "shutdown_timeout": shutdown_timeout})
         err = Console(stderr=True)
-        summary = launch_resume(run_dir, launch=launch, progress=err.is_terminal, console=err)
+        summary = launch_resume(run_dir, launch=launch, progress=err.is_terminal, console=err,
+                                tensorboard=tensorboard)
         finish(summary, as_json)
