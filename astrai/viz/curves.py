@@ -12,8 +12,11 @@ from astrai.viz.figure import new_figure
 from astrai.viz.metrics import X_LABELS, ema, read_metrics, scalar_keys, series
 
 DEFAULT_METRICS = ("loss", "val_bpb", "lr", "grad_norm", "tokens_per_s")
-"""Shown when --metrics is not given (those no run has are left out)."""
+"""Shown when --metrics is not given (those no run has are left out; val_loss stands in
+for val_bpb when no run knows the bytes of its tokens)."""
 LOG_SCALE = {"lr"}
+UNSMOOTHED = {"lr"}
+"""A schedule is exact: --smooth leaves it alone."""
 
 
 def run_names(runs: Sequence[str | Path]) -> list[str]:
@@ -34,7 +37,9 @@ def choose_metrics(records: Sequence[list[dict[str, Any]]],
     if not have:
         raise DataError("the runs' metrics.jsonl files hold no records yet")
     if metrics is None:
-        chosen = [m for m in DEFAULT_METRICS if m in have]
+        wanted = [("val_loss" if m == "val_bpb" and m not in have else m)
+                  for m in DEFAULT_METRICS]
+        chosen = [m for m in wanted if m in have]
         return chosen or list(have)[:4]
     missing = [m for m in metrics if m not in have]
     if missing:
@@ -65,7 +70,7 @@ def plot_runs(runs: Sequence[str | Path], *, metrics: Sequence[str] | None = Non
             s = series(recs, metric, x, run=name)
             if not s.x:
                 continue
-            if smooth > 0:
+            if smooth > 0 and metric not in UNSMOOTHED:
                 ax.plot(s.x, s.y, color=color, alpha=0.25, linewidth=1, gid=f"{name}|{metric}|raw")
                 ax.plot(s.x, ema(s.y, smooth), color=color, linewidth=1.5, label=name,
                         gid=f"{name}|{metric}")
