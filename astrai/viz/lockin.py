@@ -18,6 +18,8 @@ from astrai.inspect.scan import CheckpointScan
 from astrai.viz.figure import new_figure
 
 MATRIX_ROLES = ("matrix", "embedding", "lm_head")
+ORDER = ("q_proj", "k_proj", "v_proj", "o_proj", "router", "gate_proj", "up_proj", "down_proj")
+"""Columns in the order a block computes them (others after, by name)."""
 MAX_MARKED = 6
 """Locked values marked on the histogram (the most frequent)."""
 
@@ -48,10 +50,16 @@ def lockin_grid(scan: CheckpointScan) -> LockinGrid:
         kinds.setdefault(st.param.short)
         cells[(st.param.layer, st.param.short)] = (st.locked_count, st.numel)
     layers = sorted({layer for layer, _ in cells})
+    kinds = dict.fromkeys(sorted(kinds, key=_kind_order))
     frac = [[cells[(i, k)][0] / cells[(i, k)][1] if (i, k) in cells else math.nan
              for k in kinds] for i in layers]
     locked = [[cells.get((i, k), (0, 0))[0] for k in kinds] for i in layers]
     return LockinGrid(layers, list(kinds), frac, locked, outside)
+
+
+def _kind_order(kind: str) -> tuple[int, str]:
+    last = kind.rsplit(".", 1)[-1]
+    return (ORDER.index(last) if last in ORDER else len(ORDER), kind)
 
 
 @dataclass
