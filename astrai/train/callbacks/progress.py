@@ -1,8 +1,10 @@
-"""Progress bar (rich) on stderr: step, loss, lr, tokens/s, ETA. Only on a terminal."""
+"""Progress bar (rich) on stderr: step, loss with a sparkline of the recent losses, lr,
+tokens/s, ETA. Only on a terminal."""
 
 from __future__ import annotations
 
 import time
+from collections import deque
 
 from rich.console import Console
 from rich.progress import (
@@ -15,6 +17,10 @@ from rich.progress import (
 )
 
 from astrai.train.callbacks.base import Callback
+from astrai.viz.sparkline import sparkline
+
+SPARK_STEPS = 24
+"""Recent step losses drawn by the sparkline."""
 
 
 class ProgressCallback(Callback):
@@ -25,13 +31,14 @@ class ProgressCallback(Callback):
         self.progress: Progress | None = None
         self.task = None
         self._last = 0.0
+        self.losses: deque[float] = deque(maxlen=SPARK_STEPS)
 
     def on_train_begin(self, ctx) -> None:
         if not (ctx.is_main and self.console.is_terminal):
             return  # quiet when not a TTY (logs, CI, pipes)
         self.progress = Progress(
             TextColumn("[bold]train[/] epoch {task.fields[epoch]}"), BarColumn(),
-            MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
+            MofNCompleteColumn(), TextColumn("loss {task.fields[loss]} {task.fields[spark]}"),
             TextColumn("lr {task.fields[lr]}"), TextColumn("{task.fields[tps]} tok/s"),
             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
             console=self.console, transient=False,
@@ -39,7 +46,7 @@ class ProgressCallback(Callback):
         self.progress.start()
         self.task = self.progress.add_task(
             "train", total=ctx.total_steps, completed=ctx.state.step, epoch=ctx.state.epoch,
-            loss="-", lr="-", tps="-",
+            loss="-", spark="", lr="-", tps="-",
         )
         self._last = time.perf_counter()
 
@@ -52,8 +59,10 @@ class ProgressCallback(Callback):
             return
         now = time.perf_counter()
         tps = ctx.window_tokens / max(1e-9, now - ctx.window_start)
+        self.losses.append(ctx.step_loss)
         self.progress.update(self.task, completed=ctx.state.step, loss=f"{ctx.step_loss:.4f}",
-                             lr=f"{ctx.lr:.2e}", tps=f"{tps:,.0f}")
+                             spark=sparkline(self.losses, SPARK_STEPS), lr=f"{ctx.lr:.2e}",
+                             tps=f"{tps:,.0f}")
 
     def on_epoch_end(self, ctx) -> None:
         self.on_epoch_begin(ctx)
