@@ -8,12 +8,9 @@ from typing import Annotated
 
 import typer
 
+from astrai.viz.metrics import X_AXES  # light: no matplotlib
 
-
-class XAxis(str, Enum):
-    step = "step"
-    tokens = "tokens"
-    time = "time"
+XAxis = Enum("XAxis", {k: k for k in X_AXES}, type=str)  # step | tokens | time
 
 
 def register(app: typer.Typer) -> None:
@@ -27,7 +24,7 @@ def register(app: typer.Typer) -> None:
             "\\[default: loss,val_bpb,lr,grad_norm,tokens_per_s, those present].")] = None,
         x: Annotated[XAxis, typer.Option(
             "--x", help="x axis: step | tokens (consumed_tokens) | time (elapsed_s).")
-        ] = XAxis.step,
+        ] = XAxis["step"],
         out: Annotated[Path, typer.Option(
             "--out", help="Picture to write: .png or .svg.")] = Path("plot.png"),
         smooth: Annotated[bool, typer.Option(

@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tensorboard")
-from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import (
     EventAccumulator,
 )
 
-from astrai.errors import MissingExtraError  # noqa: E402
-from astrai.train import resume, train  # noqa: E402
-from astrai.train.callbacks.tensorboard import record_scalars  # noqa: E402
+from astrai.errors import MissingExtraError
+from astrai.train import resume, train
+from astrai.train.callbacks.tensorboard import record_scalars
 
-from .conftest import make_config, make_data  # noqa: E402
+from .conftest import make_config, make_data
 
 
 def jsonl(run_dir: Path) -> list[dict]:

@@ -14,7 +14,7 @@ from astrai_cli.main import app
 
 pytest.importorskip("matplotlib")
 
-from astrai.viz.curves import plot_runs  # noqa: E402
+from astrai.viz.curves import plot_runs
 
 
 def png_size(path: Path) -> tuple[int, int]:
