@@ -105,3 +105,29 @@ def test_without_tensorboard_installed_nothing_is_written(tmp_path, monkeypatch)
     with pytest.raises(MissingExtraError, match=r"pip install 'astrai\[tensorboard\]'"):
         train(cfg, data=make_data(n=24))
     assert not Path(cfg.out).exists()
+
+
+def test_cli_train_and_resume_with_tensorboard(tmp_path):
+    """`astrai train --tensorboard` on a preprocessed dataset (val_bpb included), then
+    `astrai resume --tensorboard` from an older checkpoint."""
+    from typer.testing import CliRunner
+
+    from astrai.data.testing import tiny_dataset
+    from astrai_cli.main import app
+
+    data = tiny_dataset(tmp_path / "data", "pretrain", n=24, n_val=4)
+    run = tmp_path / "run"
+    r = CliRunner().invoke(app, [str(a) for a in (
+        "train", "--strategy", "seq", "--data", data, "--out", run, "--model", "tiny",
+        "--model-overrides", "dim=64", "--model-overrides", "n_layers=2",
+        "--model-overrides", "ffn_dim=128", "--device", "cpu", "--peak-tflops", "1",
+        "--batch-size", "4", "--max-steps", "4", "--ckpt-interval", "2", "--eval-interval", "2",
+        "--tensorboard")])
+    assert r.exit_code == 0, r.output
+    assert "val_bpb" in expected(jsonl(run))
+    assert_same(events(run), expected(jsonl(run)))
+    shutil.rmtree(run / "checkpoints" / "step_4")
+    r = CliRunner().invoke(app, ["resume", str(run), "--tensorboard"])
+    assert r.exit_code == 0, r.output
+    assert [rec["step"] for rec in jsonl(run)] == [1, 2, 3, 4]
+    assert_same(events(run), expected(jsonl(run)))
