@@ -73,9 +73,15 @@ class ValueHistogram:
     lr: float | None
     dead_zone: float | None
     """|w| at and above which an update of size lr rounds away in BF16."""
+    beyond: int = 0
+    """Entries in binades wholly above the overflow threshold (counted, not drawn)."""
+    overflow: float = 1e4
 
 
-def value_histogram(scan: CheckpointScan) -> ValueHistogram:
+def value_histogram(scan: CheckpointScan, overflow: float = 1e4) -> ValueHistogram:
+    """Binades whose lower edge is above `overflow` (inspect-weights --overflow) are counted
+    in `beyond` rather than drawn, so one overflowed entry at 2^120 does not squash the
+    picture of the healthy values into a corner."""
     total = None
     locked: dict[float, int] = {}
     for st in scan.tensors:
@@ -88,15 +94,20 @@ def value_histogram(scan: CheckpointScan) -> ValueHistogram:
     dz = dead_zone_threshold(scan.lr) if scan.lr else None
     marked = sorted(locked.items(), key=lambda t: -t[1])
     if total is None or not bool(total.any()):
-        return ValueHistogram([], [], marked, scan.lr, dz)
-    nz = total.nonzero().flatten()
+        return ValueHistogram([], [], marked, scan.lr, dz, 0, overflow)
+    cut = min(total.numel(), EXP_OFFSET + math.floor(math.log2(overflow)) + 1)
+    beyond = int(total[cut:].sum())
+    nz = total[:cut].nonzero().flatten()
+    if not nz.numel():
+        return ValueHistogram([], [], marked, scan.lr, dz, beyond, overflow)
     lo, hi = int(nz[0]), int(nz[-1]) + 1
     edges = [2.0 ** (b - EXP_OFFSET) for b in range(lo, hi + 1)]
-    return ValueHistogram(edges, [int(c) for c in total[lo:hi]], marked, scan.lr, dz)
+    return ValueHistogram(edges, [int(c) for c in total[lo:hi]], marked, scan.lr, dz, beyond,
+                          overflow)
 
 
-def lockin_figure(scans: Sequence[CheckpointScan], *, size: tuple[int, int] | None = None
-                  ) -> Any:
+def lockin_figure(scans: Sequence[CheckpointScan], *, size: tuple[int, int] | None = None,
+                  overflow: float = 1e4) -> Any:
     """One row per checkpoint: the heatmap (left) and the histogram (right). The heatmap's
     image holds LockinGrid.fraction; cells with locked entries are labelled in percent."""
     size = size or (1200, 450 * len(scans))
@@ -105,7 +116,7 @@ def lockin_figure(scans: Sequence[CheckpointScan], *, size: tuple[int, int] | No
     for (hax, vax), scan in zip(axes, scans, strict=True):
         name = scan.path + (f" (step {scan.step})" if scan.step is not None else "")
         _heatmap(hax, lockin_grid(scan), name)
-        _histogram(vax, value_histogram(scan))
+        _histogram(vax, value_histogram(scan, overflow))
     return fig
 
 
@@ -113,7 +124,8 @@ def _heatmap(ax: Any, g: LockinGrid, name: str) -> None:
     import numpy as np
 
     data = np.array(g.fraction, dtype=float).reshape(len(g.layers), len(g.kinds))
-    vmax = max(float(np.nanmax(data)) if data.size and not np.isnan(data).all() else 0.0, 1e-6)
+    peak = float(np.nanmax(data)) if data.size and not np.isnan(data).all() else 0.0
+    vmax = peak if peak > 0 else 1.0
     im = ax.imshow(np.ma.masked_invalid(data), cmap="Reds", vmin=0.0, vmax=vmax,
                    aspect="auto", interpolation="nearest")
     im.set_gid("locked_fraction")
@@ -125,6 +137,9 @@ def _heatmap(ax: Any, g: LockinGrid, name: str) -> None:
                 v = data[i, j]
                 ax.text(j, i, f"{100 * v:.2g}%", ha="center", va="center", fontsize="x-small",
                         color="white" if v > 0.6 * vmax else "black", gid=f"cell|{i}|{j}")
+    if peak == 0:
+        ax.text(0.5, 0.5, "no locked weights", transform=ax.transAxes, ha="center",
+                va="center", color="0.4")
     title = f"locked fraction per matrix\n{name}"
     out = [f"{k} {100 * f:.2g}%" for k, f in g.outside if f > 0]
     if out:
@@ -138,15 +153,23 @@ def _histogram(ax: Any, h: ValueHistogram) -> None:
         ax.stairs(h.counts, h.edges, fill=True, color="0.6", label="entries per binade of |w|")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-    if h.dead_zone is not None and h.edges and h.dead_zone < h.edges[-1]:
-        ax.axvspan(h.dead_zone, h.edges[-1], color="tab:blue", alpha=0.15, gid="dead_zone",
+    if h.dead_zone is not None and h.edges:
+        # drawn even when every weight lies below it: how far off it is is the finding
+        right = max(h.edges[-1], 4 * h.dead_zone)
+        ax.axvspan(h.dead_zone, right, color="tab:blue", alpha=0.15, gid="dead_zone",
                    label=f"BF16 dead zone at lr {h.lr:g}: |w| ≥ {h.dead_zone:g}")
+        ax.set_xlim(h.edges[0], right)
     for k, (v, n) in enumerate(h.locked[:MAX_MARKED]):
         if v != 0:
             ax.axvline(abs(v), color=f"C{(k + 3) % 10}", linewidth=1.5, gid=f"locked|{v!r}",
                        label=f"locked at {v:g} ({n:,} entries)")
     ax.set_xlabel("|w| (binades of powers of two)")
     ax.set_ylabel("entries")
-    ax.set_title("values of the matrices", fontsize="small")
+    title = "values of the matrices"
+    if h.beyond:
+        title += f"; {h.beyond:,} overflowed entries (|w| > {h.overflow:g}) not drawn"
+    if h.lr is None:
+        title += " (learning rate unknown: pass --lr to mark the dead zone)"
+    ax.set_title(title, fontsize="small")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="x-small", loc="upper left")

@@ -319,7 +319,7 @@ def register(app: typer.Typer) -> None:
             from astrai.viz.figure import save_figure
             from astrai.viz.lockin import lockin_figure
 
-            saved = save_figure(lockin_figure(report.scans), plot)
+            saved = save_figure(lockin_figure(report.scans, overflow=cfg.overflow), plot)
             Console(stderr=True, highlight=False).print(f"lock-in picture: {saved}")
         if as_json:
             typer.echo(json.dumps(report.to_dict(), indent=2))

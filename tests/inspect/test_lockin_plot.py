@@ -42,6 +42,9 @@ def test_histogram_marks_locked_values_and_dead_zone(planted_scan, planted):
     assert dict(h.locked).keys() >= {1.0, planted.down_value, planted.head_value}
     assert h.dead_zone == dead_zone_threshold(7.5e-6) and h.lr == 7.5e-6
     assert len(h.edges) == len(h.counts) + 1 and h.counts[0] > 0 and h.counts[-1] > 0
+    rows = planted.embed_rows[1] - planted.embed_rows[0] + 1
+    assert h.beyond == rows * planted.embed_cols  # the overflowed 2e37 entries: counted only
+    assert h.edges[-1] <= 2.0**14
 
 
 def test_figure_marks_the_planted_cells(planted_scan, planted):
@@ -50,12 +53,14 @@ def test_figure_marks_the_planted_cells(planted_scan, planted):
 
     fig = lockin_figure([planted_scan])
     (heat,) = [a for a in fig.axes if a.get_title().startswith("locked fraction")]
-    (hist,) = [a for a in fig.axes if a.get_title() == "values of the matrices"]
+    (hist,) = [a for a in fig.axes if a.get_title().startswith("values of the matrices")]
     (im,) = [i for i in heat.images if i.get_gid() == "locked_fraction"]
     g = lockin_grid(planted_scan)
     np.testing.assert_array_equal(np.ma.filled(im.get_array(), np.nan), np.array(g.fraction))
     k, down = g.kinds.index("attn.k_proj"), g.kinds.index("mlp.down_proj")
-    marked = {tuple(map(int, t.get_gid().split("|")[1:])) for t in heat.texts}
+    marked = {tuple(map(int, t.get_gid().split("|")[1:])) for t in heat.texts
+              if (t.get_gid() or "").startswith("cell|")}
+    assert len(marked) == len(heat.texts)
     assert marked == {(i, k) for i in planted.k_layers} | {(i, down) for i in g.layers}
     labels = [t.get_text() for t in heat.get_yticklabels()]
     assert [labels[i] for i, _ in sorted(marked) if _ == k] == \
@@ -72,7 +77,8 @@ def test_healthy_checkpoint_marks_nothing(healthy_dir):
 
     scan = inspect_weights([healthy_dir]).scans[0]
     assert not np.array(lockin_grid(scan).fraction).any()
-    assert not lockin_figure([scan]).axes[0].texts
+    texts = lockin_figure([scan]).axes[0].texts
+    assert [t.get_text() for t in texts] == ["no locked weights"]
 
 
 def test_cli_writes_the_picture_beside_the_report(planted_dir, tmp_path):
