@@ -16,12 +16,19 @@ DEFAULT_METRICS = ("loss", "val_bpb", "lr", "grad_norm", "tokens_per_s")
 for val_bpb when no run knows the bytes of its tokens)."""
 LOG_SCALE = {"lr"}
 UNSMOOTHED = {"lr"}
-"""A schedule is exact: --smooth leaves it alone."""
+"""A schedule is exact, and validation metrics (val_*) are already means over a held-out
+set taken at a few steps: --smooth leaves them alone."""
+FEW_POINTS = 12
+"""Curves of at most this many points also mark each point."""
+
+
+def _smoothed(metric: str) -> bool:
+    return metric not in UNSMOOTHED and not metric.startswith("val_")
 
 
 def run_names(runs: Sequence[str | Path]) -> list[str]:
     """Legend names: the shortest trailing path parts that tell the runs apart."""
-    parts = [Path(r).resolve().parts for r in runs]
+    parts = [Path(r).absolute().parts for r in runs]
     for k in range(1, max(len(p) for p in parts) + 1):
         names = ["/".join(p[-k:]) for p in parts]
         if len(set(names)) == len(names):
@@ -51,7 +58,8 @@ def choose_metrics(records: Sequence[list[dict[str, Any]]],
 def plot_runs(runs: Sequence[str | Path], *, metrics: Sequence[str] | None = None,
               x: str = "step", smooth: float = 0.0, size: tuple[int, int] = (1200, 800)) -> Any:
     """A Figure with one panel per metric and one curve per run (a resumed run is one
-    curve). With smooth > 0 each curve is drawn faint and its TensorBoard-style EMA on top.
+    curve). With smooth > 0 each curve is drawn faint and its TensorBoard-style EMA on top
+    (not the learning rate, not validation metrics).
     Every curve carries gid 'RUN|METRIC' ('RUN|METRIC|raw' for the faint one)."""
     if not runs:
         raise ConfigError("plot: pass at least one RUN_DIR")
@@ -70,13 +78,14 @@ def plot_runs(runs: Sequence[str | Path], *, metrics: Sequence[str] | None = Non
             s = series(recs, metric, x, run=name)
             if not s.x:
                 continue
-            if smooth > 0 and metric not in UNSMOOTHED:
+            marker = "o" if len(s.x) <= FEW_POINTS else None
+            if smooth > 0 and _smoothed(metric):
                 ax.plot(s.x, s.y, color=color, alpha=0.25, linewidth=1, gid=f"{name}|{metric}|raw")
                 ax.plot(s.x, ema(s.y, smooth), color=color, linewidth=1.5, label=name,
-                        gid=f"{name}|{metric}")
+                        gid=f"{name}|{metric}", marker=marker, markersize=3)
             else:
                 ax.plot(s.x, s.y, color=color, linewidth=1.5, label=name, gid=f"{name}|{metric}",
-                        marker="o" if len(s.x) == 1 else None)
+                        marker=marker, markersize=3)
         ax.set_title(metric)
         ax.set_xlabel(X_LABELS[x])
         if metric in LOG_SCALE and all(v > 0 for ln in ax.get_lines() for v in ln.get_ydata()):

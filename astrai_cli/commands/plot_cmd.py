@@ -31,7 +31,8 @@ def register(app: typer.Typer) -> None:
             "--smooth", help="Draw a TensorBoard-style EMA over each faint raw curve.")
         ] = False,
         smooth_weight: Annotated[float, typer.Option(
-            "--smooth-weight", min=0.0, max=0.999, help="EMA weight of --smooth.")] = 0.9,
+            "--smooth-weight", min=0.0, max=0.999,
+            help="EMA weight of --smooth (TensorBoard's default).")] = 0.6,
         size: Annotated[str, typer.Option(
             "--size", help="WIDTHxHEIGHT in pixels.")] = "1200x800",
     ) -> None:

@@ -65,6 +65,9 @@ def test_x_axes_smoothing_and_chosen_metrics(runs):
     assert raw == [r["loss"] for r in recs]
     assert list(by["run|loss"].get_ydata()) != raw  # smoothed on top
     assert list(by["run|lr"].get_ydata()) == [r["lr"] for r in recs]  # never smoothed
+    ev = lines_by_gid(plot_runs([runs["evaluated"]], smooth=0.6))
+    assert "run|loss|raw" in ev and "run|val_loss|raw" not in ev  # validation: not smoothed
+    assert ev["run|val_loss"].get_marker() == "o"  # few points: each one marked
     t = plot_runs([runs["resumed"]], metrics=["loss"], x="time")
     xs = list(lines_by_gid(t)["run|loss"].get_xdata())
     assert xs == [r["elapsed_s"] for r in recs] and xs == sorted(xs)  # time continues
