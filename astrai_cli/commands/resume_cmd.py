@@ -35,6 +35,6 @@ def register(app: typer.Typer) -> None:
         launch = launch_options({"rdzv_endpoint": rdzv_endpoint, "rdzv_id": rdzv_id,
                                  "shutdown_timeout": shutdown_timeout})
         err = Console(stderr=True)
-        summary = launch_resume(run_dir, launch=launch, progress=err.is_terminal, console=err,
+        summary = launch_resume(run_dir, launch=launch, progress=True, console=err,
                                 tensorboard=tensorboard)
         finish(summary, as_json)

@@ -200,7 +200,13 @@ def render_plan(plan: dict[str, Any], console: Console) -> None:
 def render_summary(s: dict[str, Any], console: Console) -> None:
     title = "training resumed and finished" if s.get("resumed_from") else "training finished"
     if s.get("preempted"):
-        title = "training stopped (preempted); continue with astrai resume"
+        title = "training stopped (preempted)"
+    elif s.get("resumed_from") and not s.get("steps_run"):
+        console.print(f"nothing to resume: {s['run_dir']} already finished at step "
+                      f"{s['steps']:,} / {s['total_steps']:,} (checkpoint {s['checkpoint']}). "
+                      "To train further, start a new run from that checkpoint with "
+                      "astrai train --model CHECKPOINT.", soft_wrap=True)
+        return
     t = Table(title=title, title_justify="left", show_header=False)
     t.add_column(style="bold")
     t.add_column()
@@ -219,6 +225,8 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
     for k, v in rows:
         t.add_row(k, str(v))
     console.print(t)
+    if s.get("preempted"):
+        console.print(f"continue with: astrai resume {s['run_dir']}", soft_wrap=True)
 
 
 def emit(result: dict[str, Any], as_json: bool, render) -> None:
@@ -294,7 +302,7 @@ def register(app: typer.Typer) -> None:
             emit(plan_run(cfg).to_dict(), as_json, render_plan)
             return
         err = Console(stderr=True)
-        summary = launch_train(cfg, launch=launch, progress=err.is_terminal, console=err)
+        summary = launch_train(cfg, launch=launch, progress=True, console=err)
         finish(summary, as_json)
 
     own = [
