@@ -23,7 +23,8 @@ def bf16_guard_enabled(config: TrainConfig) -> bool:
 
 def default_callbacks(config: TrainConfig, *, progress: bool = False,
                       console: Console | None = None) -> list[Callback]:
-    """gradient_checkpointing (optional), metrics, checkpoint, progress (optional),
+    """gradient_checkpointing (optional), metrics, tensorboard (optional, an observer of
+    metrics), checkpoint, progress (optional),
     gradient_clipping (always), preemption (always; SIGTERM/SIGINT save and stop).
 
     Metrics come before checkpoint (the seeds list checkpoint first): both act at
