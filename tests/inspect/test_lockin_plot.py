@@ -92,3 +92,15 @@ def test_cli_writes_the_picture_beside_the_report(planted_dir, tmp_path):
     r = CliRunner().invoke(app, ["inspect-weights", str(planted_dir), "--plot",
                                  str(tmp_path / "x.pdf")])
     assert r.exit_code == 2 and "--plot" in r.output and not (tmp_path / "x.pdf").exists()
+
+
+def test_cli_without_matplotlib_fails_before_the_scan(planted_dir, tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    out = tmp_path / "lockin.png"
+    r = CliRunner().invoke(app, ["inspect-weights", str(planted_dir), "--plot", str(out)])
+    assert r.exit_code == 2 and "pip install 'astrai[plot]'" in r.output
+    assert "Verdict" not in r.output and not out.exists()
