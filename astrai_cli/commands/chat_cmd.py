@@ -19,6 +19,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from astrai_cli.options import threads_option, use_threads
+
 
 @contextlib.contextmanager
 def sigint_sets(flag: threading.Event) -> Iterator[None]:
@@ -192,6 +194,7 @@ def register(app: typer.Typer) -> None:
         history_file: Annotated[Path | None, typer.Option(
             "--history-file", help="Keep input history across sessions in this file.")
         ] = None,
+        threads: Annotated[str | None, threads_option()] = None,
     ) -> None:
         """Chat with a model: streamed replies, /set, /system, /reset, /stats, /exit."""
         from astrai.infer.chat_session import open_chat
@@ -199,6 +202,7 @@ def register(app: typer.Typer) -> None:
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed)  # invalid values: exit 2 here
+        use_threads(threads)
         err = Console(stderr=True, highlight=False, soft_wrap=True)
         text = None
         if prompt is not None:

@@ -15,11 +15,13 @@ import textwrap
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from astrai_cli.options import threads_option, use_threads
 
 # Extra spellings for the seeds' training CLI (seeds/training.md "Training CLI").
 ALIASES = {
@@ -289,7 +291,7 @@ def register(app: typer.Typer) -> None:
     params, kinds = config_options()
 
     def train_cmd(config: Path | None = None, dry_run: bool = False, as_json: bool = False,
-                  **values: Any) -> None:
+                  threads: str | None = None, **values: Any) -> None:
         """Train a model: a dataset directory + a preset/config/checkpoint -> a run directory
         with metrics.jsonl and checkpoints/step_N (each one a self-contained checkpoint)."""
         from astrai.config.train import load_train_config
@@ -301,6 +303,7 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             emit(plan_run(cfg).to_dict(), as_json, render_plan)
             return
+        use_threads(threads)
         err = Console(stderr=True)
         summary = launch_train(cfg, launch=launch, progress=True, console=err)
         finish(summary, as_json)
@@ -318,6 +321,8 @@ def register(app: typer.Typer) -> None:
         inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                           default=typer.Option(False, "--json", rich_help_panel="Run",
                                                help="Print the summary (or plan) as JSON.")),
+        inspect.Parameter("threads", inspect.Parameter.KEYWORD_ONLY, default=None,
+                          annotation=Annotated[str | None, threads_option("Run")]),
     ]
     train_cmd.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         own + params + launch_params())

@@ -48,7 +48,8 @@ def greedy(model, tok, ids, n):
 
 def test_prompt_prints_exactly_the_reply(ckpt):
     path, model, tok = ckpt
-    args = ["chat", str(path), "--temperature", "0", "--max-tokens", "7", "--device", "cpu"]
+    args = ["chat", str(path), "--temperature", "0", "--max-tokens", "7", "--device", "cpu",
+            "--threads", "1"]
     r = runner.invoke(app, [*args, "--prompt", "Hello there", "--system", "Be brief."])
     assert r.exit_code == 0, r.output
     ids = tok.encode_chat([{"role": "system", "content": "Be brief."},
