@@ -93,7 +93,7 @@ def render(res: dict[str, Any], console: Console) -> None:
     bpb = res["val_bpb"]
     rows = [
         ("made", f"{res['out']}/ (tokenizer/, data/, run/, summary.json"
-                 + (f", {LOSS_PLOT})" if res["loss_plot"] else ")")),
+                 + (f", {LOSS_PLOT})" if res.get("loss_plot") else ")")),
         ("model", f"{res['params'] / 1e6:.2f}M parameters, vocabulary {res['vocab_size']:,}"),
         ("trained", (f"{res['steps']:,} steps, {res['consumed_tokens']:,} tokens, "
                     f"{res['threads']} CPU thread{'s' * (res['threads'] > 1)}")),
@@ -101,7 +101,7 @@ def render(res: dict[str, Any], console: Console) -> None:
          f"{bpb:.3f} bits per byte (loss {res['val_loss']:.3f} nats/token) on "
          f"{res['val_bytes']:,} bytes of held-out text"),
         ("checkpoint", res["checkpoint"] or "-"),
-        ("loss curve", res["loss_plot"] or
+        ("loss curve", res.get("loss_plot") or
          f"{PLOT_INSTALL} to get {Path(res['out']) / LOSS_PLOT}"),
         ("time", f"{res['total_s']:.0f} s (" + ", ".join(
             f"{k} {v:.0f} s" for k, v in res["stage_s"].items()) + ")"),

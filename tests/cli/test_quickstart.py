@@ -208,7 +208,7 @@ def _result(tmp_path, loss_plot):
     return QuickstartResult(
         out=str(tmp_path), tokenizer="t", dataset="d", run_dir=str(tmp_path / "run"),
         checkpoint="c", vocab_size=2048, params=1_000_000, train_rows=10, val_rows=2, steps=3,
-        step_s=None, threads=1, consumed_tokens=100, val_loss=4.0, val_ppl=54.6, val_bpb=2.5,
+        step_s=None, threads=1, full_steps=None, full_budget_s=None, consumed_tokens=100, val_loss=4.0, val_ppl=54.6, val_bpb=2.5,
         val_bytes=1000, sample_prompt="A", sample=None, loss_plot=loss_plot,
     ).to_dict()
 
