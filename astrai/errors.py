@@ -25,3 +25,7 @@ class DataError(AstraiError):
 
 class UnsupportedModelError(AstraiError):
     """A model format or architecture astrai does not support."""
+
+
+class MissingExtraError(AstraiError):
+    """An optional dependency is not installed; the message names the pip extra to install."""

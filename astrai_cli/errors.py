@@ -7,6 +7,7 @@ import traceback
 import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from astrai.errors import AstraiError
@@ -27,7 +28,7 @@ class AstraiGroup(TyperGroup):
         except AstraiError as e:
             if ctx.params.get("debug"):
                 stderr.print(traceback.format_exc(), markup=False)
-            stderr.print(f"[bold red]error:[/] {e}", markup=True)
+            stderr.print(f"[bold red]error:[/] {escape(str(e))}", markup=True)  # [x] is text
             ctx.exit(e.exit_code)
         except USAGE_ERRORS as e:  # the option parser's: one line too, not a boxed panel
             where = e.ctx.command_path if e.ctx is not None else ctx.command_path

@@ -15,6 +15,7 @@ from astrai_cli.commands import (
     info_cmd,
     inspect_cmd,
     kernels_cmd,
+    plot_cmd,
     preprocess_cmd,
     quickstart_cmd,
     resume_cmd,
@@ -54,7 +55,7 @@ def root(
 # Each command module exposes register(app); add one line per working command.
 COMMANDS: list = [quickstart_cmd,
                   info_cmd, export_cmd, kernels_cmd, tokenizer_cmd, preprocess_cmd, inspect_cmd,
-                  chat_cmd, serve_cmd, serve_bench_cmd, train_cmd, resume_cmd]
+                  chat_cmd, serve_cmd, serve_bench_cmd, train_cmd, resume_cmd, plot_cmd]
 for _module in COMMANDS:
     _module.register(app)
 

@@ -102,6 +102,9 @@ class TrainConfig(AlignmentOptions):
     """Keep only the newest K checkpoints; 0 = keep all."""
     log_interval: int = Field(1, gt=0)
     """Write a metrics.jsonl record every N optimizer steps."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files beside metrics.jsonl, with the same scalars at the
+    same steps (needs the tensorboard package, astrai's `tensorboard` extra)."""
     eval_data: str | None = None
     """Held-out dataset directory for validation loss / perplexity / bits per byte."""
     val_split: float = Field(0.0, ge=0, lt=1)

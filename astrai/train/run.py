@@ -26,6 +26,7 @@ from astrai.model.config import ModelConfig
 from astrai.model.presets import PRESETS
 from astrai.train.builder import Prepared, build_context, prepare, run_paths
 from astrai.train.callbacks import Callback, default_callbacks
+from astrai.train.callbacks.tensorboard import require_tensorboard
 from astrai.train.checkpointing import (
     clean_leftovers,
     latest_checkpoint,
@@ -142,6 +143,8 @@ def train(config: TrainConfig, *, data: TrainData | None = None,
           console: Any = None) -> TrainSummary:
     """Train a new run into config.out. `callbacks` run after the default ones."""
     config.require("out")
+    if config.tensorboard:
+        require_tensorboard()
     config = absolute_paths(config)
     paths = run_paths(config)
     if dist_env().rank == 0:  # the other ranks of a launched run write nothing
@@ -207,11 +210,17 @@ def find_resume_point(run_dir: str | Path, reward: Sequence[str] | None = None
 
 def resume(run_dir: str | Path, *, reward: Sequence[str] | None = None,
            data: TrainData | None = None, callbacks: Sequence[Callback] = (),
-           progress: bool = False, console: Any = None) -> TrainSummary:
+           progress: bool = False, console: Any = None,
+           tensorboard: bool = False) -> TrainSummary:
     """Continue a run from its newest complete checkpoint: weights, optimizer, scheduler,
     sampler position, RNG states and counters; metrics.jsonl continues without duplicates.
-    `reward`: the run's --reward specs, required again when they name Python code."""
+    `reward`: the run's --reward specs, required again when they name Python code.
+    `tensorboard` turns TensorBoard event files on from here (kept in later checkpoints)."""
     config, ckpt = find_resume_point(run_dir, reward)
+    if tensorboard:
+        config.tensorboard = True
+    if config.tensorboard:
+        require_tensorboard()
     meta, opt_state, sched_state, trainer_state = load_training_state(ckpt)
     data = _data(config, data)
     if meta.get("tokenizer_fingerprint") not in (None, data.fingerprint):

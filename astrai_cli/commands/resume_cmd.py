@@ -22,6 +22,9 @@ def register(app: typer.Typer) -> None:
             "named only in the run directory.", show_default=False)] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")
                            ] = False,
+        tensorboard: Annotated[bool, typer.Option(
+            "--tensorboard", help="Also write TensorBoard event files beside metrics.jsonl "
+            "(the whole history, then every new record); kept on for later resumes.")] = False,
         rdzv_endpoint: Annotated[str | None, typer.Option(help=LAUNCH_HELP["rdzv_endpoint"],
                                                           show_default=False)] = None,
         rdzv_id: Annotated[str | None, typer.Option(help=LAUNCH_HELP["rdzv_id"],
@@ -41,5 +44,5 @@ def register(app: typer.Typer) -> None:
         use_threads(threads)
         err = Console(stderr=True)
         summary = launch_resume(run_dir, reward=reward or None, launch=launch, progress=True,
-                                console=err)
+                                console=err, tensorboard=tensorboard)
         finish(summary, as_json)
