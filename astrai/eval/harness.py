@@ -80,7 +80,12 @@ class AstraiLM(TemplateLM):
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None,
                    **kwargs: Any) -> list[int]:
-        return self.tok.encode(string, add_special_tokens=bool(add_special_tokens))
+        # HFLM: None = the tokenizer's post-processor (e.g. BOS), unless the text already
+        # starts with the BOS text (a chat template wrote it)
+        if add_special_tokens is None:
+            bos = self.tok.bos_token
+            add_special_tokens = not (bos and string.startswith(bos))
+        return self.tok.encode(string, add_special_tokens=add_special_tokens)
 
     @property
     def tokenizer_name(self) -> str:

@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
             "records: a message list, rendered through the chat template).")] = "text",
         tasks: Annotated[str | None, typer.Option(
             "--tasks", help="lm-evaluation-harness tasks, comma-separated (e.g. "
-            "hellaswag,arc_easy); needs `pip install 'astrai[eval]'`.")] = None,
+            "hellaswag,arc_easy); needs `pip install 'astrai\\[eval]'`.")] = None,
         include_path: Annotated[Path | None, typer.Option(
             "--include-path", help="With --tasks: a folder of extra task YAMLs.")] = None,
         num_fewshot: Annotated[int | None, typer.Option(
