@@ -60,7 +60,8 @@ def result_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     shots = results.get("n-shot", {})
     for task, metrics in results.get("results", {}).items():
         for key, value in metrics.items():
-            if key == "alias" or "_stderr," in key or not isinstance(value, (int, float)):
+            # metric keys are "metric,filter"; others (alias, sample_len) are bookkeeping
+            if "," not in key or "_stderr," in key or not isinstance(value, (int, float)):
                 continue
             metric, _, filt = key.partition(",")
             err = metrics.get(f"{metric}_stderr,{filt}")
