@@ -6,6 +6,7 @@ import traceback
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from astrai.errors import AstraiError
@@ -22,7 +23,7 @@ class AstraiGroup(TyperGroup):
         except AstraiError as e:
             if ctx.params.get("debug"):
                 stderr.print(traceback.format_exc(), markup=False)
-            stderr.print(f"[bold red]error:[/] {e}", markup=True)
+            stderr.print(f"[bold red]error:[/] {escape(str(e))}", markup=True)  # [eval] stays
             ctx.exit(e.exit_code)
         except KeyboardInterrupt:
             stderr.print("interrupted")

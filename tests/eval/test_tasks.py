@@ -130,3 +130,17 @@ def test_unknown_task_is_one_line(ckpt, task_dir):
     r = CliRunner().invoke(app, ["eval", str(ckpt), "--tasks", "no_such_task",
                                  "--include-path", str(task_dir), "--device", "cpu"])
     assert r.exit_code == 2 and "unknown task no_such_task" in r.output
+
+
+def test_lm_eval_command_line_with_the_astrai_model(tmp_path, ckpt, task_dir):
+    """lm-eval's own CLI (`python -m astrai.eval.lm_eval_main` registers the model first)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "astrai.eval.lm_eval_main", "--model", "astrai", "--model_args",
+         f"pretrained={ckpt}", "--device", "cpu", "--tasks", "astrai_mc", "--include_path",
+         str(task_dir), "--output_path", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "astrai_mc" in r.stdout and "acc_norm" in r.stdout
