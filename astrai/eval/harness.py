@@ -35,7 +35,7 @@ def render_chat(tokenizer: Any, messages: list[dict], add_generation_prompt: boo
 class AstraiLM(TemplateLM):
     def __init__(self, pretrained: str | None = None, device: str | None = "auto",
                  dtype: str | None = None, max_length: int | None = None,
-                 max_gen_toks: int = 256, batch_tokens: int = 4096, max_requests: int = 32,
+                 max_gen_toks: int = 256, batch_tokens: int = 1024, max_requests: int = 32,
                  seed: int = 0, *, model: Any = None, tok: Any = None, **_: Any) -> None:
         """`pretrained`: an astrai checkpoint or HF Llama/Qwen2/Mistral directory with a
         tokenizer.json (or pass `model` and `tok` objects). lm-eval's batch_size /

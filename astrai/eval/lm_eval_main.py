@@ -10,8 +10,9 @@ from __future__ import annotations
 
 
 def main() -> None:
-    import astrai.eval.harness  # noqa: F401  (registers "astrai")
     from lm_eval.__main__ import cli_evaluate
+
+    import astrai.eval.harness  # noqa: F401  (registers "astrai")
 
     cli_evaluate()
 

@@ -84,7 +84,7 @@ def read_documents(path: Path, field: str, tokenizer: Any,
 
 
 def score_documents(model: torch.nn.Module, tokenizer: Any, docs: list[str], *,
-                    max_len: int | None = None, batch_tokens: int = 4096,
+                    max_len: int | None = None, batch_tokens: int = 1024,
                     source: str = "<memory>") -> PerplexityResult:
     """Rolling log-likelihood of each document (lm-eval `loglikelihood_rolling`)."""
     from astrai.eval.score import Scorer
@@ -131,7 +131,7 @@ def score_dataset(model: torch.nn.Module, path: Path, *, batch_size: int = 8,
 
 def evaluate_perplexity(checkpoint: str | Path, data: str | Path, *, field: str = "text",
                         device: str = "auto", dtype: str | None = None,
-                        max_len: int | None = None, batch_tokens: int = 4096,
+                        max_len: int | None = None, batch_tokens: int = 1024,
                         batch_size: int = 8, limit: int | None = None) -> PerplexityResult:
     """Bits per byte and perplexity of `checkpoint` on a JSONL file or a dataset directory."""
     from astrai.infer.loading import load_model, load_tokenizer

@@ -109,7 +109,7 @@ class Scorer:
     """Batched continuation log-likelihoods under a model (no cache, no sampling)."""
 
     def __init__(self, model: torch.nn.Module, max_len: int | None = None,
-                 batch_tokens: int = 4096) -> None:
+                 batch_tokens: int = 1024) -> None:
         """`max_len`: tokens the model reads at most (default: its max_seq_len).
         `batch_tokens`: trie nodes per forward (memory grows with its square: the mask)."""
         self.model = model.eval()

@@ -27,9 +27,9 @@ def require_lm_eval() -> None:
 
 
 def run_tasks(checkpoint: str | Path, tasks: list[str], *, num_fewshot: int | None = None,
-              limit: int | float | None = None, seed: int = 0,
+              limit: float | None = None, seed: int = 0,
               apply_chat_template: bool = False, include_path: str | Path | None = None,
-              device: str = "auto", dtype: str | None = None, batch_tokens: int = 4096,
+              device: str = "auto", dtype: str | None = None, batch_tokens: int = 1024,
               max_gen_toks: int = 256) -> dict[str, Any]:
     """lm-eval's results dict ("results", "versions", "n-shot", "config", ...)."""
     require_lm_eval()

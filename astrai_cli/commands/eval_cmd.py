@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
             "--dtype", help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on "
             "CPU).")] = None,
         batch_tokens: Annotated[int, typer.Option(
-            "--batch-tokens", help="Tokens scored per forward pass.")] = 4096,
+            "--batch-tokens", help="Tokens scored per forward pass.")] = 1024,
         json_out: Annotated[Path | None, typer.Option(
             "--json", help="Also write the results to this JSON file.")] = None,
     ) -> None:

@@ -60,7 +60,7 @@ def test_mistakes_are_one_line(tmp_path, ckpt, held, args, message):
 
 
 def test_without_lm_eval_says_how_to_install(monkeypatch, ckpt):
-    import astrai.eval.tasks as tasks
+    from astrai.eval import tasks
 
     monkeypatch.setattr(tasks.importlib.util, "find_spec",
                         lambda name: None if name == "lm_eval" else object())

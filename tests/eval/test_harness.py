@@ -4,11 +4,11 @@ twin of the same checkpoint: per-request log-likelihoods, rolling totals, genera
 import pytest
 
 pytest.importorskip("lm_eval")
-from lm_eval.api.instance import Instance  # noqa: E402
-from lm_eval.api.registry import get_model  # noqa: E402
-from lm_eval.models.huggingface import HFLM  # noqa: E402
+from lm_eval.api.instance import Instance
+from lm_eval.api.registry import get_model
+from lm_eval.models.huggingface import HFLM
 
-from astrai.eval.harness import AstraiLM  # noqa: E402
+from astrai.eval.harness import AstraiLM
 
 LONG = ("Friends, Romans, countrymen, lend me your ears; I come to bury Caesar, not to "
         "praise him. The evil that men do lives after them; the good is oft interred with "

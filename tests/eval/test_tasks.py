@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 lm_eval = pytest.importorskip("lm_eval")
-import astrai.eval.harness  # noqa: E402, F401  (registers "astrai")
-from astrai_cli.main import app  # noqa: E402
+import astrai.eval.harness  # noqa: F401  (registers "astrai")
+from astrai_cli.main import app
 
 QUESTIONS = [
     ("Friends, Romans,", [" countrymen", " friends", " Caesar"], 0),
@@ -66,8 +66,9 @@ metric_list:
 
 @pytest.fixture(scope="module")
 def task_dir(tmp_path_factory, ckpt):
-    from astrai.eval.harness import AstraiLM
     from lm_eval.api.instance import Instance
+
+    from astrai.eval.harness import AstraiLM
 
     # half the targets are the model's own greedy answer, so exact_match is neither 0 nor 1
     lm = AstraiLM(str(ckpt), device="cpu")
@@ -141,6 +142,6 @@ def test_lm_eval_command_line_with_the_astrai_model(tmp_path, ckpt, task_dir):
         [sys.executable, "-m", "astrai.eval.lm_eval_main", "--model", "astrai", "--model_args",
          f"pretrained={ckpt}", "--device", "cpu", "--tasks", "astrai_mc", "--include_path",
          str(task_dir), "--output_path", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=300)
+        check=False, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "astrai_mc" in r.stdout and "acc_norm" in r.stdout
