@@ -16,13 +16,13 @@ import argparse
 import json
 import os
 import random
-import resource
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from rollout import cpu_time  # benchmarks/rollout.py
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -64,11 +64,6 @@ def write_tasks(root: Path, questions: int, gen: int, seed: int = 0) -> None:
         'doc_to_text: "{{prompt}}"\ndoc_to_target: "{{target}}"\ngeneration_kwargs:\n'
         '  until: ["\\n", "."]\n  max_gen_toks: 16\n  do_sample: false\n'
         "metric_list:\n  - metric: exact_match\n")
-
-
-def cpu_time() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 class Timed:
