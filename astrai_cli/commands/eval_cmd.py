@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from astrai_cli.options import threads_option, use_threads
+
 METRICS = ("bpb", "ppl")
 
 
@@ -75,6 +77,7 @@ def register(app: typer.Typer) -> None:
             "--batch-tokens", help="Tokens scored per forward pass.")] = 1024,
         json_out: Annotated[Path | None, typer.Option(
             "--json", help="Also write the results to this JSON file.")] = None,
+        threads: Annotated[str | None, threads_option()] = None,
     ) -> None:
         """Bits per byte / perplexity on held-out data, or lm-evaluation-harness tasks."""
         from astrai.errors import ConfigError
@@ -83,6 +86,7 @@ def register(app: typer.Typer) -> None:
         if (data is None) == (tasks is None):
             raise ConfigError("give --data FILE.jsonl (bits per byte, perplexity) or --tasks "
                               "NAMES (lm-evaluation-harness), not both or neither")
+        use_threads(threads)
         console = Console()
         if data is not None:
             from astrai.eval.perplexity import evaluate_perplexity
