@@ -145,3 +145,18 @@ def test_lm_eval_command_line_with_the_astrai_model(tmp_path, ckpt, task_dir):
         check=False, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "astrai_mc" in r.stdout and "acc_norm" in r.stdout
+
+
+def test_chat_template_runs_equal_hflm(ckpt, hf_dir, task_dir):
+    """--apply-chat-template: lm-eval renders the turns with our template (HFLM with the
+    exported chat_template.jinja); the per-item log-likelihoods agree."""
+    kw = {"apply_chat_template": True, "limit": 3}
+    ours = evaluate("astrai", f"pretrained={ckpt},device=cpu", task_dir, **kw)
+    ref = evaluate("hf", f"pretrained={hf_dir},dtype=float32,device=cpu", task_dir, **kw)
+    assert "<|im_start|>" in str(ours["samples"]["astrai_mc"][0]["arguments"])
+    for task in ("astrai_mc", "astrai_gen"):
+        assert metrics(ours, task) == metrics(ref, task)
+    for x, y in zip(ours["samples"]["astrai_mc"], ref["samples"]["astrai_mc"], strict=True):
+        assert x["arguments"] == y["arguments"]
+        for ((lp, g),), ((rlp, rg),) in zip(x["resps"], y["resps"], strict=True):
+            assert lp == pytest.approx(rlp, abs=1e-4) and g == rg
