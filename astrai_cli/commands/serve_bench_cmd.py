@@ -17,7 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from astrai_cli.options import threads_option, use_threads
+from astrai.tempdir import follow_umask
+from astrai_cli.options import checkpoint_path, threads_option, use_threads
 
 # (label, key, format) rows of the table, in sections; None formats skip the row when the
 # value is None in every run.
@@ -33,7 +34,9 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str]]]] = [
         ("Input token throughput (tok/s)", "input_throughput", "{:.1f}"),
         ("Output token throughput (tok/s)", "output_throughput", "{:.1f}"),
         ("Total token throughput (tok/s)", "total_token_throughput", "{:.1f}"),
-        ("Peak concurrency", "peak_concurrency", "{:d}"),
+        ("Max concurrent requests (vLLM)", "max_concurrent_requests", "{:d}"),
+        ("Peak output tokens/s (vLLM)", "max_output_tokens_per_s", "{:.0f}"),
+        ("Peak concurrency (exact)", "peak_concurrency", "{:d}"),
         ("Mean concurrency", "mean_concurrency", "{:.2f}"),
     ]),
 ]
@@ -94,6 +97,7 @@ def write_json(report: dict, path: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        follow_umask(tmp)  # mkstemp creates it private (0600)
         os.replace(tmp, dst)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -190,7 +194,7 @@ def register(app: typer.Typer) -> None:
         from astrai.infer.config import CacheConfig, SchedulerConfig
 
         config = BenchConfig(
-            target=target, workload=workload, num_prompts=num_prompts,
+            target=str(checkpoint_path(target)), workload=workload, num_prompts=num_prompts,
             input_len=parse_range(input_len, "--input-len"),
             output_len=parse_range(output_len, "--output-len"),
             prefix_len=prefix_len, prefix_groups=prefix_groups,
