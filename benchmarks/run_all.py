@@ -157,6 +157,18 @@ def parse_rollout(out: str) -> list[Row]:
                 _fmt(_f(ours[1]), "tok/s"), _fmt(_f(peer[1]), "tok/s"), r[1], "> 1 faster")]
 
 
+def parse_eval(out: str) -> list[Row]:
+    ours = re.search(r"astrai \(lm-eval model 'astrai'\) :.*?in the model\s+" + NUM + " s wall",
+                     out)
+    peer = re.search(r"lm-eval hf \(HFLM.*?in the model\s+" + NUM + " s wall", out)
+    r = re.search(r"ratio hf / astrai \(model time\) : ([\d.]+)x wall, ([\d.]+)x cpu", out)
+    if not (ours and peer and r) or "metrics: equal" not in out:
+        return []
+    return [Row("eval (lm-eval)", f"multiple-choice + generate_until tasks, time in the model "
+                f"(CPU time {r[2]}x)", _fmt(_f(ours[1]), "s"), _fmt(_f(peer[1]), "s"), r[1],
+                "> 1 faster (target ≥ 2.0)")]
+
+
 def parse_inspect(out: str) -> list[Row]:
     ours = re.search(r"inspect-weights: peak RSS (\d+) MiB \(([\d.]+) of budget, (\w+)\)", out)
     peer = re.search(r"peer .*?: peak RSS (\d+) MiB.*?ratio peer / ours = ([\d.]+)x", out)
@@ -249,6 +261,8 @@ BENCHES = [
           parse_inference, "HF transformers generate"),
     Bench("rollout", "rollout.py", ["--prompts", "8", "--group", "4", "--new", "16",
                                     "--repeat", "2"], parse_rollout, "HF generate (TRL path)"),
+    Bench("eval", "eval.py", ["--questions", "32", "--gen", "8", "--repeat", "2"], parse_eval,
+          "lm-eval hf model (HFLM)"),
     Bench("inspect", "inspect_memory.py", ["--gb", "0.5"], parse_inspect,
           "safetensors load_file"),
     Bench("serve", "serve.py", [], parse_serve,
