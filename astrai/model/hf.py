@@ -214,6 +214,9 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, dtype: torch.dtype
         save_weights(state, tmp / WEIGHTS)
         gen = {"_from_model_config": True, "producer": f"astrai {__version__}",
                **{k: v for k, v in special.items() if v is not None}}
+        stops = stop_token_ids(checkpoint)
+        if len(stops) > 1:  # HF generate stops at any of them, as astrai chat does
+            gen["eos_token_id"] = stops
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
         for name in HF_TOKENIZER_FILES:
             if (checkpoint / name).is_file():
@@ -233,6 +236,16 @@ def _dtype_name(dtype: torch.dtype) -> str:
     raise UnsupportedModelError(
         f"dtype {dtype} cannot be exported; use float32, bfloat16 or float16"
     )
+
+
+def stop_token_ids(path: Path) -> list[int]:
+    """The ids that end a reply for the checkpoint's tokenizer (eos and the chat template's
+    end-of-turn marker, e.g. <|im_end|>), eos first; [] without a tokenizer."""
+    if not (path / "tokenizer.json").is_file():
+        return []
+    from astrai.data.tokenizer import Tokenizer
+
+    return Tokenizer.load(path).stop_ids
 
 
 def special_token_ids(path: Path) -> dict[str, int | None]:
