@@ -297,6 +297,7 @@ def build_dataset(spec: PreprocessSpec, *, workers: int = 1, on_error: str = "fa
         raise ConfigError(f"tokenizer: {spec.tokenizer} does not exist; train one with "
                           "`astrai tokenizer train` or fix the spec's 'tokenizer' path")
     tok = Tokenizer.load(spec.tokenizer)
+    RecordEncoder(spec, tok)  # applies spec.chat_template; no template for chat data: fail now
     splits = {"train": expand_inputs(spec.inputs, "inputs")}
     if spec.val_inputs:
         splits["val"] = expand_inputs(spec.val_inputs, "val_inputs")
