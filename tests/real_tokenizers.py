@@ -45,3 +45,36 @@ def family_dir(family: str, root: Path) -> Path:
     if not (out / "tokenizer.json").is_file():
         unpack(folder, out, template)
     return out
+
+
+ARCH = {"qwen3": "Qwen2Config", "qwen2.5": "Qwen2Config", "llama3": "LlamaConfig",
+        "mistral": "MistralConfig"}
+"""family -> transformers config class of the tiny model built around its tokenizer."""
+
+
+def tiny_hf_model(family: str, root: Path, seed: int = 0) -> Path:
+    """A random 2-layer HF model of `family`'s architecture (hidden 32) saved with the
+    family's tokenizer files in `root/<family>-model`; needs transformers."""
+    import torch
+    import transformers
+
+    from astrai.data.tokenizer import Tokenizer
+
+    out = root / f"{family}-model"
+    if (out / "config.json").is_file():
+        return out
+    folder, template = FAMILIES[family]
+    unpack(folder, out, template)
+    vocab = Tokenizer.load(out).vocab_size
+    extra = {"sliding_window": None} if family == "mistral" else {}
+    config = getattr(transformers, ARCH[family])(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        tie_word_embeddings=family.startswith("qwen"), **extra)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # larger than init so greedy picks vary with context
+            p.normal_(0, 0.2) if p.dim() > 1 else p.fill_(1.0)
+    model.save_pretrained(out)
+    return out
