@@ -150,6 +150,34 @@ def mask_from_offsets(ids: Sequence[int], offsets: Sequence[tuple[int, int]],
     return mask
 
 
+def mask_from_encoding(enc, spans: Sequence[tuple[int, int]], end_ids: Collection[int]
+                       ) -> list[int]:
+    """`mask_from_offsets` for a `tokenizers.Encoding`, looking up only the spans' ends
+    (`char_to_token`) instead of every token's offsets."""
+    ids = enc.ids
+    n = len(ids)
+    mask = [0] * n
+    k = 0
+    for s, e in spans:
+        a = enc.char_to_token(s)
+        b = enc.char_to_token(e - 1) if s < e else a
+        if a is None or b is None:  # a character no token covers (a normalizer dropped it)
+            return mask_from_offsets(ids, enc.offsets, spans, end_ids)
+        if s == e:  # an empty reply: its first end-of-turn token
+            while a < n and ids[a] not in end_ids:
+                a += 1
+            b = a - 1
+        else:  # byte fallback / byte-level pieces of one character share its offsets
+            while b + 1 < n and (c := enc.token_to_chars(b + 1)) is not None and c[0] < e:
+                b += 1
+        a, k = max(a, k), max(b + 1, k)
+        mask[a:k] = [1] * (k - a)
+        while k < n and ids[k] in end_ids:
+            mask[k] = 1
+            k += 1
+    return mask
+
+
 def conversation_ids(tokenizer, messages: Sequence[dict], *, add_generation_prompt: bool = False,
                      train_roles: Collection[str] = ("assistant",), first_trained: int = 0,
                      where: str = "conversation") -> ChatIds:
@@ -164,6 +192,5 @@ def conversation_ids(tokenizer, messages: Sequence[dict], *, add_generation_prom
     rc = render_conversation(tokenizer, messages, add_generation_prompt=add_generation_prompt,
                              train_roles=train_roles, first_trained=first_trained,
                              where=where)
-    ids, offsets = tokenizer.encode_with_offsets(rc.text)
-    return ChatIds(ids, mask_from_offsets(ids, offsets, rc.spans, set(tokenizer.stop_ids)),
-                   rc.text)
+    (enc,) = tokenizer.encode_encodings([rc.text])
+    return ChatIds(enc.ids, mask_from_encoding(enc, rc.spans, set(tokenizer.stop_ids)), rc.text)

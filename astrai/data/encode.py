@@ -21,7 +21,7 @@ import numpy as np
 
 from astrai.config.preprocess import PreprocessSpec
 from astrai.data.chat import check_messages
-from astrai.data.chat_ids import mask_from_offsets, render_conversation
+from astrai.data.chat_ids import mask_from_encoding, render_conversation
 from astrai.data.tokenizer import Tokenizer
 from astrai.errors import AstraiError, DataError
 
@@ -146,8 +146,9 @@ class RecordEncoder:
         mask: list[int] = []
         for text, ids, m in pieces:
             if isinstance(m, tuple):
-                part, offsets = next(rendered)
-                mask += mask_from_offsets(part, offsets, m, self.stop)
+                enc = next(rendered)
+                part = enc.ids
+                mask += mask_from_encoding(enc, m, self.stop)
             else:
                 part = next(plain) if text is not None else ids
                 mask += [m] * len(part)
@@ -193,7 +194,7 @@ class RecordEncoder:
                         (renders if isinstance(m, tuple) else texts).append(text)
             plans.append(("ok", where, slots, extra, chars))
         plain = iter(self.tok.encode_batch(texts) if texts else [])
-        rendered = iter(self.tok.encode_batch_with_offsets(renders) if renders else [])
+        rendered = iter(self.tok.encode_encodings(renders) if renders else [])
         return [self._finish(p, plain, rendered) if p[0] == "ok" else p for p in plans]
 
     def _finish(self, plan: tuple, plain, rendered) -> tuple:

@@ -186,16 +186,10 @@ class Tokenizer:
         """Token ids of `text`; add_special_tokens applies the post-processor (e.g. BOS)."""
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """(ids, character [start, end) of each id) of `text`, no special tokens added."""
-        e = self._tok.encode(text, add_special_tokens=False)
-        return e.ids, e.offsets
-
-    def encode_batch_with_offsets(self, texts: Sequence[str]
-                                  ) -> list[tuple[list[int], list[tuple[int, int]]]]:
-        """`encode_with_offsets` of each text (parallel in the Rust library)."""
-        return [(e.ids, e.offsets) for e in self._tok.encode_batch(list(texts),
-                                                                    add_special_tokens=False)]
+    def encode_encodings(self, texts: Sequence[str]) -> list[tokenizers.Encoding]:
+        """The `tokenizers.Encoding` of each text (ids, character offsets), no special tokens
+        added; parallel in the Rust library."""
+        return self._tok.encode_batch(list(texts), add_special_tokens=False)
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False
                      ) -> list[list[int]]:

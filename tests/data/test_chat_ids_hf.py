@@ -18,7 +18,7 @@ import textwrap
 import pytest
 
 from astrai.config.preprocess import load_spec
-from astrai.data.chat_ids import conversation_ids
+from astrai.data.chat_ids import conversation_ids, mask_from_offsets, render_conversation
 from astrai.data.encode import RecordEncoder
 from astrai.data.tokenizer import Tokenizer
 
@@ -130,6 +130,9 @@ def test_chat_sft_dpo_grpo_ids_equal_transformers(family, real_tokenizer_dirs, r
         ids, mask = s[2]["input_ids"].tolist(), s[2]["loss_mask"].tolist()
         assert ids == want["full"], c
         check_mask(tok, ids, mask, expected_replies(c))
+        (enc,) = tok.encode_encodings([tok.render_chat(c)])
+        assert mask == mask_from_offsets(enc.ids, enc.offsets, render_conversation(
+            tok, c).spans, set(tok.stop_ids))  # the char_to_token path = the per-token loop
         # dpo
         assert d[0] == "ok", d
         assert d[2]["chosen"].tolist() == want["full"]

@@ -150,3 +150,18 @@ def test_mask_arrays_are_compact(tok):
     ids, mask = encode_sft(tok, TWO_TURNS)
     assert set(mask) == {0, 1} and len(ids) == len(mask)
     assert np.asarray(ids).max() < tok.vocab_size
+
+
+def test_mask_from_encoding_equals_the_per_token_loop(tok):
+    from astrai.data.chat_ids import mask_from_encoding, mask_from_offsets, render_conversation
+
+    replies = ["Crimson — 深红 🙂", "", "🙂🙃", " x ", "\n\nnl\n", "ok"]
+    for k in range(len(replies)):
+        convo = []
+        for r in replies[k:] + replies[:k]:
+            convo += [{"role": "user", "content": "q 🙂"}, {"role": "assistant", "content": r}]
+        rc = render_conversation(tok, convo)
+        (enc,) = tok.encode_encodings([rc.text])
+        stop = set(tok.stop_ids)
+        assert mask_from_encoding(enc, rc.spans, stop) == mask_from_offsets(
+            enc.ids, enc.offsets, rc.spans, stop)
