@@ -11,6 +11,7 @@ from functools import lru_cache
 from typing import Any
 
 import jinja2
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from astrai.data.chat_templates import CHATML
@@ -31,11 +32,23 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _GenerationBlocks(Extension):
+    """`{% generation %}...{% endgeneration %}` (transformers' marker of assistant text for
+    `return_assistant_tokens_mask`) renders its body unchanged; astrai's masks come from the
+    located reply spans either way."""
+
+    tags = frozenset({"generation"})
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 @lru_cache(maxsize=32)
 def compile_template(source: str) -> jinja2.Template:
     """Compile a chat template the way HF transformers does (sandboxed, trimmed blocks)."""
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationBlocks]
     )
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = _strftime_now

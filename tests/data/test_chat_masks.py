@@ -165,3 +165,14 @@ def test_mask_from_encoding_equals_the_per_token_loop(tok):
         stop = set(tok.stop_ids)
         assert mask_from_encoding(enc, rc.spans, stop) == mask_from_offsets(
             enc.ids, enc.offsets, rc.spans, stop)
+
+
+def test_generation_blocks_render_their_body(tok):
+    # transformers' assistant-mask marker: accepted, rendered unchanged
+    t = with_template(tok, "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role']"
+                           " == 'assistant' %}{% generation %}{{ m['content'] }}<|im_end|>"
+                           "{% endgeneration %}{% else %}{{ m['content'] }}<|im_end|>{% endif %}"
+                           "\n{% endfor %}")
+    ids, mask = encode_sft(t, TWO_TURNS)
+    trained = t.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False)
+    assert trained == "Hello!<|im_end|>4<|im_end|>"
