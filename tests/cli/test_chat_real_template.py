@@ -80,3 +80,40 @@ def test_five_turns_in_a_pseudo_terminal(qwen3_model):
         assert tty.proc.wait(timeout=60) == 0
     finally:
         tty.close()
+
+
+def test_no_template_refuses_in_one_line_and_a_named_template_fixes_it(tmp_path):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from astrai_cli.main import app
+
+    src = tiny_hf_model("mistral", tmp_path)
+    base = tmp_path / "mistral-base"  # Mistral-7B-v0.1 ships no chat template
+    shutil.copytree(src, base)
+    cfg = json.loads((base / "tokenizer_config.json").read_text())
+    del cfg["chat_template"]
+    (base / "tokenizer_config.json").write_text(json.dumps(cfg))
+    runner = CliRunner()
+    args = ["chat", str(base), "--prompt", "hi", "--max-tokens", "3", "--temperature", "0",
+            "--device", "cpu"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert f"{base} has no chat template" in line
+    assert "--chat-template NAME|FILE" in line and "--no-template" in line
+    r = runner.invoke(app, [*args, "--chat-template", "mistral"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["tokenizer", "info", str(base), "--json"])
+    info = json.loads(r.stdout)
+    assert info["template"] == "none" and info["stop_tokens"] == ["</s>"]
+    assert any("no chat template" in w for w in info["warnings"])
+    assert any("no pad token" in w for w in info["warnings"])
+    # ChatML's markers are not tokens of Mistral's vocabulary: said, not silently used
+    cfg["chat_template"] = "{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>" \
+                           "{% endfor %}"
+    (base / "tokenizer_config.json").write_text(json.dumps(cfg))
+    info = json.loads(runner.invoke(app, ["tokenizer", "info", str(base), "--json"]).stdout)
+    assert info["template"] == "custom"
+    assert any("<|im_start|> is not one token" in w for w in info["warnings"])

@@ -142,3 +142,26 @@ def test_chat_sft_dpo_grpo_ids_equal_transformers(family, real_tokenizer_dirs, r
         # grpo
         assert g[0] == "ok", g
         assert g[2]["prompts"].tolist() == want["prompt"]
+
+
+def test_sft_on_a_tokenizer_without_template_is_refused_until_one_is_named(tmp_path):
+    from astrai.data.builder import build_dataset
+    from astrai.errors import NoTemplateError
+    from tests.real_tokenizers import unpack
+
+    tok_dir = unpack("mistral-7b", tmp_path / "mistral")  # a base model: no template
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "Salut"},
+                                             {"role": "assistant", "content": "Bonjour"}]}))
+    spec = {"kind": "sft", "inputs": [str(data)], "tokenizer": str(tok_dir),
+            "output": str(tmp_path / "ds")}
+    with pytest.raises(NoTemplateError, match=r"mistral has no chat template.*chat_template"):
+        build_dataset(load_spec(data=spec))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.jsonl", "mistral"]
+    build_dataset(load_spec(data={**spec, "chat_template": "mistral"}))
+    tok = Tokenizer.load(tmp_path / "ds" / "tokenizer")  # the copy keeps the template
+    ids = conversation_ids(tok, [{"role": "user", "content": "Salut"},
+                                 {"role": "assistant", "content": "Bonjour"}])
+    trained = [i for i, m in zip(ids.ids, ids.mask, strict=True) if m]
+    assert tok.decode(trained, skip_special_tokens=False) == "Bonjour</s>"
+    assert trained[0] == tok.token_to_id("▁Bon")  # the template's space: "[/INST] Bonjour"
