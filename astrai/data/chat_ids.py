@@ -83,13 +83,16 @@ def render_conversation(tokenizer, messages: Sequence[dict], *,
                         train_roles: Collection[str] = ("assistant",), first_trained: int = 0,
                         where: str = "conversation") -> RenderedChat:
     """Render `messages` once and locate the content of each message whose role is in
-    `train_roles` (messages before index `first_trained` are never trained: a DPO prompt). Raises ConfigError when the tokenizer has no chat template and
-    DataError (naming `where`) when a trained message cannot be found in the render."""
+    `train_roles` (messages before index `first_trained` are never trained: a DPO prompt).
+    Raises ConfigError when the tokenizer has no chat template and DataError (naming
+    `where`) when a trained message cannot be found in the render."""
     source = tokenizer.require_template()
     special = tokenizer.template_vars
     text = render(source, messages, add_generation_prompt=add_generation_prompt,
                   special=special)
     spans: list[tuple[int, int]] = []
+    if not train_roles:
+        return RenderedChat(text, ())
     cursor = 0
     for i, m in enumerate(messages):
         role, content = m.get("role"), m.get("content") or ""
@@ -105,8 +108,6 @@ def render_conversation(tokenizer, messages: Sequence[dict], *,
                 head = ""
             if head and text.startswith(head):
                 start = max(start, len(head))
-        if not train_roles:
-            break  # nothing to locate
         if not content.strip():
             if trained:
                 spans.append((start, start))  # an empty reply: only its end-of-turn trains

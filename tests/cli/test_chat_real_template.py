@@ -45,6 +45,7 @@ def qwen3_model(tmp_path_factory):
     return tiny_hf_model("qwen3", tmp_path_factory.mktemp("qwen3-chat"))
 
 
+@pytest.mark.slow
 def test_greedy_replies_equal_transformers_generate(qwen3_model):
     session = open_chat(qwen3_model, params=SamplingParams(max_tokens=N, temperature=0.0),
                         device="cpu")
@@ -63,6 +64,7 @@ def test_greedy_replies_equal_transformers_generate(qwen3_model):
     assert replies == json.loads(res.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
 def test_five_turns_in_a_pseudo_terminal(qwen3_model):
     tty = Pty(["-m", "astrai_cli.main", "chat", str(qwen3_model), "--device", "cpu",

@@ -36,10 +36,12 @@ HF = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_exported_tokenizer_ids_equal_the_source(tmp_path):
     assert len(TEXTS) == 30
     pairs = {}
-    for fam in FAMILIES:
+    # qwen2.5 shares qwen3's tokenizer files (only the template differs): one export covers both
+    for fam in [f for f in FAMILIES if f != "qwen2.5"]:
         src = tiny_hf_model(fam, tmp_path)
         dst = export_hf(src, tmp_path / f"{fam}-export")
         pairs[fam] = (str(src), str(dst))
