@@ -116,7 +116,7 @@ def main() -> None:
         sft_best = float("inf")
         for _ in range(args.runs):
             sft_spec = {**spec(tmp / "chat.jsonl", tok.path, tmp / "ds-sft"), "kind": "sft",
-                        "max_seq_len": 1 << 17, "packing": {"mode": "bfd"}}
+                        "max_seq_len": 16384, "packing": {"mode": "bfd"}}
             sft_best = min(sft_best, build_dataset(load_spec(data=sft_spec),
                                                    workers=args.workers).elapsed_s)
 
