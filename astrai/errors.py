@@ -29,3 +29,7 @@ class UnsupportedModelError(AstraiError):
 
 class NoTemplateError(ConfigError):
     """A chat path needs a chat template and the tokenizer ships none."""
+
+
+class MissingExtraError(AstraiError):
+    """An optional dependency is not installed; the message names the pip extra to install."""

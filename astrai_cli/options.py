@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -22,3 +23,26 @@ def use_threads(value: str | None) -> int:
     from astrai.threads import apply_threads, parse_threads
 
     return apply_threads(parse_threads(value))
+
+
+def checkpoint_path(path: str | Path, err: Any = None) -> Path:
+    """A checkpoint argument: a training run directory stands for its newest checkpoint, and
+    a line on stderr says which."""
+    from rich.console import Console
+
+    from astrai.model.checkpoint import resolve_checkpoint
+
+    resolved, note = resolve_checkpoint(path)
+    if note:
+        (err or Console(stderr=True)).print(note, highlight=False, soft_wrap=True,
+                                            markup=False)
+    return resolved
+
+
+Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N.")]
+Dtype = Annotated[str, typer.Option(
+    "--dtype", help="auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16.")]
+Backend = Annotated[str | None, typer.Option(
+    "--backend", help="Attention backend: torch_native | flash | cuda (default: automatic).")]
+MaxContext = Annotated[int | None, typer.Option(
+    "--max-context", help="Context length (default: the model's max_seq_len).")]

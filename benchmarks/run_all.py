@@ -157,6 +157,18 @@ def parse_rollout(out: str) -> list[Row]:
                 _fmt(_f(ours[1]), "tok/s"), _fmt(_f(peer[1]), "tok/s"), r[1], "> 1 faster")]
 
 
+def parse_eval(out: str) -> list[Row]:
+    ours = re.search(r"astrai \(lm-eval model 'astrai'\) :.*?in the model\s+" + NUM + " s wall",
+                     out)
+    peer = re.search(r"lm-eval hf \(HFLM.*?in the model\s+" + NUM + " s wall", out)
+    r = re.search(r"ratio hf / astrai \(model time\) : ([\d.]+)x wall, ([\d.]+)x cpu", out)
+    if not (ours and peer and r) or "metrics: equal" not in out:
+        return []
+    return [Row("eval (lm-eval)", f"multiple-choice + generate_until tasks, time in the model "
+                f"(CPU time {r[2]}x)", _fmt(_f(ours[1]), "s"), _fmt(_f(peer[1]), "s"), r[1],
+                "> 1 faster (target ≥ 2.0)")]
+
+
 def parse_inspect(out: str) -> list[Row]:
     ours = re.search(r"inspect-weights: peak RSS (\d+) MiB \(([\d.]+) of budget, (\w+)\)", out)
     peer = re.search(r"peer .*?: peak RSS (\d+) MiB.*?ratio peer / ours = ([\d.]+)x", out)
@@ -186,6 +198,29 @@ def parse_quickstart(out: str) -> list[Row]:
         if t:
             rows.append(Row("quickstart", "training seconds for those steps vs HF Llama",
                             f"{t[1]} s", f"{t[2]} s", r[2], "> 1 faster"))
+    return rows
+
+
+def parse_serve(out: str) -> list[Row]:
+    rows = []
+    tp = r": ([\d.]+) output tok/s, median TTFT ([\d.]+) ms"
+    local = re.search(r"astrai in-process" + tp, out)
+    http = re.search(r"astrai serve \(HTTP /v1/completions\)" + tp, out)
+    r = re.search(r"astrai HTTP / in-process output throughput: ([\d.]+)", out)
+    if local and http and r:
+        rows.append(Row("serving (HTTP)", "astrai serve vs in-process engine, output tok/s "
+                        "(same workload)", f"{http[1]} tok/s", f"{local[1]} tok/s", r[1],
+                        "≥ 0.90 HTTP costs < 10%"))
+    chat = re.search(r"astrai serve \(HTTP /v1/chat/completions\)" + tp, out)
+    peer = re.search(r"transformers serve --continuous-batching \(HTTP [^)]*\)" + tp, out)
+    pr = re.search(r"ratio astrai/peer \(chat\): output throughput ([\d.]+)x.*?median TTFT "
+                   r"([\d.]+)x", out)
+    if chat and peer and pr:
+        rows.append(Row("serving (HTTP)", "output tok/s vs transformers serve "
+                        "--continuous-batching (target ≥ 2.0)", f"{chat[1]} tok/s",
+                        f"{peer[1]} tok/s", pr[1], "> 1 faster"))
+        rows.append(Row("serving (HTTP)", "median TTFT vs transformers serve (target ≤ 0.5)",
+                        f"{chat[2]} ms", f"{peer[2]} ms", pr[2], "< 1 faster"))
     return rows
 
 
@@ -226,8 +261,12 @@ BENCHES = [
           parse_inference, "HF transformers generate"),
     Bench("rollout", "rollout.py", ["--prompts", "8", "--group", "4", "--new", "16",
                                     "--repeat", "2"], parse_rollout, "HF generate (TRL path)"),
+    Bench("eval", "eval.py", ["--questions", "32", "--gen", "8", "--repeat", "2"], parse_eval,
+          "lm-eval hf model (HFLM)"),
     Bench("inspect", "inspect_memory.py", ["--gb", "0.5"], parse_inspect,
           "safetensors load_file"),
+    Bench("serve", "serve.py", [], parse_serve,
+          "transformers serve --continuous-batching (HTTP)"),
     Bench("quickstart", "quickstart.py", [], parse_quickstart,
           "HF transformers LlamaForCausalLM, same recipe"),
     Bench("kernels", "kernels.py", ["--quick"], lambda out: [], "torch SDPA / flash-attn",

@@ -36,6 +36,9 @@ from astrai.train.callbacks.base import Callback
 STAGES = ("tokenizer", "preprocess", "size", "train", "validate", "sample")
 """The stages, in order; every one reports start and end (train also reports each step)."""
 
+LOSS_PLOT = "loss.png"
+"""The run's loss curve, written into OUT when matplotlib is installed."""
+
 TAIL_S = 6.0
 """Seconds kept for what follows validation (checkpoint, engine start, the sample)."""
 
@@ -92,6 +95,8 @@ class QuickstartResult:
     """Stopped by Ctrl-C/SIGTERM during training (a checkpoint of that step was saved)."""
     commands: list[dict[str, str]] = field(default_factory=list)
     """The next commands to try on what was made: [{"what", "command"}]."""
+    loss_plot: str | None = None
+    """OUT/loss.png, the run's loss curve (None when matplotlib is not installed)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,7 +134,7 @@ class _TrainEvents(Callback):
 
 def _prepare_out(config: QuickstartConfig) -> Path:
     out = Path(config.out)
-    ours = ("tokenizer", "data", "run", "summary.json")
+    ours = ("tokenizer", "data", "run", "summary.json", LOSS_PLOT)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} is a file; choose a directory")
     if out.is_dir() and any(out.iterdir()):
@@ -311,9 +316,23 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
         stage_s=stage_s, preempted=summary.preempted,
         commands=next_commands(ckpt_shown, str(run_dir)) if ckpt_shown else [],
     )
+    result.loss_plot = plot_loss(run_dir, out / LOSS_PLOT)
     result.total_s = round(time.perf_counter() - t0, 2)
     write_json_atomic(out / "summary.json", result.to_dict())
     return result
+
+
+def plot_loss(run_dir: Path, path: Path) -> str | None:
+    """The run's training loss (and validation loss) as a PNG; None without matplotlib."""
+    from astrai.viz import has_matplotlib
+
+    if not has_matplotlib():
+        return None
+    from astrai.viz.curves import plot_runs
+    from astrai.viz.figure import save_figure
+
+    fig = plot_runs([run_dir], metrics=["loss"], size=(800, 450))
+    return str(save_figure(fig, path))
 
 
 def generate_sample(checkpoint: str | Path, config: QuickstartConfig, device: Any) -> str:

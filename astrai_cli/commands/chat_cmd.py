@@ -19,7 +19,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from astrai_cli.options import threads_option, use_threads
+from astrai_cli.options import (
+    Backend,
+    Device,
+    Dtype,
+    MaxContext,
+    checkpoint_path,
+    threads_option,
+    use_threads,
+)
 
 
 @contextlib.contextmanager
@@ -184,17 +192,10 @@ def register(app: typer.Typer) -> None:
             "--max-tokens", help="Most tokens per reply.")] = 512,
         seed: Annotated[int | None, typer.Option(
             "--seed", help="Sampling seed (reproducible replies).")] = None,
-        device: Annotated[str, typer.Option(
-            "--device", help="auto | cpu | cuda | cuda:N.")] = "auto",
-        dtype: Annotated[str, typer.Option(
-            "--dtype", help="auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | "
-            "float16.")] = "auto",
-        backend: Annotated[str | None, typer.Option(
-            "--backend", help="Attention backend: torch_native | flash | cuda "
-            "(default: automatic).")] = None,
-        max_context: Annotated[int | None, typer.Option(
-            "--max-context", help="Context length (default: the model's max_seq_len).")
-        ] = None,
+        device: Device = "auto",
+        dtype: Dtype = "auto",
+        backend: Backend = None,
+        max_context: MaxContext = None,
         history_file: Annotated[Path | None, typer.Option(
             "--history-file", help="Keep input history across sessions in this file.")
         ] = None,
@@ -214,6 +215,7 @@ def register(app: typer.Typer) -> None:
             if not text.strip():
                 from astrai.errors import ConfigError
                 raise ConfigError("--prompt is empty: give the message to answer")
+        checkpoint = checkpoint_path(checkpoint, err)
         session = open_chat(checkpoint, params=params, system=system,
                             template=not no_template, chat_template=chat_template,
                             device=device, dtype=dtype,

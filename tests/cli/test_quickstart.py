@@ -200,3 +200,45 @@ def test_cli_defaults_are_the_config_defaults():
     for name in ("vocab_size", "seq_len", "batch_size", "max_lr", "seed", "device"):
         assert defaults[name] == getattr(cfg, name), name
     assert defaults["time_budget"] == cfg.time_budget_s
+
+
+def _result(tmp_path, loss_plot):
+    from astrai.quickstart import QuickstartResult
+
+    return QuickstartResult(
+        out=str(tmp_path), tokenizer="t", dataset="d", run_dir=str(tmp_path / "run"),
+        checkpoint="c", vocab_size=2048, params=1_000_000, train_rows=10, val_rows=2, steps=3,
+        step_s=None, threads=1, full_steps=None, full_budget_s=None, consumed_tokens=100, val_loss=4.0, val_ppl=54.6, val_bpb=2.5,
+        val_bytes=1000, sample_prompt="A", sample=None, loss_plot=loss_plot,
+    ).to_dict()
+
+
+def test_loss_png_or_how_to_get_it(tmp_path, monkeypatch):
+    """loss.png of the run when matplotlib is there; otherwise the pip line, no failure."""
+    import importlib.util
+    import json
+    import struct
+
+    from astrai.quickstart.pipeline import plot_loss
+    from astrai_cli.commands.quickstart_cmd import render
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "loss": 5.0 - s}) + "\n" for s in (10, 20, 30)))
+    pytest.importorskip("matplotlib")
+    path = plot_loss(run, tmp_path / "loss.png")
+    assert path == str(tmp_path / "loss.png")
+    assert struct.unpack(">II", (tmp_path / "loss.png").read_bytes()[16:24]) == (800, 450)
+    buf = io.StringIO()
+    render(_result(tmp_path, path), Console(file=buf, width=200))
+    assert f"loss curve │ {path}" in buf.getvalue()
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert plot_loss(run, tmp_path / "other.png") is None
+    assert not (tmp_path / "other.png").exists()
+    buf = io.StringIO()
+    render(_result(tmp_path, None), Console(file=buf, width=200))
+    assert f"pip install 'astrai[plot]' to get {tmp_path / 'loss.png'}" in buf.getvalue()

@@ -109,6 +109,20 @@ def test_bad_inputs_one_line_exit_2_nothing_written(datasets, tmp_path):
                           "--grad-accum-steps", 1000), "fewer than one optimizer step")
     one_line_error(invoke("train", "--data", tmp_path / "nope", "--out", out, *SMALL),
                    "nope")
+    # the option parser's errors are one line too
+    one_line_error(invoke("train", "--data", datasets["pretrain"], "--max-lr", "abc"),
+                   "Invalid value for '--max-lr'", "astrai train --help")
+    # a reference model: checked before the run directory exists, refused where unused
+    one_line_error(invoke("train", "--strategy", "sft", "--data", datasets["sft"], "--out",
+                          out, *SMALL, "--ref-model", "tiny"),
+                   "ref_model: strategy 'sft' has no reference model")
+    one_line_error(invoke("train", "--strategy", "dpo", "--data", datasets["sft"], "--out",
+                          out, *SMALL, "--ref-model", tmp_path / "nope"),
+                   "ref_model:", "neither a preset")
+    # weights where a model is expected
+    (tmp_path / "model.safetensors").write_bytes(b"\x98\x00\xff" * 10)
+    one_line_error(invoke("train", "--data", datasets["pretrain"], "--out", out,
+                          "--model", tmp_path / "model.safetensors"), "model.safetensors")
     assert not out.exists()
     # an existing run directory is never overwritten
     out.mkdir()

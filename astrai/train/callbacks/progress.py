@@ -1,12 +1,14 @@
 """Progress on stderr: step, loss, lr, tokens/s, ETA.
 
-On a terminal, a live rich bar; elsewhere (a log file, CI, a pipe, `nohup`), one plain line
-every `interval_s` seconds and at the last step, so a long run is never silent.
+On a terminal, a live rich bar, with a sparkline of the recent step losses beside the loss;
+elsewhere (a log file, CI, a pipe, `nohup`), one plain line every `interval_s` seconds and at
+the last step, so a long run is never silent.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 
 from rich.console import Console
 from rich.progress import (
@@ -19,6 +21,10 @@ from rich.progress import (
 )
 
 from astrai.train.callbacks.base import Callback
+from astrai.viz.sparkline import sparkline
+
+SPARK_STEPS = 24
+"""Recent step losses drawn by the sparkline."""
 
 
 class ProgressCallback(Callback):
@@ -32,6 +38,7 @@ class ProgressCallback(Callback):
         self.lines = False  # plain lines instead of the bar (not a terminal)
         self._t0 = self._last = 0.0
         self._step0 = 0
+        self.losses: deque[float] = deque(maxlen=SPARK_STEPS)
 
     def on_train_begin(self, ctx) -> None:
         if not ctx.is_main:
@@ -43,7 +50,7 @@ class ProgressCallback(Callback):
             return
         self.progress = Progress(
             TextColumn("[bold]train[/] epoch {task.fields[epoch]}"), BarColumn(),
-            MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
+            MofNCompleteColumn(), TextColumn("loss {task.fields[loss]} {task.fields[spark]}"),
             TextColumn("lr {task.fields[lr]}"), TextColumn("{task.fields[tps]} tok/s"),
             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
             console=self.console, transient=False,
@@ -51,7 +58,7 @@ class ProgressCallback(Callback):
         self.progress.start()
         self.task = self.progress.add_task(
             "train", total=ctx.total_steps, completed=ctx.state.step, epoch=ctx.state.epoch,
-            loss="-", lr="-", tps="-",
+            loss="-", spark="", lr="-", tps="-",
         )
 
     def on_epoch_begin(self, ctx) -> None:
@@ -71,8 +78,10 @@ class ProgressCallback(Callback):
             return
         if self.progress is None:
             return
+        self.losses.append(ctx.step_loss)
         self.progress.update(self.task, completed=ctx.state.step, loss=f"{ctx.step_loss:.4f}",
-                             lr=f"{ctx.lr:.2e}", tps=f"{tps:,.0f}")
+                             spark=sparkline(self.losses, SPARK_STEPS), lr=f"{ctx.lr:.2e}",
+                             tps=f"{tps:,.0f}")
 
     def on_epoch_end(self, ctx) -> None:
         self.on_epoch_begin(ctx)
