@@ -143,8 +143,18 @@ class _Encoders:
 
     def map(self, chunks: Iterator[list]) -> Iterator[list[tuple]]:
         if self.pool is None:
-            for c in chunks:
-                yield self.local.encode_lines(c)  # type: ignore[union-attr]
+            # One chunk encodes in a thread while the caller packs and writes the previous
+            # one: the Rust encoder releases the GIL, so packing no longer idles the cores.
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(1) as ex:
+                ahead: deque = deque()
+                for c in chunks:
+                    ahead.append(ex.submit(self.local.encode_lines, c))  # type: ignore[union-attr]
+                    if len(ahead) >= 2:
+                        yield ahead.popleft().result()
+                while ahead:
+                    yield ahead.popleft().result()
             return
         pending: deque = deque()
         for c in chunks:
@@ -297,6 +307,7 @@ def build_dataset(spec: PreprocessSpec, *, workers: int = 1, on_error: str = "fa
         raise ConfigError(f"tokenizer: {spec.tokenizer} does not exist; train one with "
                           "`astrai tokenizer train` or fix the spec's 'tokenizer' path")
     tok = Tokenizer.load(spec.tokenizer)
+    RecordEncoder(spec, tok)  # applies spec.chat_template; no template for chat data: fail now
     splits = {"train": expand_inputs(spec.inputs, "inputs")}
     if spec.val_inputs:
         splits["val"] = expand_inputs(spec.val_inputs, "val_inputs")

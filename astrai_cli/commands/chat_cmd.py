@@ -178,6 +178,10 @@ def register(app: typer.Typer) -> None:
         no_template: Annotated[bool, typer.Option(
             "--no-template", help="Base model: no chat template; the model continues your "
             "text.")] = False,
+        chat_template: Annotated[str | None, typer.Option(
+            "--chat-template", metavar="NAME|FILE", help="Use this chat template instead of "
+            "the tokenizer's: chatml, llama3, qwen2.5, mistral, llama2, or a .jinja file.")
+        ] = None,
         temperature: Annotated[float, typer.Option(
             "--temperature", help="Sampling temperature; 0 = greedy.")] = 0.8,
         top_p: Annotated[float, typer.Option(
@@ -213,7 +217,8 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError("--prompt is empty: give the message to answer")
         checkpoint = checkpoint_path(checkpoint, err)
         session = open_chat(checkpoint, params=params, system=system,
-                            template=not no_template, device=device, dtype=dtype,
+                            template=not no_template, chat_template=chat_template,
+                            device=device, dtype=dtype,
                             backend=backend, max_context=max_context, seed=seed or 0)
         if text is not None:
             reply = session.reply(text)
