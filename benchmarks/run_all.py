@@ -55,6 +55,14 @@ class Bench:
     timeout_s: float = 1800
     extra: list[str] = field(default_factory=list)
     """Arguments appended at run time (e.g. a JSON output path)."""
+    cpu_flags: tuple[str, ...] = ()
+    """CPU features it needs (e.g. bf16 matrix units); skipped on a CPU without them."""
+
+    def skip_reason(self, flags: set[str], cuda: bool) -> str | None:
+        if self.cuda and not cuda:
+            return "needs CUDA"
+        missing = [f for f in self.cpu_flags if f not in flags]
+        return f"needs a CPU with {', '.join(missing)}" if missing else None
 
 
 # -- parsers: one per benchmark's printed format --------------------------------------------
@@ -201,6 +209,20 @@ def parse_quickstart(out: str) -> list[Row]:
     return rows
 
 
+def parse_precision(out: str) -> list[Row]:
+    rows = []
+    for m in re.finditer(rf"(\w+): fp32 {NUM} tok/s \| bf16-mixed {NUM} tok/s \| bf16-true "
+                         rf"{NUM} tok/s", out):
+        r = re.search(rf"{m[1]}: ratio bf16-mixed/fp32 = ([\d.]+), bf16-true/fp32 = ([\d.]+)",
+                      out)
+        if r:
+            rows.append(Row("training precision", f"{m[1]}: bf16-mixed vs fp32 tok/s, CPU",
+                            f"{m[3]} tok/s", f"{m[2]} tok/s", r[1], "> 1 faster"))
+            rows.append(Row("training precision", f"{m[1]}: bf16-true vs fp32 tok/s, CPU",
+                            f"{m[4]} tok/s", f"{m[2]} tok/s", r[2], "> 1 faster"))
+    return rows
+
+
 def parse_serve(out: str) -> list[Row]:
     rows = []
     tp = r": ([\d.]+) output tok/s, median TTFT ([\d.]+) ms"
@@ -254,6 +276,9 @@ BENCHES = [
     Bench("training", "train_throughput.py",
           ["--presets", "tiny", "--rounds", "2", "--batch", "4", "--seq", "256"],
           parse_train, "HF transformers LlamaForCausalLM, plain loop"),
+    Bench("precision", "train_precision.py",
+          ["--presets", "tiny", "small", "--steps", "6", "--rounds", "2"], parse_precision,
+          "the same Trainer in fp32", cpu_flags=("amx_bf16",)),
     Bench("distributed", "train_distributed.py",
           ["--presets", "tiny", "--nprocs", "2", "--steps", "4", "--warmup", "1"],
           parse_distributed, "plain torch DDP"),
@@ -275,6 +300,22 @@ BENCHES = [
 
 
 # -- the machine -----------------------------------------------------------------------------
+
+# Vector and matrix extensions that decide fp32/bf16 speed (Linux /proc/cpuinfo names).
+EXTENSIONS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+              "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sme")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (empty where /proc/cpuinfo does not say)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
 
 def machine() -> dict[str, str]:
     import torch
@@ -302,7 +343,9 @@ def machine() -> dict[str, str]:
                                 capture_output=True, text=True).stdout.strip()
     except OSError:
         commit = ""
-    return {"CPU": f"{cpu}, {os.cpu_count()} logical cores", "memory": mem, "GPU": gpu,
+    ext = [f for f in EXTENSIONS if f in cpu_flags()]
+    return {"CPU": f"{cpu}, {os.cpu_count()} logical cores",
+            "CPU extensions": ", ".join(ext) or "-", "memory": mem, "GPU": gpu,
             "torch": f"{torch.__version__} ({torch.get_num_threads()} threads)",
             "python": platform.python_version(), "OS": platform.platform(),
             "astrai commit": commit or "-"}
@@ -355,8 +398,8 @@ def report(results: list[tuple[Bench, list[Row], str, float, int]], info: dict[s
             lines += [f"| {r.benchmark} | {r.measure} | {r.astrai} | {r.peer} | **{r.ratio}** "
                       f"| {r.better} |" for r in rows]
         else:
-            why = "skipped: needs CUDA" if rc is None else \
-                "failed (see output below)" if rc else "no figures parsed (see output below)"
+            why = (f"skipped: {b.skip_reason(set(), False)}" if rc is None else
+                   "failed (see output below)" if rc else "no figures parsed (see output below)")
             lines.append(f"| {b.name} | vs {b.peer} | — | — | — | {why} |")
     lines += ["", "## Output of each benchmark", ""]
     for b, _, out, elapsed, rc in results:
@@ -386,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for b in chosen:
             print(f"{b.name:12} python benchmarks/{b.script} {' '.join(b.args)}"
-                  + ("   (CUDA only)" if b.cuda else ""))
+                  + ("   (CUDA only)" if b.cuda else "")
+                  + (f"   (needs CPU {', '.join(b.cpu_flags)})" if b.cpu_flags else ""))
         return 0
     import torch
 
@@ -394,9 +438,11 @@ def main(argv: list[str] | None = None) -> int:
     info, before = machine(), load()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
+        flags, cuda = cpu_flags(), torch.cuda.is_available()
         for b in chosen:
-            if b.cuda and not torch.cuda.is_available():
-                print(f"{b.name}: skipped (needs CUDA)", file=sys.stderr)
+            why = b.skip_reason(flags, cuda)
+            if why:
+                print(f"{b.name}: skipped ({why})", file=sys.stderr)
                 results.append((b, [], "", 0.0, None))
                 continue
             print(f"{b.name}: running python benchmarks/{b.script} {' '.join(b.args)}",

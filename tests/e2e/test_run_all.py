@@ -87,6 +87,22 @@ ratio astrai/peer (chat): output throughput 2.80x (target >= 2.0), median TTFT 0
 """
 
 
+PRECISION = """threads 2; 2048^3 matmul: fp32 149.0 GFLOP/s, bf16 347.0 GFLOP/s (2.33x)
+tiny: fp32 1,000 tok/s | bf16-mixed 1,500 tok/s | bf16-true 2,000 tok/s   (median of 12 steps each)
+tiny: ratio bf16-mixed/fp32 = 1.50, bf16-true/fp32 = 2.00
+"""
+
+
+def test_precision_parser_and_cpu_gate():
+    rows = RA.parse_precision(PRECISION)
+    assert [(r.astrai, r.peer, r.ratio) for r in rows] == [
+        ("1,500 tok/s", "1,000 tok/s", "1.50"), ("2,000 tok/s", "1,000 tok/s", "2.00")]
+    b = {x.name: x for x in RA.BENCHES}["precision"]
+    assert b.skip_reason({"avx2", "fma"}, cuda=False) == "needs a CPU with amx_bf16"
+    assert b.skip_reason({"avx2", "amx_bf16"}, cuda=False) is None
+    assert "CPU extensions" in RA.machine()
+
+
 def test_parsers_read_each_format():
     rows = RA.parse_preprocess(PREPROCESS)
     assert [(r.astrai, r.peer, r.ratio) for r in rows] == [
@@ -121,7 +137,7 @@ def test_parsers_read_each_format():
 def test_parsers_return_nothing_on_other_text():
     for parse in (RA.parse_preprocess, RA.parse_train, RA.parse_distributed,
                   RA.parse_inference, RA.parse_rollout, RA.parse_inspect,
-                  RA.parse_quickstart, RA.parse_serve, RA.parse_eval):
+                  RA.parse_quickstart, RA.parse_serve, RA.parse_eval, RA.parse_precision):
         assert parse("Traceback (most recent call last):\n  boom\n") == []
 
 
