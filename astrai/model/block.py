@@ -22,9 +22,10 @@ class DecoderBlock(nn.Module):
         self.is_moe = config.is_moe_layer(layer)
         self.mlp = MoE(config) if self.is_moe else SwiGLU(config.dim, config.ffn_dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor | None]:
-        h = x + self.attn(self.attn_norm(x), cos, sin, ctx)
+        """x [B, T, C]; rope = `rope_factors` of the positions -> (out [B, T, C], MoE aux)."""
+        h = x + self.attn(self.attn_norm(x), rope, ctx)
         if self.is_moe:
             ffn, aux = self.mlp(self.mlp_norm(h))
             return h + ffn, aux

@@ -11,7 +11,7 @@ from astrai.model.block import DecoderBlock
 from astrai.model.config import ModelConfig
 from astrai.model.context import ForwardContext
 from astrai.model.norm import RMSNorm
-from astrai.model.rope import rope_table
+from astrai.model.rope import rope_factors, rope_table
 
 
 class ModelOutput(NamedTuple):
@@ -54,18 +54,22 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext | None = None, *,
                 return_hidden: bool = False, compute_logits: bool = True) -> ModelOutput:
-        """input_ids [B, T] -> ModelOutput(logits [B, T, V], aux_loss, hidden)."""
+        """input_ids [B, T] -> ModelOutput(logits [B, T, V], aux_loss, hidden).
+
+        The one forward pass of training and inference alike: `ctx` carries the positions
+        and who attends (the training mask, or the inference engine's KV-cache step record;
+        the engine's ragged step arrives as B = 1, T = the step's tokens)."""
         ctx = ctx or ForwardContext()
         ctx.sliding_window = self.config.sliding_window
         B, T = input_ids.shape
         pos = ctx.positions
         if pos is None:
             pos = torch.arange(T, device=input_ids.device).expand(B, T)
-        cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (B, T, D/2)
+        rope = rope_factors(self.rope_cos[pos], self.rope_sin[pos])  # 2 x (B, T, 1, D) fp32
         x = self.embed_tokens(input_ids)  # (B, T, C)
         aux_total, n_moe = None, 0
         for block in self.layers:
-            x, aux = block(x, cos, sin, ctx)
+            x, aux = block(x, rope, ctx)
             if aux is not None:
                 aux_total = aux if aux_total is None else aux_total + aux
                 n_moe += 1
