@@ -27,8 +27,7 @@ class Attention(nn.Module):
         """x [B, T, C]; rope = `rope_factors` of the tokens' positions -> [B, T, C]."""
         B, T, _ = x.shape
         H, K, D = self.n_heads, self.n_kv_heads, self.head_dim
-        # F.linear on the layers' parameters: the same product without an nn.Module call
-        # per projection (a measurable share of a small model's decode step on CPU)
+        # F.linear on the layers' parameters: no nn.Module call per projection (block.py)
         q = F.linear(x, self.q_proj.weight, self.q_proj.bias).view(B, T, H, D)  # (B, T, H, D)
         k = F.linear(x, self.k_proj.weight, self.k_proj.bias).view(B, T, K, D)  # (B, T, K, D)
         v = F.linear(x, self.v_proj.weight, self.v_proj.bias).view(B, T, K, D)  # (B, T, K, D)

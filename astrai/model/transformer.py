@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from astrai.model.block import DecoderBlock
 from astrai.model.config import ModelConfig
 from astrai.model.context import ForwardContext
-from astrai.model.norm import RMSNorm
+from astrai.model.norm import RMSNorm, rms_norm
 from astrai.model.rope import rope_factors, rope_table
 
 
@@ -66,14 +67,14 @@ class Transformer(nn.Module):
         if pos is None:
             pos = torch.arange(T, device=input_ids.device).expand(B, T)
         rope = rope_factors(self.rope_cos[pos], self.rope_sin[pos])  # 2 x (B, T, 1, D) fp32
-        x = self.embed_tokens(input_ids)  # (B, T, C)
+        x = F.embedding(input_ids, self.embed_tokens.weight)  # (B, T, C)
         aux_total, n_moe = None, 0
         for block in self.layers:
             x, aux = block(x, rope, ctx)
             if aux is not None:
                 aux_total = aux if aux_total is None else aux_total + aux
                 n_moe += 1
-        h = self.norm(x)
+        h = rms_norm(x, self.norm.weight, self.norm.eps)
         logits = None
         if compute_logits:
             logits = self.lm_head(h) if self.lm_head is not None else h @ self.embed_tokens.weight.T
