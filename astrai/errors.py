@@ -25,3 +25,11 @@ class DataError(AstraiError):
 
 class UnsupportedModelError(AstraiError):
     """A model format or architecture astrai does not support."""
+
+
+class NoTemplateError(ConfigError):
+    """A chat path needs a chat template and the tokenizer ships none."""
+
+
+class MissingExtraError(AstraiError):
+    """An optional dependency is not installed; the message names the pip extra to install."""

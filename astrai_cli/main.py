@@ -11,14 +11,17 @@ import typer
 from astrai import __version__
 from astrai_cli.commands import (
     chat_cmd,
+    eval_cmd,
     export_cmd,
     info_cmd,
     inspect_cmd,
     kernels_cmd,
+    plot_cmd,
     preprocess_cmd,
     quickstart_cmd,
     resume_cmd,
     serve_bench_cmd,
+    serve_cmd,
     tokenizer_cmd,
     train_cmd,
 )
@@ -53,7 +56,8 @@ def root(
 # Each command module exposes register(app); add one line per working command.
 COMMANDS: list = [quickstart_cmd,
                   info_cmd, export_cmd, kernels_cmd, tokenizer_cmd, preprocess_cmd, inspect_cmd,
-                  chat_cmd, serve_bench_cmd, train_cmd, resume_cmd]
+                  chat_cmd, eval_cmd, serve_cmd, serve_bench_cmd, train_cmd, resume_cmd,
+                  plot_cmd]
 for _module in COMMANDS:
     _module.register(app)
 

@@ -55,6 +55,14 @@ class Bench:
     timeout_s: float = 1800
     extra: list[str] = field(default_factory=list)
     """Arguments appended at run time (e.g. a JSON output path)."""
+    cpu_flags: tuple[str, ...] = ()
+    """CPU features it needs (e.g. bf16 matrix units); skipped on a CPU without them."""
+
+    def skip_reason(self, flags: set[str], cuda: bool) -> str | None:
+        if self.cuda and not cuda:
+            return "needs CUDA"
+        missing = [f for f in self.cpu_flags if f not in flags]
+        return f"needs a CPU with {', '.join(missing)}" if missing else None
 
 
 # -- parsers: one per benchmark's printed format --------------------------------------------
@@ -157,6 +165,18 @@ def parse_rollout(out: str) -> list[Row]:
                 _fmt(_f(ours[1]), "tok/s"), _fmt(_f(peer[1]), "tok/s"), r[1], "> 1 faster")]
 
 
+def parse_eval(out: str) -> list[Row]:
+    ours = re.search(r"astrai \(lm-eval model 'astrai'\) :.*?in the model\s+" + NUM + " s wall",
+                     out)
+    peer = re.search(r"lm-eval hf \(HFLM.*?in the model\s+" + NUM + " s wall", out)
+    r = re.search(r"ratio hf / astrai \(model time\) : ([\d.]+)x wall, ([\d.]+)x cpu", out)
+    if not (ours and peer and r) or "metrics: equal" not in out:
+        return []
+    return [Row("eval (lm-eval)", f"multiple-choice + generate_until tasks, time in the model "
+                f"(CPU time {r[2]}x)", _fmt(_f(ours[1]), "s"), _fmt(_f(peer[1]), "s"), r[1],
+                "> 1 faster (target ≥ 2.0)")]
+
+
 def parse_inspect(out: str) -> list[Row]:
     ours = re.search(r"inspect-weights: peak RSS (\d+) MiB \(([\d.]+) of budget, (\w+)\)", out)
     peer = re.search(r"peer .*?: peak RSS (\d+) MiB.*?ratio peer / ours = ([\d.]+)x", out)
@@ -186,6 +206,43 @@ def parse_quickstart(out: str) -> list[Row]:
         if t:
             rows.append(Row("quickstart", "training seconds for those steps vs HF Llama",
                             f"{t[1]} s", f"{t[2]} s", r[2], "> 1 faster"))
+    return rows
+
+
+def parse_precision(out: str) -> list[Row]:
+    rows = []
+    for m in re.finditer(rf"(\w+): fp32 {NUM} tok/s \| bf16-mixed {NUM} tok/s \| bf16-true "
+                         rf"{NUM} tok/s", out):
+        r = re.search(rf"{m[1]}: ratio bf16-mixed/fp32 = ([\d.]+), bf16-true/fp32 = ([\d.]+)",
+                      out)
+        if r:
+            rows.append(Row("training precision", f"{m[1]}: bf16-mixed vs fp32 tok/s, CPU",
+                            f"{m[3]} tok/s", f"{m[2]} tok/s", r[1], "> 1 faster"))
+            rows.append(Row("training precision", f"{m[1]}: bf16-true vs fp32 tok/s, CPU",
+                            f"{m[4]} tok/s", f"{m[2]} tok/s", r[2], "> 1 faster"))
+    return rows
+
+
+def parse_serve(out: str) -> list[Row]:
+    rows = []
+    tp = r": ([\d.]+) output tok/s, median TTFT ([\d.]+) ms"
+    local = re.search(r"astrai in-process" + tp, out)
+    http = re.search(r"astrai serve \(HTTP /v1/completions\)" + tp, out)
+    r = re.search(r"astrai HTTP / in-process output throughput: ([\d.]+)", out)
+    if local and http and r:
+        rows.append(Row("serving (HTTP)", "astrai serve vs in-process engine, output tok/s "
+                        "(same workload)", f"{http[1]} tok/s", f"{local[1]} tok/s", r[1],
+                        "≥ 0.90 HTTP costs < 10%"))
+    chat = re.search(r"astrai serve \(HTTP /v1/chat/completions\)" + tp, out)
+    peer = re.search(r"transformers serve --continuous-batching \(HTTP [^)]*\)" + tp, out)
+    pr = re.search(r"ratio astrai/peer \(chat\): output throughput ([\d.]+)x.*?median TTFT "
+                   r"([\d.]+)x", out)
+    if chat and peer and pr:
+        rows.append(Row("serving (HTTP)", "output tok/s vs transformers serve "
+                        "--continuous-batching (target ≥ 2.0)", f"{chat[1]} tok/s",
+                        f"{peer[1]} tok/s", pr[1], "> 1 faster"))
+        rows.append(Row("serving (HTTP)", "median TTFT vs transformers serve (target ≤ 0.5)",
+                        f"{chat[2]} ms", f"{peer[2]} ms", pr[2], "< 1 faster"))
     return rows
 
 
@@ -219,6 +276,9 @@ BENCHES = [
     Bench("training", "train_throughput.py",
           ["--presets", "tiny", "--rounds", "2", "--batch", "4", "--seq", "256"],
           parse_train, "HF transformers LlamaForCausalLM, plain loop"),
+    Bench("precision", "train_precision.py",
+          ["--presets", "tiny", "small", "--steps", "6", "--rounds", "2"], parse_precision,
+          "the same Trainer in fp32", cpu_flags=("amx_bf16",)),
     Bench("distributed", "train_distributed.py",
           ["--presets", "tiny", "--nprocs", "2", "--steps", "4", "--warmup", "1"],
           parse_distributed, "plain torch DDP"),
@@ -226,8 +286,12 @@ BENCHES = [
           parse_inference, "HF transformers generate"),
     Bench("rollout", "rollout.py", ["--prompts", "8", "--group", "4", "--new", "16",
                                     "--repeat", "2"], parse_rollout, "HF generate (TRL path)"),
+    Bench("eval", "eval.py", ["--questions", "32", "--gen", "8", "--repeat", "2"], parse_eval,
+          "lm-eval hf model (HFLM)"),
     Bench("inspect", "inspect_memory.py", ["--gb", "0.5"], parse_inspect,
           "safetensors load_file"),
+    Bench("serve", "serve.py", [], parse_serve,
+          "transformers serve --continuous-batching (HTTP)"),
     Bench("quickstart", "quickstart.py", [], parse_quickstart,
           "HF transformers LlamaForCausalLM, same recipe"),
     Bench("kernels", "kernels.py", ["--quick"], lambda out: [], "torch SDPA / flash-attn",
@@ -236,6 +300,22 @@ BENCHES = [
 
 
 # -- the machine -----------------------------------------------------------------------------
+
+# Vector and matrix extensions that decide fp32/bf16 speed (Linux /proc/cpuinfo names).
+EXTENSIONS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+              "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sme")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (empty where /proc/cpuinfo does not say)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
 
 def machine() -> dict[str, str]:
     import torch
@@ -263,7 +343,9 @@ def machine() -> dict[str, str]:
                                 capture_output=True, text=True).stdout.strip()
     except OSError:
         commit = ""
-    return {"CPU": f"{cpu}, {os.cpu_count()} logical cores", "memory": mem, "GPU": gpu,
+    ext = [f for f in EXTENSIONS if f in cpu_flags()]
+    return {"CPU": f"{cpu}, {os.cpu_count()} logical cores",
+            "CPU extensions": ", ".join(ext) or "-", "memory": mem, "GPU": gpu,
             "torch": f"{torch.__version__} ({torch.get_num_threads()} threads)",
             "python": platform.python_version(), "OS": platform.platform(),
             "astrai commit": commit or "-"}
@@ -316,8 +398,8 @@ def report(results: list[tuple[Bench, list[Row], str, float, int]], info: dict[s
             lines += [f"| {r.benchmark} | {r.measure} | {r.astrai} | {r.peer} | **{r.ratio}** "
                       f"| {r.better} |" for r in rows]
         else:
-            why = "skipped: needs CUDA" if rc is None else \
-                "failed (see output below)" if rc else "no figures parsed (see output below)"
+            why = (f"skipped: {b.skip_reason(set(), False)}" if rc is None else
+                   "failed (see output below)" if rc else "no figures parsed (see output below)")
             lines.append(f"| {b.name} | vs {b.peer} | — | — | — | {why} |")
     lines += ["", "## Output of each benchmark", ""]
     for b, _, out, elapsed, rc in results:
@@ -347,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for b in chosen:
             print(f"{b.name:12} python benchmarks/{b.script} {' '.join(b.args)}"
-                  + ("   (CUDA only)" if b.cuda else ""))
+                  + ("   (CUDA only)" if b.cuda else "")
+                  + (f"   (needs CPU {', '.join(b.cpu_flags)})" if b.cpu_flags else ""))
         return 0
     import torch
 
@@ -355,9 +438,11 @@ def main(argv: list[str] | None = None) -> int:
     info, before = machine(), load()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
+        flags, cuda = cpu_flags(), torch.cuda.is_available()
         for b in chosen:
-            if b.cuda and not torch.cuda.is_available():
-                print(f"{b.name}: skipped (needs CUDA)", file=sys.stderr)
+            why = b.skip_reason(flags, cuda)
+            if why:
+                print(f"{b.name}: skipped ({why})", file=sys.stderr)
                 results.append((b, [], "", 0.0, None))
                 continue
             print(f"{b.name}: running python benchmarks/{b.script} {' '.join(b.args)}",

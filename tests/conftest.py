@@ -16,3 +16,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer_dirs(tmp_path_factory):
+    """family -> tokenizer directory of the real families (tests/real_tokenizers.py)."""
+    from tests.real_tokenizers import FAMILIES, family_dir
+
+    root = tmp_path_factory.mktemp("real-tokenizers")
+    return {name: family_dir(name, root) for name in FAMILIES}

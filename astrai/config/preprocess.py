@@ -12,13 +12,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from astrai.config.numbers import NoBoolNumbers
 from astrai.errors import ConfigError
 
 Kind = Literal["pretrain", "sft", "dpo", "grpo"]
 Mask = Literal["train", "mask"]
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers, BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True,
                               use_attribute_docstrings=True)
 
@@ -78,7 +79,12 @@ class PreprocessSpec(_Strict):
     output: str
     """Dataset directory to create (written to a temporary directory, then renamed)."""
     overwrite: bool = False
-    """Replace an existing output directory."""
+    """Replace an existing output that is a dataset astrai wrote (its manifest.json) and
+    holds none of the inputs; any other existing output is refused."""
+    chat_template: str | None = None
+    """Chat template for template sections, dpo and grpo, replacing the tokenizer's own: a
+    name (chatml, llama3, qwen2.5, mistral, llama2) or a .jinja file. The dataset's copy of
+    the tokenizer keeps it, so chat after training renders the same way."""
     sections: list[Section] | None = None
     """Fields to tokenize, in order. Default per kind: pretrain [text: train];
     sft [messages: $role, template]. dpo and grpo use their fixed record keys."""
@@ -98,7 +104,7 @@ class PreprocessSpec(_Strict):
     position_ids: Literal["none", "doc_reset", "continuous"] = "doc_reset"
     """none: no position ids; doc_reset: restart at 0 per document; continuous: 0..T-1."""
     add_bos: bool = True
-    """Prepend BOS to each non-template record (template mode always starts with BOS)."""
+    """Prepend BOS to each non-template record (a template writes its own BOS, if any)."""
     add_eos: bool = True
     """Append EOS to each non-template record (trained when the last section is)."""
     format: Literal["h5", "bin"] = "h5"

@@ -11,6 +11,9 @@ from typing import Any
 _EXPORTS = {
     "Tokenizer": "astrai.data.tokenizer",
     "StreamDecoder": "astrai.data.stream",
+    "conversation_ids": "astrai.data.chat_ids",
+    "ChatIds": "astrai.data.chat_ids",
+    "NAMED_TEMPLATES": "astrai.data.chat_templates",
     "train_tokenizer": "astrai.data.bpe",
     "SpecialTokens": "astrai.data.bpe",
     "build_dataset": "astrai.data.builder",

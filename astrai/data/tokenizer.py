@@ -15,9 +15,10 @@ from typing import Any
 
 import tokenizers
 
-from astrai.data.chat import DEFAULT_CHAT_TEMPLATE, chat_segments, render
+from astrai.data.chat import render
+from astrai.data.chat_ids import conversation_ids
 from astrai.data.stream import StreamDecoder
-from astrai.errors import ConfigError
+from astrai.errors import ConfigError, NoTemplateError
 
 # Tokens that end an assistant turn in common templates; generation stops on any present.
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
@@ -57,7 +58,8 @@ class Tokenizer:
                  model_max_length: int | None = None) -> None:
         self._tok = tok
         self.bos_token, self.eos_token, self.pad_token = bos_token, eos_token, pad_token
-        self.chat_template = chat_template or DEFAULT_CHAT_TEMPLATE
+        self.chat_template: str | None = chat_template or None
+        """The Jinja chat template; None when the tokenizer ships none (a base model)."""
         self.model_max_length = model_max_length
         self._extra_stop_ids = tuple(int(i) for i in extra_stop_ids)
         self.path: Path | None = None
@@ -125,7 +127,8 @@ class Tokenizer:
         }
         (path / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n",
                                                     encoding="utf-8")
-        (path / "chat_template.jinja").write_text(self.chat_template, encoding="utf-8")
+        if self.chat_template is not None:
+            (path / "chat_template.jinja").write_text(self.chat_template, encoding="utf-8")
         self.path = path
 
     # ---- ids ---------------------------------------------------------------------------
@@ -183,6 +186,11 @@ class Tokenizer:
         """Token ids of `text`; add_special_tokens applies the post-processor (e.g. BOS)."""
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_encodings(self, texts: Sequence[str]) -> list[tokenizers.Encoding]:
+        """The `tokenizers.Encoding` of each text (ids, character offsets), no special tokens
+        added; parallel in the Rust library."""
+        return self._tok.encode_batch(list(texts), add_special_tokens=False)
+
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False
                      ) -> list[list[int]]:
         """Token ids of each text (parallel in the Rust library)."""
@@ -202,29 +210,26 @@ class Tokenizer:
         return {"bos_token": self.bos_token or "", "eos_token": self.eos_token or "",
                 "pad_token": self.pad_token or ""}
 
+    def require_template(self, fix: str | None = None) -> str:
+        """The chat template; NoTemplateError naming the file and `fix` when none."""
+        if self.chat_template is None:
+            where = self.path or "the tokenizer"
+            raise NoTemplateError(
+                f"{where} has no chat template (no chat_template.jinja, no chat_template in "
+                "tokenizer_config.json): " + (fix or (
+                    "pass --chat-template NAME|FILE (chatml, llama3, qwen2.5, mistral, "
+                    "llama2) or --no-template to treat it as a base model")))
+        return self.chat_template
+
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
         """The chat template's rendering of `messages` (no BOS added beyond the template's)."""
-        return render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                      special=self.template_vars)
-
-    def chat_segments(self, messages: Sequence[dict], add_generation_prompt: bool = False):
-        """Per-message segments of the rendering (see `astrai.data.chat`)."""
-        return chat_segments(self.chat_template, messages,
-                             add_generation_prompt=add_generation_prompt,
-                             special=self.template_vars)
-
-    def needs_bos(self, first_text: str) -> bool:
-        """Template mode prepends BOS (seeds/internals.md) unless the template wrote it."""
-        return self.bos_id is not None and not first_text.startswith(self.bos_token or "\0")
+        return render(self.require_template(), messages,
+                      add_generation_prompt=add_generation_prompt, special=self.template_vars)
 
     def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True
                     ) -> list[int]:
-        """The ids `astrai chat` feeds the model for `messages`; SFT trains on the same ids."""
-        segs = self.chat_segments(messages, add_generation_prompt)
-        ids = [self.bos_id] if segs and self.needs_bos(segs[0].text) else []
-        for part in self.encode_batch([s.text for s in segs]):
-            ids.extend(part)
-        return ids  # type: ignore[return-value]
+        """The ids of `messages`: `astrai.data.chat_ids.conversation_ids(...).ids`."""
+        return conversation_ids(self, messages, add_generation_prompt=add_generation_prompt).ids
 
     # ---- identity ----------------------------------------------------------------------
     def fingerprint(self) -> str:

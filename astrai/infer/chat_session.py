@@ -6,8 +6,11 @@
     session.command("/set temperature 0.2")
 
 History is a list of user/assistant messages (the system prompt is kept apart). Before each
-reply the whole conversation is re-encoded through the chat template; the radix cache finds
-the previous turn's pages, so only the new tokens are prefilled. When the prompt would leave
+reply the whole conversation is rendered by the chat template and encoded once
+(`astrai.data.chat_ids.conversation_ids`, the ids transformers' `apply_chat_template` gives);
+templates that rewrite earlier turns (Qwen3) are rendered afresh each turn, and the radix
+cache reuses whatever prefix of the previous turn's ids still matches, so only the rest is
+prefilled (`/stats` shows how many tokens came from the cache). When the prompt would leave
 less than `reply_room` tokens of the context, the oldest turns (a user message and its
 reply) are dropped and the reply carries a notice saying so.
 """
@@ -144,6 +147,8 @@ class ChatSession:
         self.params = params or SamplingParams()
         self.system = system or None
         self.template = template
+        if template:
+            tokenizer.require_template()  # a base model's tokenizer: say so before any turn
         self.reply_room = reply_room
         self.messages: list[dict[str, str]] = []
         """User and assistant turns, oldest first (no system message)."""
@@ -154,8 +159,11 @@ class ChatSession:
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
         """The prompt ids for `messages` (ending with the new user message)."""
         if self.template:
+            from astrai.data.chat_ids import conversation_ids
+
             sys = [{"role": "system", "content": self.system}] if self.system else []
-            return self.tokenizer.encode_chat(sys + messages, add_generation_prompt=True)
+            return conversation_ids(self.tokenizer, sys + messages,
+                                    add_generation_prompt=True).ids
         # Base model: one running text; each input starts a new line, each reply continues
         # its input directly.
         parts = [self.system] if self.system else []
@@ -265,10 +273,14 @@ class ChatSession:
 
 
 def open_chat(path: str | Path, *, params: SamplingParams | None = None,
-              system: str | None = None, template: bool = True, device: str = "auto",
+              system: str | None = None, template: bool = True,
+              chat_template: str | None = None, device: str = "auto",
               dtype: str | None = None, backend: str | None = None,
               max_context: int | None = None, seed: int = 0) -> ChatSession:
-    """A ChatSession on a checkpoint directory (astrai or HF) holding its tokenizer."""
+    """A ChatSession on a checkpoint directory (astrai or HF) holding its tokenizer.
+
+    `chat_template`: a template name (chatml, llama3, qwen2.5, mistral, llama2) or .jinja
+    file replacing the tokenizer's own; `template=False` chats with a base model."""
     from astrai.infer.config import CacheConfig
     from astrai.infer.engine import Engine
     from astrai.infer.loading import load_model, load_tokenizer
@@ -277,11 +289,20 @@ def open_chat(path: str | Path, *, params: SamplingParams | None = None,
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory")
     params = params or SamplingParams()  # (bad sampling values failed when it was built)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path}: not a checkpoint (no config.json); point to an astrai "
+                              "checkpoint (RUN_DIR/checkpoints/step_N) or a HF model directory")
     tok = load_tokenizer(path)
     if tok is None:
         raise CheckpointError(
             f"{path} has no tokenizer.json: chat needs the tokenizer the model was trained "
             f"with; copy it in (e.g. cp DATASET_DIR/tokenizer*.json {path}/)")
+    if chat_template is not None:
+        from astrai.data.chat_templates import resolve_template
+
+        tok.chat_template = resolve_template(chat_template)
+    if template:
+        tok.require_template()  # before the weights load
     model = load_model(path, device=device, dtype=dtype)
     ctx = model.config.max_seq_len if max_context is None else max_context
     page = 16

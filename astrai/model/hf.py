@@ -196,7 +196,7 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, dtype: torch.dtype
     the tokenizer files) that transformers' AutoModelForCausalLM.from_pretrained loads.
     Written atomically; an existing `out_dir` is replaced only with `overwrite`."""
     checkpoint, out_dir = Path(checkpoint), Path(out_dir)
-    config, _ = read_config(checkpoint)
+    config, info = read_config(checkpoint)
     dtype_name = None if dtype is None else _dtype_name(dtype)
     config_to_hf(config)  # refuse MoE before reading any weights
     if out_dir.resolve() == checkpoint.resolve():
@@ -206,7 +206,7 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, dtype: torch.dtype
     model, config, _ = load_pretrained(checkpoint, dtype=dtype)
     state = {astrai_to_hf_name(k): v for k, v in model.state_dict().items()}
     dtype_name = dtype_name or _dtype_name(next(iter(state.values())).dtype)
-    hf_config = config_to_hf(config, dtype_name)
+    hf_config = config_to_hf(config, dtype_name, family=info.get("model_type"))
     special = special_token_ids(checkpoint)
     hf_config.update({k: v for k, v in special.items() if v is not None})
     with atomic_dir(out_dir, overwrite=True) as tmp:
@@ -214,16 +214,27 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, dtype: torch.dtype
         save_weights(state, tmp / WEIGHTS)
         gen = {"_from_model_config": True, "producer": f"astrai {__version__}",
                **{k: v for k, v in special.items() if v is not None}}
+        stops = stop_token_ids(checkpoint)
+        if len(stops) > 1:  # HF generate stops at any of them, as astrai chat does
+            gen["eos_token_id"] = stops
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
         for name in HF_TOKENIZER_FILES:
             if (checkpoint / name).is_file():
                 shutil.copy2(checkpoint / name, tmp / name)
-        if (tmp / "tokenizer.json").is_file() and not (tmp / "tokenizer_config.json").is_file():
-            # Without it AutoTokenizer does not know which class reads tokenizer.json.
-            (tmp / "tokenizer_config.json").write_text(
-                json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}, indent=2) + "\n"
-            )
+        if (tmp / "tokenizer.json").is_file():
+            _tokenizer_json_authoritative(tmp / "tokenizer_config.json")
     return out_dir
+
+
+def _tokenizer_json_authoritative(cfg_file: Path) -> None:
+    """Make AutoTokenizer read tokenizer.json as it is, as astrai does: transformers 5 rebuilds
+    the pipeline of some classes (LlamaTokenizer drops tokenizer.json's normalizer, so a
+    Mistral tokenizer loses a leading ▁), and a missing class leaves it guessing."""
+    cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
+    if not isinstance(cfg, dict):
+        cfg = {}
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_file.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -233,6 +244,16 @@ def _dtype_name(dtype: torch.dtype) -> str:
     raise UnsupportedModelError(
         f"dtype {dtype} cannot be exported; use float32, bfloat16 or float16"
     )
+
+
+def stop_token_ids(path: Path) -> list[int]:
+    """The ids that end a reply for the checkpoint's tokenizer (eos and the chat template's
+    end-of-turn marker, e.g. <|im_end|>), eos first; [] without a tokenizer."""
+    if not (path / "tokenizer.json").is_file():
+        return []
+    from astrai.data.tokenizer import Tokenizer
+
+    return Tokenizer.load(path).stop_ids
 
 
 def special_token_ids(path: Path) -> dict[str, int | None]:

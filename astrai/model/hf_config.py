@@ -172,15 +172,18 @@ def _sliding_window(hf: dict, mt: str, source: str) -> int | None:
 
 # -- export -------------------------------------------------------------------------------
 
-def config_to_hf(c: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
+def config_to_hf(c: ModelConfig, dtype: str = "float32", family: str | None = None
+                 ) -> dict[str, Any]:
     """HF config.json for `c`: qwen2 when it has q/k/v biases, mistral when it has a sliding
-    window, llama otherwise. MoE has no HF counterpart here and is refused."""
+    window or `family` (the source's model_type) is mistral, llama otherwise. MoE has no HF
+    counterpart here and is refused."""
     if c.n_experts:
         raise UnsupportedModelError(
             "mixture-of-experts models cannot be exported to HF format (no Llama/Qwen2/Mistral "
             "equivalent); export a dense model"
         )
-    mt = "qwen2" if c.qkv_bias else "mistral" if c.sliding_window else "llama"
+    mt = ("qwen2" if c.qkv_bias else "mistral" if c.sliding_window or family == "mistral"
+          else "llama")
     theta, rope = rope_to_hf(c)
     out: dict[str, Any] = {
         "architectures": [ARCHITECTURES[mt]],

@@ -11,6 +11,7 @@ held-out split. Progress goes to `on_event`; the library prints nothing.
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -34,6 +35,9 @@ from astrai.train.callbacks.base import Callback
 
 STAGES = ("tokenizer", "preprocess", "size", "train", "validate", "sample")
 """The stages, in order; every one reports start and end (train also reports each step)."""
+
+LOSS_PLOT = "loss.png"
+"""The run's loss curve, written into OUT when matplotlib is installed."""
 
 TAIL_S = 6.0
 """Seconds kept for what follows validation (checkpoint, engine start, the sample)."""
@@ -71,6 +75,11 @@ class QuickstartResult:
     """Measured seconds per training step used to size the run (None with --steps)."""
     threads: int
     """CPU threads the run used."""
+    full_steps: int | None
+    """The recipe's full step count; more than `steps` when the time budget cut the run."""
+    full_budget_s: float | None
+    """--time-budget that would have fit the full recipe at the measured speed (None when it
+    already did)."""
     consumed_tokens: int
     val_loss: float | None
     val_ppl: float | None
@@ -86,6 +95,8 @@ class QuickstartResult:
     """Stopped by Ctrl-C/SIGTERM during training (a checkpoint of that step was saved)."""
     commands: list[dict[str, str]] = field(default_factory=list)
     """The next commands to try on what was made: [{"what", "command"}]."""
+    loss_plot: str | None = None
+    """OUT/loss.png, the run's loss curve (None when matplotlib is not installed)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,7 +134,7 @@ class _TrainEvents(Callback):
 
 def _prepare_out(config: QuickstartConfig) -> Path:
     out = Path(config.out)
-    ours = ("tokenizer", "data", "run", "summary.json")
+    ours = ("tokenizer", "data", "run", "summary.json", LOSS_PLOT)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} is a file; choose a directory")
     if out.is_dir() and any(out.iterdir()):
@@ -257,6 +268,12 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
                           max_epochs=config.max_epochs, threads=torch.get_num_threads())
     why = {"epochs": f" (capped at {config.max_epochs:g} epochs)",
            "minimum": " (the minimum: the budget is too short for this machine)"}
+    if plan.budget_cut and plan.capped_by is None:
+        why[""] = f" (cut by the time budget: the recipe is {plan.full_steps} steps)"
+    full_budget_s = None
+    if plan.budget_cut and plan.step_s is not None:
+        extra = (plan.full_steps - plan.steps) * plan.step_s
+        full_budget_s = float(math.ceil((config.time_budget_s + extra) / 10) * 10)
     step_info = "" if plan.step_s is None else \
         f" at {plan.step_s:.2f} s/step, {plan.threads} thread{'s' * (plan.threads > 1)}"
     emit(StageEvent("size", "end", info=f"{plan.steps} steps{step_info}"
@@ -292,16 +309,30 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
         params=param_counts(source.config).total,
         train_rows=int(splits["train"]["samples"]), val_rows=int(splits["val"]["samples"]),
         steps=summary.steps, step_s=None if plan.step_s is None else round(plan.step_s, 4),
-        threads=plan.threads,
+        threads=plan.threads, full_steps=plan.full_steps, full_budget_s=full_budget_s,
         consumed_tokens=summary.consumed_tokens,
         val_loss=val.get("val_loss"), val_ppl=val.get("val_ppl"), val_bpb=val.get("val_bpb"),
         val_bytes=text_bytes(corpus.val), sample_prompt=config.sample_prompt, sample=sample,
         stage_s=stage_s, preempted=summary.preempted,
         commands=next_commands(ckpt_shown, str(run_dir)) if ckpt_shown else [],
     )
+    result.loss_plot = plot_loss(run_dir, out / LOSS_PLOT)
     result.total_s = round(time.perf_counter() - t0, 2)
     write_json_atomic(out / "summary.json", result.to_dict())
     return result
+
+
+def plot_loss(run_dir: Path, path: Path) -> str | None:
+    """The run's training loss (and validation loss) as a PNG; None without matplotlib."""
+    from astrai.viz import has_matplotlib
+
+    if not has_matplotlib():
+        return None
+    from astrai.viz.curves import plot_runs
+    from astrai.viz.figure import save_figure
+
+    fig = plot_runs([run_dir], metrics=["loss"], size=(800, 450))
+    return str(save_figure(fig, path))
 
 
 def generate_sample(checkpoint: str | Path, config: QuickstartConfig, device: Any) -> str:

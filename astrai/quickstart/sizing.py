@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from astrai import threads
 from astrai.model.config import ModelConfig
 
 
@@ -63,24 +64,14 @@ def _measure(config: ModelConfig, batch_size: int, seq_len: int, device: torch.d
 def fastest_threads(config: ModelConfig, batch_size: int, seq_len: int, *,
                     device: torch.device, seed: int = 0) -> tuple[int, float]:
     """(intra-op threads, seconds per step) of the faster of one thread and the current
-    count, measured. On a CPU shared with other work, OpenMP threads that wait for a
-    descheduled sibling can make two threads several times slower than one (measured on
-    this project's loaded 2-core machine: 6.2 s against 0.53 s per step); on an idle
-    machine all cores win. The thread count is left as it was found."""
-    current = torch.get_num_threads()
-    if device.type != "cpu" or current == 1:
-        return current, measure_step_seconds(config, batch_size, seq_len, device=device,
-                                             seed=seed)
-    times = {}
-    try:
-        for n in (current, 1):
-            torch.set_num_threads(n)
-            times[n] = measure_step_seconds(config, batch_size, seq_len, device=device,
-                                            seed=seed)
-    finally:
-        torch.set_num_threads(current)
-    best = min(times, key=times.get)
-    return best, times[best]
+    count, measured on the run's own step (astrai.threads explains why one thread can win).
+    The thread count is left as it was found."""
+    def step() -> float:
+        return measure_step_seconds(config, batch_size, seq_len, device=device, seed=seed)
+
+    if device.type != "cpu":
+        return torch.get_num_threads(), step()
+    return threads.fastest_threads(step)
 
 
 @dataclass(frozen=True)
@@ -96,6 +87,13 @@ class StepPlan:
     """Seconds left for training when the steps were sized."""
     capped_by: str | None
     """'epochs' or 'minimum' when a bound, not the budget, decided."""
+    full_steps: int | None = None
+    """The recipe's own step count (its epoch cap): more than `steps` when the budget cut it."""
+
+    @property
+    def budget_cut(self) -> bool:
+        """True when the time budget gave fewer steps than the recipe's full count."""
+        return self.full_steps is not None and self.steps < self.full_steps
 
 
 def size_steps(train_budget_s: float, step_s: float, *, steps_per_epoch: int,
@@ -104,10 +102,10 @@ def size_steps(train_budget_s: float, step_s: float, *, steps_per_epoch: int,
     fit = math.floor(max(0.0, train_budget_s) / max(step_s, 1e-9))
     cap = max(min_steps, math.floor(max_epochs * steps_per_epoch))
     if fit > cap:
-        return StepPlan(cap, step_s, threads, train_budget_s, "epochs")
+        return StepPlan(cap, step_s, threads, train_budget_s, "epochs", cap)
     if fit < min_steps:
-        return StepPlan(min_steps, step_s, threads, train_budget_s, "minimum")
-    return StepPlan(fit, step_s, threads, train_budget_s, None)
+        return StepPlan(min_steps, step_s, threads, train_budget_s, "minimum", cap)
+    return StepPlan(fit, step_s, threads, train_budget_s, None, cap)
 
 
 def eval_seconds(step_s: float, val_tokens: int, tokens_per_step: int) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -25,12 +26,19 @@ from astrai.model.config import ModelConfig
 from astrai.model.presets import PRESETS
 from astrai.train.builder import Prepared, build_context, prepare, run_paths
 from astrai.train.callbacks import Callback, default_callbacks
-from astrai.train.checkpointing import latest_checkpoint, load_training_state
+from astrai.train.callbacks.tensorboard import require_tensorboard
+from astrai.train.checkpointing import (
+    clean_leftovers,
+    latest_checkpoint,
+    list_checkpoints,
+    load_training_state,
+)
 from astrai.train.context import RunPaths, TrainContext
 from astrai.train.data import TrainData, open_train_data
 from astrai.train.executors.process_group import dist_env
 from astrai.train.model_source import ModelSource
 from astrai.train.plan import TrainPlan
+from astrai.train.rewards.trust import absolute_reward, confirm_rewards
 from astrai.train.trainer import Trainer
 
 
@@ -56,6 +64,8 @@ class TrainSummary:
     """Stopped by SIGTERM/SIGINT at a step boundary, with a checkpoint of that step."""
     rank: int = 0
     """The process that returned this summary (only rank 0's is shown)."""
+    steps_run: int = 0
+    """Optimizer steps this invocation ran (0: a resumed run that had already finished)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,6 +87,8 @@ def absolute_paths(config: TrainConfig) -> TrainConfig:
         value = getattr(config, key)
         if value:
             update[key] = str(Path(value).resolve())
+    if config.reward:
+        update["reward"] = [absolute_reward(r) for r in config.reward]
     model = config.model
     if model and model not in PRESETS and not Path(model).is_absolute() and Path(model).exists():
         update["model"] = str(Path(model).resolve())
@@ -109,19 +121,20 @@ def _execute(ctx: TrainContext, callbacks: list[Callback], states: dict[str, Any
     for cb in callbacks:
         if cb.name in states:
             cb.load_state_dict(states[cb.name])
-    t0, start_tokens = time.perf_counter(), ctx.state.consumed_tokens
+    t0, start_tokens, start_step = time.perf_counter(), ctx.state.consumed_tokens, ctx.state.step
     Trainer(ctx, callbacks).train()
+    steps_run = ctx.state.step - start_step
     elapsed = time.perf_counter() - t0
     ckpt = ctx.paths.ckpt_dir / f"step_{ctx.state.step}"
     return TrainSummary(
         run_dir=str(ctx.paths.run_dir), checkpoint=str(ckpt) if ckpt.is_dir() else None,
         steps=ctx.state.step, total_steps=ctx.total_steps, epoch=ctx.state.epoch,
         consumed_samples=ctx.state.consumed_samples, consumed_tokens=ctx.state.consumed_tokens,
-        final_loss=ctx.step_loss if ctx.state.step else None, elapsed_s=round(elapsed, 3),
+        final_loss=ctx.step_loss if steps_run else None, elapsed_s=round(elapsed, 3),
         tokens_per_s=round((ctx.state.consumed_tokens - start_tokens) / max(elapsed, 1e-9), 1),
         resumed_from=resumed_from, skipped_steps=ctx.state.skipped_steps,
         validation=dict(ctx.last_eval), warnings=list(ctx.errors),
-        preempted=ctx.stop_reason is not None, rank=ctx.executor.rank,
+        preempted=ctx.stop_reason is not None, rank=ctx.executor.rank, steps_run=steps_run,
     )
 
 
@@ -130,45 +143,84 @@ def train(config: TrainConfig, *, data: TrainData | None = None,
           console: Any = None) -> TrainSummary:
     """Train a new run into config.out. `callbacks` run after the default ones."""
     config.require("out")
+    if config.tensorboard:
+        require_tensorboard()
     config = absolute_paths(config)
     paths = run_paths(config)
     if dist_env().rank == 0:  # the other ranks of a launched run write nothing
         _check_new_run_dir(paths)
     prepared = prepare(config, _data(config, data))
     ctx, states = build_context(prepared)
+    made = ctx.is_main and not paths.run_dir.exists()
     if ctx.is_main:
         paths.run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(paths.config, config.to_dict())
     cbs = default_callbacks(config, progress=progress, console=console) + list(callbacks)
-    return _execute(ctx, cbs, states, None)
+    try:
+        return _execute(ctx, cbs, states, None)
+    except BaseException:
+        # A run that fails before its first checkpoint made nothing to resume: leave no run
+        # directory behind that `astrai train` would refuse and `astrai resume` could not use.
+        if made and not list_checkpoints(paths.ckpt_dir):
+            shutil.rmtree(paths.run_dir, ignore_errors=True)
+        raise
 
 
-def find_resume_point(run_dir: str | Path) -> tuple[TrainConfig, Path]:
-    """(the run's resolved config, its newest complete checkpoint)."""
+def _read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file of the run holding an object; a one-line CheckpointError otherwise."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: line {e.lineno}: invalid JSON ({e.msg}); the run "
+                              "directory is damaged") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: unreadable ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}; "
+                              "the run directory is damaged")
+    return data
+
+
+def find_resume_point(run_dir: str | Path, reward: Sequence[str] | None = None
+                      ) -> tuple[TrainConfig, Path]:
+    """(the run's resolved config, its newest complete checkpoint). `reward`: the --reward
+    specs given again on the command line, required when the run's rewards are Python code
+    (a run directory never names code that resume would run on its own)."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: is a file, not a run directory; pass the directory "
+                              "`astrai train --out` wrote")
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: not a run directory (no such directory)")
     cfg_file = run_dir / "train_config.json"
     ckpt_dir = run_dir / "checkpoints"
     if cfg_file.is_file():
-        saved = TrainConfig.from_dict(json.loads(cfg_file.read_text()), source=str(cfg_file))
+        saved = TrainConfig.from_dict(_read_json_object(cfg_file), source=str(cfg_file))
         if saved.ckpt_dir:
             ckpt_dir = Path(saved.ckpt_dir)
     ckpt = latest_checkpoint(ckpt_dir, run_dir)
-    meta = json.loads((ckpt / "meta.json").read_text())
-    if "train_config" not in meta:
+    meta = _read_json_object(ckpt / "meta.json")
+    if not isinstance(meta.get("train_config"), dict):
         raise CheckpointError(f"{ckpt}: meta.json has no train_config; not a training checkpoint")
     config = TrainConfig.from_dict(meta["train_config"], source=f"{ckpt}/meta.json")
     config.out = str(run_dir)  # the run directory may have moved
+    confirm_rewards(config, reward, ckpt / "meta.json")
     return config, ckpt
 
 
-def resume(run_dir: str | Path, *, data: TrainData | None = None,
-           callbacks: Sequence[Callback] = (), progress: bool = False,
-           console: Any = None) -> TrainSummary:
+def resume(run_dir: str | Path, *, reward: Sequence[str] | None = None,
+           data: TrainData | None = None, callbacks: Sequence[Callback] = (),
+           progress: bool = False, console: Any = None,
+           tensorboard: bool = False) -> TrainSummary:
     """Continue a run from its newest complete checkpoint: weights, optimizer, scheduler,
-    sampler position, RNG states and counters; metrics.jsonl continues without duplicates."""
-    config, ckpt = find_resume_point(run_dir)
+    sampler position, RNG states and counters; metrics.jsonl continues without duplicates.
+    `reward`: the run's --reward specs, required again when they name Python code.
+    `tensorboard` turns TensorBoard event files on from here (kept in later checkpoints)."""
+    config, ckpt = find_resume_point(run_dir, reward)
+    if tensorboard:
+        config.tensorboard = True
+    if config.tensorboard:
+        require_tensorboard()
     meta, opt_state, sched_state, trainer_state = load_training_state(ckpt)
     data = _data(config, data)
     if meta.get("tokenizer_fingerprint") not in (None, data.fingerprint):
@@ -193,5 +245,7 @@ def resume(run_dir: str | Path, *, data: TrainData | None = None,
     ctx, states = build_context(prepared, resume={
         "optimizer": opt_state, "scheduler": sched_state, "trainer_state": trainer_state,
     })
+    if ctx.is_main:
+        clean_leftovers(ctx.paths.ckpt_dir)  # what a kill during a save or deletion left
     cbs = default_callbacks(config, progress=progress, console=console) + list(callbacks)
     return _execute(ctx, cbs, states, str(ckpt))

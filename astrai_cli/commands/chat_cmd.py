@@ -19,6 +19,16 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from astrai_cli.options import (
+    Backend,
+    Device,
+    Dtype,
+    MaxContext,
+    checkpoint_path,
+    threads_option,
+    use_threads,
+)
+
 
 @contextlib.contextmanager
 def sigint_sets(flag: threading.Event) -> Iterator[None]:
@@ -28,6 +38,41 @@ def sigint_sets(flag: threading.Event) -> Iterator[None]:
         yield
         return
     prev = signal.signal(signal.SIGINT, lambda *_: flag.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, prev)
+
+
+@contextlib.contextmanager
+def no_echo(fd: int | None) -> Iterator[None]:
+    """While inside, keys typed on the terminal `fd` are not echoed, so text typed while a
+    reply streams does not land in the middle of it; it stays in the input queue and shows
+    at the next prompt (type-ahead, as in a shell). No-op when `fd` is None."""
+    if fd is None:
+        yield
+        return
+    import termios
+
+    old = termios.tcgetattr(fd)
+    new = list(old)
+    new[3] &= ~termios.ECHO  # local modes
+    termios.tcsetattr(fd, termios.TCSANOW, new)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, old)
+
+
+@contextlib.contextmanager
+def sigint_raises() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt inside, whatever the process inherited: started with
+    SIGINT ignored (`nohup cmd &`, some CI wrappers), Python keeps ignoring it and Ctrl-C
+    at the prompt would do nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    prev = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
@@ -86,7 +131,8 @@ def run_interactive(session: Any, err: Console, history_file: Path | None, title
                 err.print(f"[{'red' if res.error else 'cyan'}]{escape(res.message)}[/]")
             return not res.exit
         stop = threading.Event()
-        with sigint_sets(stop):  # from here on Ctrl-C stops this reply only
+        # from here on Ctrl-C stops this reply only, and typed keys are not echoed into it
+        with sigint_sets(stop), no_echo(sys.stdin.fileno() if tty else None):
             try:
                 reply = session.reply(session.unescape(text))
             except AstraiError as e:
@@ -105,18 +151,19 @@ def run_interactive(session: Any, err: Console, history_file: Path | None, title
             err.print("[dim](reply cut at max_tokens or the context length)[/]")
         return True
 
-    try:
-        while True:
-            try:
-                if not turn():
-                    break
-            except KeyboardInterrupt:  # outside a reply: no engine step is running
-                sys.stdout.write("\n")
-                err.print("[dim](Ctrl-C at the prompt: type /exit or Ctrl-D to leave)[/]")
-    finally:
-        if readline is not None and history_file is not None:
-            with contextlib.suppress(OSError):
-                readline.write_history_file(str(history_file))
+    with sigint_raises():
+        try:
+            while True:
+                try:
+                    if not turn():
+                        break
+                except KeyboardInterrupt:  # outside a reply: no engine step is running
+                    sys.stdout.write("\n")
+                    err.print("[dim](Ctrl-C at the prompt: type /exit or Ctrl-D to leave)[/]")
+        finally:
+            if readline is not None and history_file is not None:
+                with contextlib.suppress(OSError):
+                    readline.write_history_file(str(history_file))
 
 
 def register(app: typer.Typer) -> None:
@@ -133,6 +180,10 @@ def register(app: typer.Typer) -> None:
         no_template: Annotated[bool, typer.Option(
             "--no-template", help="Base model: no chat template; the model continues your "
             "text.")] = False,
+        chat_template: Annotated[str | None, typer.Option(
+            "--chat-template", metavar="NAME|FILE", help="Use this chat template instead of "
+            "the tokenizer's: chatml, llama3, qwen2.5, mistral, llama2, or a .jinja file.")
+        ] = None,
         temperature: Annotated[float, typer.Option(
             "--temperature", help="Sampling temperature; 0 = greedy.")] = 0.8,
         top_p: Annotated[float, typer.Option(
@@ -143,20 +194,14 @@ def register(app: typer.Typer) -> None:
             "--max-tokens", help="Most tokens per reply.")] = 512,
         seed: Annotated[int | None, typer.Option(
             "--seed", help="Sampling seed (reproducible replies).")] = None,
-        device: Annotated[str, typer.Option(
-            "--device", help="auto | cpu | cuda | cuda:N.")] = "auto",
-        dtype: Annotated[str, typer.Option(
-            "--dtype", help="auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | "
-            "float16.")] = "auto",
-        backend: Annotated[str | None, typer.Option(
-            "--backend", help="Attention backend: torch_native | flash | cuda "
-            "(default: automatic).")] = None,
-        max_context: Annotated[int | None, typer.Option(
-            "--max-context", help="Context length (default: the model's max_seq_len).")
-        ] = None,
+        device: Device = "auto",
+        dtype: Dtype = "auto",
+        backend: Backend = None,
+        max_context: MaxContext = None,
         history_file: Annotated[Path | None, typer.Option(
             "--history-file", help="Keep input history across sessions in this file.")
         ] = None,
+        threads: Annotated[str | None, threads_option()] = None,
     ) -> None:
         """Chat with a model: streamed replies, /set, /system, /reset, /stats, /exit."""
         from astrai.infer.chat_session import open_chat
@@ -164,6 +209,7 @@ def register(app: typer.Typer) -> None:
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed)  # invalid values: exit 2 here
+        use_threads(threads)
         err = Console(stderr=True, highlight=False, soft_wrap=True)
         text = None
         if prompt is not None:
@@ -171,8 +217,10 @@ def register(app: typer.Typer) -> None:
             if not text.strip():
                 from astrai.errors import ConfigError
                 raise ConfigError("--prompt is empty: give the message to answer")
+        checkpoint = checkpoint_path(checkpoint, err)
         session = open_chat(checkpoint, params=params, system=system,
-                            template=not no_template, device=device, dtype=dtype,
+                            template=not no_template, chat_template=chat_template,
+                            device=device, dtype=dtype,
                             backend=backend, max_context=max_context, seed=seed or 0)
         if text is not None:
             reply = session.reply(text)

@@ -7,11 +7,14 @@ import contextlib
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from astrai_cli.options import checkpoint_path
 
 _STYLE = {"healthy": "bold green", "suspected": "bold yellow", "found": "bold red"}
 
@@ -273,6 +276,11 @@ def register(app: typer.Typer) -> None:
         batch: Annotated[int, typer.Option(
             "--batch", min=1, help="--variance: rows of random tokens.")] = 1,
         seed: Annotated[int, typer.Option("--seed", help="--variance: RNG seed.")] = 0,
+        plot: Annotated[Path | None, typer.Option(
+            "--plot", metavar="FILE.png",
+            help="Also draw the lock-in picture (.png or .svg): per-layer x per-matrix "
+                 "locked fraction, and the |w| histogram with the locked values and the BF16 "
+                 "dead zone marked.")] = None,
     ) -> None:
         """Find BF16 lock-in, overflow and stuck weights. Exit 0 healthy, 1 findings, 2 bad
         input."""
@@ -295,6 +303,11 @@ def register(app: typer.Typer) -> None:
         if not checkpoints:
             raise ConfigError("inspect-weights: pass at least one CHECKPOINT, or "
                               "--variance PRESET_OR_CHECKPOINT")
+        if plot is not None:  # before the scan: a bad path or no matplotlib fails fast
+            from astrai.viz.figure import check_out, require_matplotlib
+
+            check_out(plot, "--plot")
+            require_matplotlib("inspect-weights --plot")
         from astrai.inspect import InspectConfig, inspect_weights
 
         cfg = InspectConfig.build(
@@ -303,7 +316,14 @@ def register(app: typer.Typer) -> None:
             stuck_min_count=stuck_min_count, stuck_min_moved=stuck_min_moved, top=top,
         )
         with _progress() as progress:
-            report = inspect_weights(checkpoints, cfg, progress=progress)
+            report = inspect_weights([str(checkpoint_path(c)) for c in checkpoints], cfg,
+                                     progress=progress)
+        if plot is not None:
+            from astrai.viz.figure import save_figure
+            from astrai.viz.lockin import lockin_figure
+
+            saved = save_figure(lockin_figure(report.scans, overflow=cfg.overflow), plot)
+            Console(stderr=True, highlight=False).print(f"lock-in picture: {saved}")
         if as_json:
             typer.echo(json.dumps(report.to_dict(), indent=2))
         else:

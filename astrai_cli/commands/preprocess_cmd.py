@@ -54,6 +54,10 @@ def register(app: typer.Typer) -> None:
         on_error: Annotated[OnError, typer.Option(
             "--on-error", help="Bad record: fail (list the first 5) or skip.")
         ] = OnError.fail,
+        chat_template: Annotated[str | None, typer.Option(
+            "--chat-template", metavar="NAME|FILE", help="Chat template replacing the "
+            "tokenizer's (spec field chat_template): chatml, llama3, qwen2.5, mistral, "
+            "llama2, or a .jinja file.")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")
                            ] = False,
         schema: Annotated[bool, typer.Option(
@@ -67,7 +71,8 @@ def register(app: typer.Typer) -> None:
             return
         from astrai.data.builder import build_dataset
 
-        cfg = load_spec(spec, overrides or [])
+        extra = [f"chat_template={chat_template}"] if chat_template is not None else []
+        cfg = load_spec(spec, [*(overrides or []), *extra])
         err = Console(stderr=True)
         if not err.is_terminal or as_json:
             res = build_dataset(cfg, workers=workers, on_error=on_error.value)

@@ -83,13 +83,17 @@ class StageDisplay:
 
 
 def render(res: dict[str, Any], console: Console) -> None:
+    from astrai.quickstart.pipeline import LOSS_PLOT
+    from astrai.viz.figure import PLOT_INSTALL
+
     t = Table(title="quickstart finished" if not res["preempted"] else
               "quickstart stopped during training", title_justify="left", show_header=False)
     t.add_column(style="bold")
     t.add_column()
     bpb = res["val_bpb"]
     rows = [
-        ("made", f"{res['out']}/ (tokenizer/, data/, run/, summary.json)"),
+        ("made", f"{res['out']}/ (tokenizer/, data/, run/, summary.json"
+                 + (f", {LOSS_PLOT})" if res.get("loss_plot") else ")")),
         ("model", f"{res['params'] / 1e6:.2f}M parameters, vocabulary {res['vocab_size']:,}"),
         ("trained", (f"{res['steps']:,} steps, {res['consumed_tokens']:,} tokens, "
                     f"{res['threads']} CPU thread{'s' * (res['threads'] > 1)}")),
@@ -97,6 +101,8 @@ def render(res: dict[str, Any], console: Console) -> None:
          f"{bpb:.3f} bits per byte (loss {res['val_loss']:.3f} nats/token) on "
          f"{res['val_bytes']:,} bytes of held-out text"),
         ("checkpoint", res["checkpoint"] or "-"),
+        ("loss curve", res.get("loss_plot") or
+         f"{PLOT_INSTALL} to get {Path(res['out']) / LOSS_PLOT}"),
         ("time", f"{res['total_s']:.0f} s (" + ", ".join(
             f"{k} {v:.0f} s" for k, v in res["stage_s"].items()) + ")"),
     ]
@@ -109,6 +115,13 @@ def render(res: dict[str, Any], console: Console) -> None:
     if res["preempted"]:
         console.print(f"Continue with:  astrai resume {escape(res['run_dir'])}")
         return
+    if res.get("full_budget_s"):
+        console.print(
+            f"[yellow]note:[/] the time budget cut training to {res['steps']:,} of the "
+            f"recipe's {res['full_steps']:,} steps ({res['step_s']:.2f} s/step on this "
+            "machine now), so expect a higher bits per byte than the full recipe's (see "
+            "docs/quickstart.md). For the full recipe at this speed: astrai quickstart "
+            f"--time-budget {res['full_budget_s']:.0f} (or --steps {res['full_steps']}).")
     console.print("[bold]Next:[/]")
     for c in res["commands"]:
         console.print(f"  [dim]# {escape(c['what'])}[/]\n  {escape(c['command'])}")

@@ -9,28 +9,40 @@ import typer
 from rich.console import Console
 
 from astrai_cli.commands.train_cmd import LAUNCH_HELP, finish, launch_options
+from astrai_cli.options import threads_option, use_threads
 
 
 def register(app: typer.Typer) -> None:
     @app.command("resume")
     def resume_cmd(
         run_dir: Annotated[Path, typer.Argument(help="Run directory written by `astrai train`.")],
+        reward: Annotated[list[str] | None, typer.Option(
+            "--reward", help="The run's --reward specs again, in order; required when they "
+            "are Python code (module:function, file.py:function): resume never runs code "
+            "named only in the run directory.", show_default=False)] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")
                            ] = False,
+        tensorboard: Annotated[bool, typer.Option(
+            "--tensorboard", help="Also write TensorBoard event files beside metrics.jsonl "
+            "(the whole history, then every new record); kept on for later resumes.")] = False,
         rdzv_endpoint: Annotated[str | None, typer.Option(help=LAUNCH_HELP["rdzv_endpoint"],
                                                           show_default=False)] = None,
         rdzv_id: Annotated[str | None, typer.Option(help=LAUNCH_HELP["rdzv_id"],
                                                     show_default=False)] = None,
         shutdown_timeout: Annotated[int | None, typer.Option(
             help=LAUNCH_HELP["shutdown_timeout"], show_default=False)] = None,
+        threads: Annotated[str | None, threads_option()] = None,
     ) -> None:
         """Continue a run from its newest complete checkpoint: weights, optimizer, scheduler,
         data position, RNG states and counters come back, so the result equals an
-        uninterrupted run. Needs no other argument: the resolved config is in the checkpoint."""
+        uninterrupted run. Needs no other argument (the resolved config is in the checkpoint),
+        except --reward when the run's rewards are Python code."""
         from astrai.train.launch import launch_resume
 
         launch = launch_options({"rdzv_endpoint": rdzv_endpoint, "rdzv_id": rdzv_id,
                                  "shutdown_timeout": shutdown_timeout})
+        use_threads(threads)
         err = Console(stderr=True)
-        summary = launch_resume(run_dir, launch=launch, progress=err.is_terminal, console=err)
+        summary = launch_resume(run_dir, reward=reward or None, launch=launch, progress=True,
+                                console=err, tensorboard=tensorboard)
         finish(summary, as_json)

@@ -17,6 +17,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from astrai.tempdir import follow_umask
+from astrai_cli.options import (
+    Backend,
+    Device,
+    Dtype,
+    MaxContext,
+    checkpoint_path,
+    threads_option,
+    use_threads,
+)
+
 # (label, key, format) rows of the table, in sections; None formats skip the row when the
 # value is None in every run.
 SECTIONS: list[tuple[str, list[tuple[str, str, str]]]] = [
@@ -31,7 +42,9 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str]]]] = [
         ("Input token throughput (tok/s)", "input_throughput", "{:.1f}"),
         ("Output token throughput (tok/s)", "output_throughput", "{:.1f}"),
         ("Total token throughput (tok/s)", "total_token_throughput", "{:.1f}"),
-        ("Peak concurrency", "peak_concurrency", "{:d}"),
+        ("Max concurrent requests (vLLM)", "max_concurrent_requests", "{:d}"),
+        ("Peak output tokens/s (vLLM)", "max_output_tokens_per_s", "{:.0f}"),
+        ("Peak concurrency (exact)", "peak_concurrency", "{:d}"),
         ("Mean concurrency", "mean_concurrency", "{:.2f}"),
     ]),
 ]
@@ -92,6 +105,7 @@ def write_json(report: dict, path: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        follow_umask(tmp)  # mkstemp creates it private (0600)
         os.replace(tmp, dst)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -117,7 +131,8 @@ def register(app: typer.Typer) -> None:
         target: Annotated[str, typer.Argument(
             metavar="CHECKPOINT_OR_PRESET",
             help="A checkpoint directory, or a preset (tiny, small, 125m, 1.2b) with random "
-            "weights and a tiny trained tokenizer.")],
+            "weights and a tiny trained tokenizer; with --base-url, the model directory the "
+            "server serves.")],
         workload: Annotated[str, typer.Option(
             "--workload", "-w", help="random | shared-prefix | PATH to a JSONL file (one "
             "{\"prompt\" | \"prompt_ids\" | \"messages\", \"output_len\"} a line).")
@@ -155,18 +170,13 @@ def register(app: typer.Typer) -> None:
         goodput: Annotated[str | None, typer.Option(
             "--goodput", help="SLOs for goodput, e.g. ttft:200,tpot:50,e2el:2000 (ms).")
         ] = None,
-        backend: Annotated[str | None, typer.Option(
-            "--backend", help="Attention backend: torch_native | flash | cuda "
-            "(default: automatic).")] = None,
+        backend: Backend = None,
         compare_backends: Annotated[str | None, typer.Option(
             "--compare-backends", help="Comma-separated backends (or 'all' available) run in "
             "turn: one column each.")] = None,
-        device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N.")
-                          ] = "auto",
-        threads: Annotated[int | None, typer.Option(
-            "--threads", help="CPU threads for torch (default: torch's choice).")] = None,
-        dtype: Annotated[str, typer.Option(
-            "--dtype", help="auto | float32 | bfloat16 | float16.")] = "auto",
+        device: Device = "auto",
+        threads: Annotated[str | None, threads_option()] = None,
+        dtype: Dtype = "auto",
         page_size: Annotated[int, typer.Option("--page-size", help="KV page size.")] = 16,
         max_kv_tokens: Annotated[int, typer.Option(
             "--max-kv-tokens", help="Token slots in the KV pool.")] = 32768,
@@ -177,31 +187,46 @@ def register(app: typer.Typer) -> None:
         max_step_tokens: Annotated[int, typer.Option(
             "--max-step-tokens", help="Token budget of one engine step (chunked prefill).")
         ] = 2048,
-        max_context: Annotated[int | None, typer.Option(
-            "--max-context", help="Context length (default: the model's max_seq_len).")
+        max_context: MaxContext = None,
+        base_url: Annotated[str | None, typer.Option(
+            "--base-url", help="Measure this OpenAI-compatible server (http://HOST:PORT) over "
+            "streaming HTTP; CHECKPOINT is then the model directory it serves (tokenizer).")
         ] = None,
+        endpoint: Annotated[str, typer.Option(
+            "--endpoint", help="With --base-url: /v1/completions (token-id prompts) or "
+            "/v1/chat/completions.")] = "/v1/completions",
+        model: Annotated[str | None, typer.Option(
+            "--model", help="With --base-url: the model id to request (default: the first "
+            "in /v1/models).")] = None,
+        api_key: Annotated[str | None, typer.Option(
+            "--api-key", envvar="OPENAI_API_KEY", help="With --base-url: the server's API key "
+            "(env OPENAI_API_KEY).")] = None,
         json_file: Annotated[str | None, typer.Option(
             "--json", metavar="FILE", help="Also write every metric as JSON to FILE ('-': "
             "stdout, instead of the table).")] = None,
     ) -> None:
-        """Benchmark serving: TTFT, TPOT, ITL, latency, throughput, prefix hits, KV usage."""
+        """Benchmark serving: TTFT, TPOT, ITL, latency, throughput, prefix hits, KV usage.
+
+        In-process by default; --base-url measures any OpenAI-compatible server instead."""
         from astrai.infer.bench import BenchConfig, parse_range, parse_rate, parse_slos
         from astrai.infer.config import CacheConfig, SchedulerConfig
 
         config = BenchConfig(
-            target=target, workload=workload, num_prompts=num_prompts,
+            target=str(checkpoint_path(target)), workload=workload, num_prompts=num_prompts,
             input_len=parse_range(input_len, "--input-len"),
             output_len=parse_range(output_len, "--output-len"),
             prefix_len=prefix_len, prefix_groups=prefix_groups,
             request_rate=parse_rate(request_rate), burstiness=burstiness,
             max_concurrency=max_concurrency, seed=seed, warmup=warmup,
             temperature=temperature, ignore_eos=not stop_at_eos, slos=parse_slos(goodput),
-            backends=_backends(backend, compare_backends), device=device, threads=threads,
+            backends=_backends(backend, compare_backends), device=device,
+            threads=None if threads is None else use_threads(threads),
             dtype=None if dtype == "auto" else dtype,
             cache=CacheConfig(page_size=page_size, max_kv_tokens=max_kv_tokens,
                               max_requests=max_requests, radix=not no_radix,
                               max_context=max_context),
             scheduler=SchedulerConfig(max_step_tokens=max_step_tokens),
+            base_url=base_url, endpoint=endpoint, model=model, api_key=api_key,
         )
         report = _run(config).to_dict()
         if json_file is not None:
@@ -211,7 +236,10 @@ def register(app: typer.Typer) -> None:
 
 
 def _run(config: Any) -> Any:
-    from astrai.infer.bench import serve_bench
+    if config.base_url is not None:
+        from astrai.serve.bench import http_serve_bench as serve_bench
+    else:
+        from astrai.infer.bench import serve_bench
 
     err = Console(stderr=True, highlight=False)
     if not err.is_terminal:

@@ -14,24 +14,19 @@ tokenizer_app = typer.Typer(help="Train and inspect byte-level BPE tokenizers.",
                             no_args_is_help=True)
 
 
-def _info(tok, path: Path) -> dict:
-    return {
-        "path": str(path), "vocab_size": tok.vocab_size, "fingerprint": tok.fingerprint(),
-        "bos": [tok.bos_token, tok.bos_id], "eos": [tok.eos_token, tok.eos_id],
-        "pad": [tok.pad_token, tok.pad_id], "stop_ids": tok.stop_ids,
-        "special_tokens": {str(i): tok.id_to_token(i) for i in sorted(tok.special_ids)},
-        "chat_template": tok.chat_template,
-    }
-
-
 def _render(info: dict, console: Console) -> None:
     t = Table(show_header=False, title=f"tokenizer {info['path']}", title_justify="left")
     t.add_column("item", style="cyan")
     t.add_column("value", overflow="fold")
-    for k in ("vocab_size", "fingerprint", "bos", "eos", "pad", "stop_ids"):
+    for k in ("vocab_size", "fingerprint", "bos", "eos", "pad"):
         t.add_row(k, str(info[k]))
+    t.add_row("stop_ids", ", ".join(f"{i}:{s}" for i, s in zip(info["stop_ids"],
+                                                             info["stop_tokens"])))
+    t.add_row("template", info["template"])
     t.add_row("special", ", ".join(f"{i}:{s}" for i, s in info["special_tokens"].items()))
     console.print(t)
+    for w in info["warnings"]:
+        console.print(f"[yellow]warning:[/] {w}")
 
 
 @tokenizer_app.command("train")
@@ -67,7 +62,9 @@ def train_cmd(
                               min_frequency=min_frequency, chat_template=chat_template,
                               progress=lambda n: status.update(f"training tokenizer... {n} "
                                                                "texts read"))
-    info = _info(tok, out)
+    from astrai.data.tokenizer_info import tokenizer_info
+
+    info = tokenizer_info(tok)
     if as_json:
         info.pop("chat_template")
         typer.echo(json.dumps(info, indent=2))
@@ -80,10 +77,11 @@ def info_cmd(
     path: Annotated[Path, typer.Argument(help="Tokenizer directory (astrai or HF).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Show a tokenizer's vocabulary size, special tokens, stop ids and fingerprint."""
+    """Show a tokenizer's vocabulary size, special tokens, stop ids, chat template, warnings."""
     from astrai.data.tokenizer import Tokenizer
+    from astrai.data.tokenizer_info import tokenizer_info
 
-    info = _info(Tokenizer.load(path), path)
+    info = tokenizer_info(Tokenizer.load(path))
     if as_json:
         typer.echo(json.dumps(info, indent=2))
     else:

@@ -124,6 +124,26 @@ def test_export_loads_in_transformers(tmp_path):
     assert tok("w0 w5 <bos>")["input_ids"] == [2, 7, 1]
 
 
+def test_export_chat_model_stops_at_end_of_turn(tmp_path):
+    """generation_config.json lists the template's end-of-turn token beside eos, so HF
+    generate stops where astrai chat stops."""
+    transformers = pytest.importorskip("transformers")
+    from astrai.data.testing import tiny_tokenizer
+    from astrai.model import ModelConfig, build_model
+    from astrai.model.checkpoint import save_checkpoint
+
+    tok = tiny_tokenizer(tmp_path)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                      ffn_dim=64, max_seq_len=64)
+    save_checkpoint(tmp_path / "ck", build_model(cfg, seed=0), cfg, tokenizer_dir=tok.path)
+    r = runner.invoke(app, ["export", str(tmp_path / "ck"), str(tmp_path / "hf")])
+    assert r.exit_code == 0, r.output
+    gen = transformers.GenerationConfig.from_pretrained(tmp_path / "hf")
+    end_of_turn = tok.encode("<|im_end|>")
+    assert len(end_of_turn) == 1 and end_of_turn[0] in gen.eos_token_id
+    assert gen.eos_token_id == tok.stop_ids
+
+
 def test_export_dtype_and_overwrite(tmp_path):
     make_checkpoint(tmp_path / "ck", tie_embeddings=True)
     args = ["export", str(tmp_path / "ck"), str(tmp_path / "hf")]

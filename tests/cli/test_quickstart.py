@@ -35,6 +35,26 @@ def test_size_steps_fits_the_budget():
     assert p.steps == 200  # floor: never over the budget
 
 
+def test_a_budget_cut_is_reported_with_the_budget_that_fits():
+    from astrai_cli.commands.quickstart_cmd import render
+
+    cut = size_steps(100.0, 0.5, steps_per_epoch=80, max_epochs=4)
+    assert cut.budget_cut and cut.full_steps == 320
+    assert not size_steps(1000.0, 0.01, steps_per_epoch=80, max_epochs=4).budget_cut
+    res = {"preempted": False, "val_bpb": 2.6, "val_loss": 1.0, "val_bytes": 10, "out": "o",
+           "params": 1e6, "vocab_size": 10, "steps": 200, "consumed_tokens": 1,
+           "threads": 1, "checkpoint": "c", "total_s": 1.0, "stage_s": {}, "sample": None,
+           "commands": [], "step_s": 0.5, "full_steps": 320, "full_budget_s": 300.0}
+    buf = io.StringIO()
+    render(res, Console(file=buf, width=300))
+    text = buf.getvalue()
+    assert "the time budget cut training to 200 of the recipe's 320 steps" in text
+    assert "--time-budget 300 (or --steps 320)" in text
+    buf = io.StringIO()
+    render({**res, "full_budget_s": None, "steps": 320}, Console(file=buf, width=300))
+    assert "cut training" not in buf.getvalue()
+
+
 def test_size_steps_bounds():
     fast = size_steps(1000.0, 0.01, steps_per_epoch=80, max_epochs=4)
     assert (fast.steps, fast.capped_by) == (320, "epochs")
@@ -180,3 +200,45 @@ def test_cli_defaults_are_the_config_defaults():
     for name in ("vocab_size", "seq_len", "batch_size", "max_lr", "seed", "device"):
         assert defaults[name] == getattr(cfg, name), name
     assert defaults["time_budget"] == cfg.time_budget_s
+
+
+def _result(tmp_path, loss_plot):
+    from astrai.quickstart import QuickstartResult
+
+    return QuickstartResult(
+        out=str(tmp_path), tokenizer="t", dataset="d", run_dir=str(tmp_path / "run"),
+        checkpoint="c", vocab_size=2048, params=1_000_000, train_rows=10, val_rows=2, steps=3,
+        step_s=None, threads=1, full_steps=None, full_budget_s=None, consumed_tokens=100, val_loss=4.0, val_ppl=54.6, val_bpb=2.5,
+        val_bytes=1000, sample_prompt="A", sample=None, loss_plot=loss_plot,
+    ).to_dict()
+
+
+def test_loss_png_or_how_to_get_it(tmp_path, monkeypatch):
+    """loss.png of the run when matplotlib is there; otherwise the pip line, no failure."""
+    import importlib.util
+    import json
+    import struct
+
+    from astrai.quickstart.pipeline import plot_loss
+    from astrai_cli.commands.quickstart_cmd import render
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "loss": 5.0 - s}) + "\n" for s in (10, 20, 30)))
+    pytest.importorskip("matplotlib")
+    path = plot_loss(run, tmp_path / "loss.png")
+    assert path == str(tmp_path / "loss.png")
+    assert struct.unpack(">II", (tmp_path / "loss.png").read_bytes()[16:24]) == (800, 450)
+    buf = io.StringIO()
+    render(_result(tmp_path, path), Console(file=buf, width=200))
+    assert f"loss curve │ {path}" in buf.getvalue()
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert plot_loss(run, tmp_path / "other.png") is None
+    assert not (tmp_path / "other.png").exists()
+    buf = io.StringIO()
+    render(_result(tmp_path, None), Console(file=buf, width=200))
+    assert f"pip install 'astrai[plot]' to get {tmp_path / 'loss.png'}" in buf.getvalue()

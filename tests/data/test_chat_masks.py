@@ -1,5 +1,8 @@
-"""Template-mode masking (seeds/internals.md "Mask Algorithm Internals") and the promise that
-SFT trains on exactly the tokens chat feeds the model for the same history."""
+"""Template-mode masking (`astrai.data.chat_ids`: one render, one encode, masks from character
+spans) and the promise that SFT trains on exactly the tokens chat feeds the model for the
+same history. Real families against transformers: test_chat_ids_hf.py."""
+
+import json
 
 import numpy as np
 import pytest
@@ -7,7 +10,6 @@ import pytest
 from astrai.config.preprocess import load_spec
 from astrai.data.encode import RecordEncoder
 from astrai.data.tokenizer import Tokenizer
-from astrai.errors import DataError
 
 QWEN2_STYLE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -31,8 +33,6 @@ def with_template(tok: Tokenizer, template: str) -> Tokenizer:
 
 def encode_sft(tok: Tokenizer, messages, **spec) -> tuple[list[int], list[int]]:
     s = load_spec(data={"kind": "sft", "inputs": ["x"], "tokenizer": "t", "output": "o", **spec})
-    import json
-
     (res,) = RecordEncoder(s, tok).encode_lines([("chat.jsonl", 1,
                                                   json.dumps({"messages": messages}))])
     assert res[0] == "ok", res
@@ -74,15 +74,18 @@ def test_sft_tokens_equal_what_chat_feeds_the_model(tok, template):
         earlier = [i for i, m in zip(ids[: len(prompt)], mask) if m]
         assert t.decode(earlier).replace(" ", "") == "".join(
             m["content"].replace(" ", "") for m in convo[:k] if m["role"] == "assistant")
-        # what follows is the assistant's reply, trained up to its stop token
-        n = next((j for j in range(len(prompt), len(ids)) if not mask[j]), len(ids))
-        reply = ids[len(prompt):n]
+        # what follows is the assistant's reply (after the template's separator, if any),
+        # trained up to its stop token
+        a = next(j for j in range(len(prompt), len(ids)) if mask[j])
+        assert t.decode(ids[len(prompt):a]).strip() == ""
+        n = next((j for j in range(a, len(ids)) if not mask[j]), len(ids))
+        reply = ids[a:n]
         assert reply[-1] in t.stop_ids
         assert t.decode(reply).strip() == convo[k]["content"]
     # and the whole conversation renders as the template says
     full = t.render_chat(convo)
-    start = 1 if t.needs_bos(full) else 0
-    assert t.decode(ids[start:], skip_special_tokens=False) == full
+    assert t.decode(ids, skip_special_tokens=False) == full
+    assert ids == t.encode(full)  # one encode of one render
 
 
 def test_qwen2_style_matches_hf_apply_chat_template(tok):
@@ -93,7 +96,7 @@ def test_qwen2_style_matches_hf_apply_chat_template(tok):
                                     add_generation_prompt=True)
     theirs = list(theirs["input_ids"] if hasattr(theirs, "keys") else theirs)
     ours = with_template(tok, QWEN2_STYLE).encode_chat(convo)
-    assert ours == [tok.bos_id] + theirs  # BOS prepended: the template writes none
+    assert ours == theirs  # no BOS: the template writes none
 
 
 def test_roles_rules_and_non_template_sections(tok):
@@ -119,15 +122,57 @@ def test_role_without_rule_is_an_error(tok):
     assert "c.jsonl:7: role 'narrator' has no mask rule" in res[2]
 
 
-def test_template_that_rewrites_history_is_refused(tok):
-    # renders the last message differently from earlier ones: not prefix-stable
-    t = with_template(tok, "{% for m in messages %}{% if loop.last %}LAST {% endif %}"
-                           "{{ m['content'] }}\n{% endfor %}")
-    with pytest.raises(DataError, match="not prefix-stable"):
-        t.encode_chat([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+def test_template_that_rewrites_history_trains_the_final_render(tok):
+    # drops everything before </think> in earlier replies (as Qwen3 does): not prefix-stable
+    t = with_template(tok, "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if not "
+                           "loop.last %}{{ m['content'].split('</think>')[-1] }}{% else %}"
+                           "{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}")
+    convo = [{"role": "user", "content": "a"},
+             {"role": "assistant", "content": "<think>x</think>first"},
+             {"role": "user", "content": "b"},
+             {"role": "assistant", "content": "<think>y</think>second"}]
+    ids, mask = encode_sft(t, convo)
+    trained = t.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False)
+    assert trained == "first<|im_end|><think>y</think>second<|im_end|>"
+
+
+def test_reply_missing_from_the_render_is_an_error_naming_the_record(tok):
+    t = with_template(tok, "{% for m in messages %}{{ m['content'] | upper }}\n{% endfor %}")
+    s = load_spec(data={"kind": "sft", "inputs": ["x"], "tokenizer": "t", "output": "o"})
+    (res,) = RecordEncoder(s, t).encode_lines([("c.jsonl", 3, json.dumps(
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    ))])
+    assert res[0] == "error"
+    assert res[2].startswith("c.jsonl:3: message 1 (assistant) cannot be located")
 
 
 def test_mask_arrays_are_compact(tok):
     ids, mask = encode_sft(tok, TWO_TURNS)
     assert set(mask) == {0, 1} and len(ids) == len(mask)
     assert np.asarray(ids).max() < tok.vocab_size
+
+
+def test_mask_from_encoding_equals_the_per_token_loop(tok):
+    from astrai.data.chat_ids import mask_from_encoding, mask_from_offsets, render_conversation
+
+    replies = ["Crimson — 深红 🙂", "", "🙂🙃", " x ", "\n\nnl\n", "ok"]
+    for k in range(len(replies)):
+        convo = []
+        for r in replies[k:] + replies[:k]:
+            convo += [{"role": "user", "content": "q 🙂"}, {"role": "assistant", "content": r}]
+        rc = render_conversation(tok, convo)
+        (enc,) = tok.encode_encodings([rc.text])
+        stop = set(tok.stop_ids)
+        assert mask_from_encoding(enc, rc.spans, stop) == mask_from_offsets(
+            enc.ids, enc.offsets, rc.spans, stop)
+
+
+def test_generation_blocks_render_their_body(tok):
+    # transformers' assistant-mask marker: accepted, rendered unchanged
+    t = with_template(tok, "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role']"
+                           " == 'assistant' %}{% generation %}{{ m['content'] }}<|im_end|>"
+                           "{% endgeneration %}{% else %}{{ m['content'] }}<|im_end|>{% endif %}"
+                           "\n{% endfor %}")
+    ids, mask = encode_sft(t, TWO_TURNS)
+    trained = t.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False)
+    assert trained == "Hello!<|im_end|>4<|im_end|>"

@@ -95,6 +95,9 @@ def test_quickstart_end_to_end(tmp_path):
     assert (out / "tokenizer" / "tokenizer.json").is_file()
     assert (out / "data" / "manifest.json").is_file()
     assert (out / "run" / "metrics.jsonl").is_file()
+    if summary["loss_plot"] is not None:  # matplotlib installed (the plot extra)
+        assert summary["loss_plot"] == str(out / "loss.png") and (out / "loss.png").is_file()
+        assert str(out / "loss.png") in r.stdout
     batch = QuickstartConfig().batch_size  # the default recipe's rows per step
     assert summary["steps"] == 8 and summary["consumed_tokens"] == 8 * batch * 256
     assert summary["vocab_size"] == 2048

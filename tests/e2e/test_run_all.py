@@ -48,6 +48,14 @@ INFER = """torch 2.13.0, threads 1, fp32, CPU
 (c) shared prefix: TTFT p50 120 ms with radix vs 480 ms without -> 0.25x (hit rate 0.80; wall 1.0s vs 3.0s); same tokens 64/64
 """
 
+EVAL = """preset small (25.7M params), 32 questions x 4 choices (3-shot) + 8 generations, 1 threads
+astrai (lm-eval model 'astrai') :   24.45 s wall; in the model   18.05 s wall,    3.04 s cpu
+lm-eval hf (HFLM, batch  16)  :   62.19 s wall; in the model   54.12 s wall,    8.95 s cpu
+metrics: equal
+ratio hf / astrai (model time) : 3.00x wall, 2.95x cpu
+ratio hf / astrai (whole run)  : 2.54x wall
+"""
+
 ROLLOUT = """preset tiny: 8 prompts x 4 samples x 16 new tokens, threads 2
 astrai RolloutRunner :     800.0 tokens/s  (wall 0.64 s, cpu 1.20 s)
 HF generate (TRL)    :     400.0 tokens/s  (wall 1.28 s, cpu 2.40 s)
@@ -69,6 +77,31 @@ training seconds: astrai 224.5 s (with validation), HF Llama 209.1 s
 ratio HF/astrai: bits per byte 1.003 (> 1: astrai lower), training time 0.93 (> 1: astrai faster)
 """
 
+SERVE = """== preset tiny, 64 requests, input 32:128, output 16:64, Poisson 8.0 req/s, 1 thread(s), CPU fp32
+astrai in-process: 300.5 output tok/s, median TTFT 70.1 ms, median ITL 20.0 ms, 64 completed, 0 failed
+astrai serve (HTTP /v1/completions): 290.0 output tok/s, median TTFT 90.0 ms, median ITL 21.0 ms, 64 completed, 0 failed
+astrai serve (HTTP /v1/chat/completions): 280.0 output tok/s, median TTFT 95.0 ms, median ITL 21.0 ms, 64 completed, 0 failed
+astrai HTTP / in-process output throughput: 0.97 (target >= 0.90)
+transformers serve --continuous-batching (HTTP /v1/chat/completions): 100.0 output tok/s, median TTFT 900.0 ms, median ITL 90.0 ms, 64 completed, 0 failed
+ratio astrai/peer (chat): output throughput 2.80x (target >= 2.0), median TTFT 0.11x (target <= 0.5)
+"""
+
+
+PRECISION = """threads 2; 2048^3 matmul: fp32 149.0 GFLOP/s, bf16 347.0 GFLOP/s (2.33x)
+tiny: fp32 1,000 tok/s | bf16-mixed 1,500 tok/s | bf16-true 2,000 tok/s   (median of 12 steps each)
+tiny: ratio bf16-mixed/fp32 = 1.50, bf16-true/fp32 = 2.00
+"""
+
+
+def test_precision_parser_and_cpu_gate():
+    rows = RA.parse_precision(PRECISION)
+    assert [(r.astrai, r.peer, r.ratio) for r in rows] == [
+        ("1,500 tok/s", "1,000 tok/s", "1.50"), ("2,000 tok/s", "1,000 tok/s", "2.00")]
+    b = {x.name: x for x in RA.BENCHES}["precision"]
+    assert b.skip_reason({"avx2", "fma"}, cuda=False) == "needs a CPU with amx_bf16"
+    assert b.skip_reason({"avx2", "amx_bf16"}, cuda=False) is None
+    assert "CPU extensions" in RA.machine()
+
 
 def test_parsers_read_each_format():
     rows = RA.parse_preprocess(PREPROCESS)
@@ -84,6 +117,9 @@ def test_parsers_read_each_format():
     assert all(r.measure.startswith("tiny:") for r in rows)
     rows = RA.parse_rollout(ROLLOUT)
     assert (rows[0].astrai, rows[0].peer, rows[0].ratio) == ("800 tok/s", "400 tok/s", "2.00")
+    rows = RA.parse_eval(EVAL)
+    assert (rows[0].astrai, rows[0].peer, rows[0].ratio) == ("18.05 s", "54.12 s", "3.00")
+    assert RA.parse_eval(EVAL.replace("metrics: equal", "metrics: DIFFER")) == []
     rows = RA.parse_inspect(INSPECT)
     assert (rows[0].astrai, rows[0].peer, rows[0].ratio) == ("300 MiB", "1100 MiB", "3.67")
     assert "0.50 GB" in rows[0].measure and "PASS" in rows[0].measure
@@ -92,12 +128,16 @@ def test_parsers_read_each_format():
         ("234 s", "300 s (target)", "0.78"), ("2.4240", "2.4304", "1.003"),
         ("224.5 s", "209.1 s", "0.93")]
     assert "met" in rows[0].measure and "696 steps" in rows[1].measure
+    rows = RA.parse_serve(SERVE)
+    assert [(r.astrai, r.peer, r.ratio) for r in rows] == [
+        ("290.0 tok/s", "300.5 tok/s", "0.97"), ("280.0 tok/s", "100.0 tok/s", "2.80"),
+        ("95.0 ms", "900.0 ms", "0.11")]
 
 
 def test_parsers_return_nothing_on_other_text():
     for parse in (RA.parse_preprocess, RA.parse_train, RA.parse_distributed,
                   RA.parse_inference, RA.parse_rollout, RA.parse_inspect,
-                  RA.parse_quickstart):
+                  RA.parse_quickstart, RA.parse_serve, RA.parse_eval, RA.parse_precision):
         assert parse("Traceback (most recent call last):\n  boom\n") == []
 
 

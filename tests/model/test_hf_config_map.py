@@ -225,4 +225,7 @@ def test_special_token_ids_reach_generation_config(tmp_path, make_config, make_m
     gen = json.loads((out / "generation_config.json").read_text())
     assert gen["eos_token_id"] == 3 and gen["bos_token_id"] == 1 and "pad_token_id" not in gen
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == 3
-    assert (out / "tokenizer_config.json").read_text() == (tok / "tokenizer_config.json").read_text()
+    # copied, with tokenizer.json made authoritative for AutoTokenizer
+    src = json.loads((tok / "tokenizer_config.json").read_text())
+    assert json.loads((out / "tokenizer_config.json").read_text()) == {
+        **src, "tokenizer_class": "PreTrainedTokenizerFast"}

@@ -1,5 +1,7 @@
 """The callback lifecycle of seeds/training.md (plus on_step_end), in order."""
 
+from pathlib import Path
+
 import pytest
 
 from astrai.train import train
@@ -71,3 +73,18 @@ def test_default_callbacks_order_and_clipping_always_registered(tiny_config):
     assert ours(tiny_config(max_grad_norm=0)) == ["metrics", "checkpoint", "gradient_clipping"]
     assert ours(tiny_config(gradient_checkpointing=True), progress=True) == [
         "gradient_checkpointing", "metrics", "checkpoint", "progress", "gradient_clipping"]
+
+
+def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_run_dir(tiny_config):
+    """Nothing to resume was made: no directory that `train` would refuse and `resume`
+    could not use."""
+    class Boom(Callback):
+        name = "boom"
+
+        def on_train_begin(self, ctx):  # e.g. a reference model that cannot be loaded
+            raise RuntimeError("boom")
+
+    cfg = tiny_config(max_steps=3)
+    with pytest.raises(RuntimeError, match="boom"):
+        train(cfg, data=make_data(n=16), callbacks=[Boom()])
+    assert not Path(cfg.out).exists()

@@ -9,6 +9,8 @@ from astrai.errors import ConfigError
 from astrai.infer.backends.registry import BACKEND_NAMES
 from astrai.infer.config import CacheConfig, SchedulerConfig
 
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
+
 
 @dataclass
 class BenchConfig:
@@ -56,6 +58,16 @@ class BenchConfig:
     """The KV pool (page size, pool tokens, rows, radix sharing)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     """Continuous-batching policy (step token budget, running requests)."""
+    base_url: str | None = None
+    """Measure this OpenAI-compatible server (http://HOST:PORT) over streaming HTTP instead
+    of an in-process engine; `target` then only provides the tokenizer (and vocabulary)."""
+    endpoint: str = "/v1/completions"
+    """/v1/completions (prompts sent as token ids) or /v1/chat/completions (prompts
+    detokenized into one user message)."""
+    model: str | None = None
+    """The model id sent to the server; None = the first one /v1/models lists."""
+    api_key: str | None = None
+    """Sent as 'Authorization: Bearer KEY' when set."""
 
     def validate(self) -> None:
         if self.num_prompts is not None and self.num_prompts < 1:
@@ -80,3 +92,9 @@ class BenchConfig:
         if len(set(self.backends)) != len(self.backends):
             raise ConfigError("--compare-backends names a backend twice")
         self.scheduler.validate()
+        if self.base_url is not None:
+            if not self.base_url.startswith(("http://", "https://")):
+                raise ConfigError(f"--base-url {self.base_url}: use http://HOST:PORT")
+            if self.endpoint not in ENDPOINTS:
+                raise ConfigError(f"--endpoint {self.endpoint}: use one of "
+                                  f"{', '.join(ENDPOINTS)}")

@@ -135,7 +135,7 @@ class BenchReport:
                 "runs": [{"backend": r.backend, **r.metrics} for r in self.runs]}
 
 
-def _settings(config: BenchConfig) -> dict[str, Any]:
+def bench_settings(config: BenchConfig) -> dict[str, Any]:
     rate = config.request_rate
     return {
         "request_rate": "inf" if math.isinf(rate) else rate, "burstiness": config.burstiness,
@@ -197,6 +197,13 @@ def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
                        num_steps=res.num_steps)
         runs.append(BenchRun(label, metrics, res.records))
         del engine  # free its KV pool before the next backend allocates one
+    return BenchReport(target.info, describe_workload(name, requests, config),
+                       bench_settings(config), runs)
+
+
+def describe_workload(name: str, requests: list[BenchRequest],
+                      config: BenchConfig) -> dict[str, Any]:
+    """The report's workload section: sizes and length ranges of what was sent."""
     lens_in = [r.prompt_len for r in requests]
     lens_out = [r.output_len for r in requests]
     workload = {"name": name, "num_prompts": len(requests),
@@ -208,4 +215,4 @@ def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
         workload.update(prefix_len=config.prefix_len, prefix_groups=config.prefix_groups)
     if name == "jsonl":
         workload["path"] = str(config.workload)
-    return BenchReport(target.info, workload, _settings(config), runs)
+    return workload

@@ -12,6 +12,7 @@ from astrai.train.callbacks.clipping import GradientClippingCallback
 from astrai.train.callbacks.grad_ckpt import GradientCheckpointingCallback
 from astrai.train.callbacks.metrics import MetricsCallback
 from astrai.train.callbacks.progress import ProgressCallback
+from astrai.train.callbacks.tensorboard import TensorBoardCallback
 from astrai.train.compile import checkpoint_module_types
 
 
@@ -22,7 +23,8 @@ def bf16_guard_enabled(config: TrainConfig) -> bool:
 
 def default_callbacks(config: TrainConfig, *, progress: bool = False,
                       console: Console | None = None) -> list[Callback]:
-    """gradient_checkpointing (optional), metrics, checkpoint, progress (optional),
+    """gradient_checkpointing (optional), metrics, tensorboard (optional, an observer of
+    metrics), checkpoint, progress (optional),
     gradient_clipping (always), preemption (always; SIGTERM/SIGINT save and stop).
 
     Metrics come before checkpoint (the seeds list checkpoint first): both act at
@@ -39,10 +41,13 @@ def default_callbacks(config: TrainConfig, *, progress: bool = False,
         cbs.append(LockInGuard(GuardConfig(every=config.guard_every,
                                            grad_steps=config.guard_grad_steps,
                                            histograms=config.guard_histograms)))
-    cbs.append(MetricsCallback(log_interval=config.log_interval,
-                               eval_interval=config.eval_interval,
-                               eval_max_batches=config.eval_max_batches,
-                               peak_tflops=config.peak_tflops))
+    metrics = MetricsCallback(log_interval=config.log_interval,
+                              eval_interval=config.eval_interval,
+                              eval_max_batches=config.eval_max_batches,
+                              peak_tflops=config.peak_tflops)
+    cbs.append(metrics)
+    if config.tensorboard:
+        cbs.append(TensorBoardCallback(metrics))
     cbs.append(CheckpointCallback(config.ckpt_interval))
     if progress:
         cbs.append(ProgressCallback(console))
@@ -53,5 +58,6 @@ def default_callbacks(config: TrainConfig, *, progress: bool = False,
 
 __all__ = [
     "HOOKS", "Callback", "CallbackList", "CheckpointCallback", "GradientCheckpointingCallback",
-    "GradientClippingCallback", "MetricsCallback", "ProgressCallback", "default_callbacks",
+    "GradientClippingCallback", "MetricsCallback", "ProgressCallback", "TensorBoardCallback",
+    "default_callbacks",
 ]

@@ -80,12 +80,14 @@ class RolloutRunner:
     def render(self, prompts: Sequence[str | Sequence[dict]]) -> list[list[int]]:
         """Chat-template token ids (generation prompt appended) of user prompts given as
         text or as message lists."""
+        from astrai.data.chat_ids import conversation_ids
+
         if self.tokenizer is None:
             raise ConfigError("rendering prompts needs a tokenizer")
         out = []
         for p in prompts:
             msgs = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
-            out.append(self.tokenizer.encode_chat(msgs, add_generation_prompt=True))
+            out.append(conversation_ids(self.tokenizer, msgs, add_generation_prompt=True).ids)
         return out
 
     # -- generation ----------------------------------------------------------------------------

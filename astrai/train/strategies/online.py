@@ -87,11 +87,13 @@ class OnlineGRPOStrategy(GRPOStrategy):
     @classmethod
     def setup_kwargs(cls, prepared: Any) -> dict[str, Any]:
         c = prepared.config
-        return {**online_setup(prepared), "clip_eps": c.clip_eps, "kl_coef": c.kl_coef}
+        return {**online_setup(prepared), "clip_eps": c.clip_eps, "kl_coef": c.kl_coef,
+                "scale_rewards": c.scale_rewards, "loss_type": c.grpo_loss_type,
+                "max_completion_length": c.rollout_max_tokens}
 
     def loss_units(self, batch):
         self.rollouts.attach(batch)
-        return int(batch["masks"].sum())
+        return super().loss_units(batch)
 
     def old_logprobs(self, batch, ids, logp):
         entry = self.rollouts.entries[batch["_slot"]]
@@ -181,7 +183,7 @@ class OnlineDPOStrategy(DPOStrategy):
                               "rollout; its reference cannot be precomputed (drop "
                               "--precompute-ref)")
         return {**online_setup(prepared), "beta": c.beta, "loss_type": c.dpo_loss,
-                "reduction": c.dpo_reduction}
+                "reduction": c.dpo_reduction_value}
 
     def loss_units(self, batch):
         # units = prompts: the loss is a mean over prompts, and a prompt whose group tied

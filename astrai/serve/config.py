@@ -1,0 +1,60 @@
+"""ServeConfig: how `astrai serve` listens, authenticates and bounds its work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from astrai.errors import ConfigError
+from astrai.infer.config import CacheConfig, SchedulerConfig
+
+
+@dataclass
+class ServeConfig:
+    """One server over one checkpoint (typed, validated; the CLI fills it from flags)."""
+
+    model_path: str
+    """An astrai checkpoint or a HF Llama / Qwen2 / Mistral directory with tokenizer.json."""
+    host: str = "127.0.0.1"
+    """Interface to bind; 0.0.0.0 listens on every interface."""
+    port: int = 8000
+    """TCP port; 0 picks a free one."""
+    api_key: str | None = None
+    """When set, every /v1 request needs `Authorization: Bearer KEY` (401 otherwise)."""
+    served_model_name: str | None = None
+    """The model id clients send and /v1/models lists; None = the directory's name."""
+    max_running: int = 64
+    """Requests decoding at once in the continuous batch (the engine's KV rows)."""
+    max_queue: int = 256
+    """Requests waiting beyond max_running; more get 503 with Retry-After."""
+    chat_template: str | None = None
+    """A Jinja chat template file replacing the tokenizer's; None = the tokenizer's own."""
+    max_body_bytes: int = 4 * 1024 * 1024
+    """Largest request body accepted; larger gets 413."""
+    drain_timeout: float = 30.0
+    """Seconds in-flight requests may take to finish after SIGTERM / Ctrl-C."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N."""
+    dtype: str | None = None
+    """Model dtype: None (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16."""
+    backend: str | None = None
+    """Attention backend: torch_native | flash | cuda; None = automatic."""
+    seed: int = 0
+    """Seed of requests that give no seed of their own."""
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    """The KV pool (page size, pool tokens, radix prefix sharing, context)."""
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """Continuous-batching policy (step token budget)."""
+
+    def validate(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"--port {self.port}: must be in 0..65535 (0 = a free port)")
+        if self.max_running < 1:
+            raise ConfigError(f"--max-running {self.max_running}: must be >= 1")
+        if self.max_queue < 0:
+            raise ConfigError(f"--max-queue {self.max_queue}: must be >= 0")
+        if self.drain_timeout < 0:
+            raise ConfigError(f"--drain-timeout {self.drain_timeout}: must be >= 0")
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"max_body_bytes={self.max_body_bytes}: must be >= 1024")
+        if self.api_key is not None and not self.api_key:
+            raise ConfigError("--api-key is empty: give a key or leave the option out")

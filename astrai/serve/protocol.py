@@ -1,0 +1,262 @@
+"""OpenAI request bodies -> prompts and SamplingParams, validated field by field.
+
+Follows the OpenAI API reference ("Create chat completion", "Create completion") and the
+extra sampling fields vLLM accepts (top_k, min_p, repetition_penalty, ignore_eos,
+stop_token_ids, include_stop_str_in_output). A null field counts as absent. Any other
+field, or a field with a value we cannot honour, is a 400 naming it: never silently
+ignored. With `n` > 1 and a seed, choice i uses seed + i (as vLLM does), so the choices
+differ and the whole response is reproducible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from astrai.errors import ConfigError
+from astrai.infer.params import SamplingParams
+from astrai.serve.errors import bad_request
+from astrai.serve.prompts import chat_prompt_ids
+
+SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
+            "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos",
+            "stop_token_ids", "include_stop_str_in_output", "stream", "stream_options",
+            "logprobs", "model", "user"}
+CHAT_FIELDS = SAMPLING | {"messages", "max_completion_tokens", "top_logprobs"}
+COMPLETION_FIELDS = SAMPLING | {"prompt"}
+HARMLESS = {"echo": False, "best_of": 1, "logit_bias": {}, "tools": [], "tool_choice": "none",
+            "response_format": {"type": "text"}, "parallel_tool_calls": False}
+"""Fields we do not implement, accepted only at the value that means "not used"."""
+ROLES = ("system", "user", "assistant")
+MAX_TOP_LOGPROBS = 20
+MAX_N = 64
+
+
+@dataclass
+class Job:
+    """One validated HTTP request: its prompts and the params of each choice."""
+
+    kind: Literal["chat", "completion"]
+    model: str | None
+    prompts: list[list[int]]
+    """Prompt ids (one for chat; a completions batch may give several)."""
+    params: list[SamplingParams]
+    """Per choice, n per prompt: choice index = prompt index * n + j."""
+    n: int
+    stream: bool
+    include_usage: bool
+    top_logprobs: int | None
+    """None: no logprobs; else how many alternatives per token (0 = only the chosen one)."""
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _num(body: dict, key: str, lo: float | None = None, hi: float | None = None, *,
+         lo_open: bool = False, integer: bool = False) -> Any:
+    v = body.get(key)
+    if v is None:
+        return None
+    kind = "an integer" if integer else "a number"
+    if not _is_num(v) or (integer and not isinstance(v, int)):
+        raise bad_request(f"'{key}' must be {kind}, got {v!r}", key)
+    low_bad = lo is not None and (v <= lo if lo_open else v < lo)
+    if low_bad or (hi is not None and v > hi):
+        left = "(" if lo_open else "["
+        raise bad_request(f"'{key}' must be in {left}{lo}, {hi if hi is not None else 'inf'}"
+                          f"], got {v!r}", key)
+    return v
+
+
+def _bool(body: dict, key: str) -> bool | None:
+    v = body.get(key)
+    if v is not None and not isinstance(v, bool):
+        raise bad_request(f"'{key}' must be true or false, got {v!r}", key)
+    return v
+
+
+def _check_fields(body: Any, allowed: set[str]) -> dict:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    for key, value in body.items():
+        if key in allowed or value is None:
+            continue
+        if key in HARMLESS and value == HARMLESS[key]:
+            continue
+        raise bad_request(f"parameter '{key}' is not supported by astrai serve; remove it",
+                          key, "unsupported_parameter")
+    return body
+
+
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise bad_request("'stop' must be a non-empty string or a list of them", "stop")
+    return stops
+
+
+def _token_ids(body: dict, key: str) -> list[int]:
+    v = body.get(key) or []
+    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                          and t >= 0 for t in v):
+        raise bad_request(f"'{key}' must be a list of token ids >= 0", key)
+    return v
+
+
+def _sampling(body: dict, max_tokens_key: str, default_seed: int | None) -> dict[str, Any]:
+    kw: dict[str, Any] = {}
+    for key, args in {"temperature": (0, None), "top_p": (0, 1), "min_p": (0, 1),
+                      "frequency_penalty": (-2, 2), "presence_penalty": (-2, 2),
+                      "repetition_penalty": (0, None)}.items():
+        v = _num(body, key, *args, lo_open=key in ("top_p", "repetition_penalty"))
+        if v is not None:
+            kw[key] = float(v)
+    top_k = _num(body, "top_k", -1, None, integer=True)
+    if top_k is not None:
+        kw["top_k"] = top_k
+    seed = _num(body, "seed", integer=True)
+    kw["seed"] = seed if seed is not None else default_seed
+    for key in ("ignore_eos", "include_stop_str_in_output"):
+        if _bool(body, key) is not None:
+            kw[key] = body[key]
+    kw["stop"] = _stop(body)
+    kw["stop_token_ids"] = _token_ids(body, "stop_token_ids")
+    mt = _num(body, max_tokens_key, 1, None, integer=True)
+    if max_tokens_key == "max_completion_tokens" and mt is None:
+        mt = _num(body, "max_tokens", 1, None, integer=True)
+    kw["max_tokens"] = mt
+    return kw
+
+
+def _stream(body: dict) -> tuple[bool, bool]:
+    stream = bool(_bool(body, "stream"))
+    opts = body.get("stream_options")
+    if opts is None:
+        return stream, False
+    if not stream:
+        raise bad_request("'stream_options' is only allowed with stream=true", "stream_options")
+    if not isinstance(opts, dict) or set(opts) - {"include_usage"}:
+        raise bad_request("'stream_options' supports only {\"include_usage\": bool}",
+                          "stream_options")
+    return stream, bool(_bool(opts, "include_usage"))
+
+
+def _messages(body: dict) -> list[dict[str, str]]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad_request("'messages' must be a non-empty list of {\"role\", \"content\"} "
+                          "objects", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(f"{where} must be an object with 'role' and 'content'", where)
+        extra = set(m) - {"role", "content"}
+        if extra:
+            raise bad_request(f"{where}: field '{min(extra)}' is not supported",
+                              f"{where}.{min(extra)}", "unsupported_parameter")
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            raise bad_request(f"{where}: unknown role {role!r}; use one of {', '.join(ROLES)}",
+                              f"{where}.role")
+        if isinstance(content, list):  # content parts: only text parts have a meaning here
+            if not all(isinstance(p, dict) and p.get("type") == "text"
+                       and isinstance(p.get("text"), str) for p in content):
+                raise bad_request(f"{where}: only text content parts are supported",
+                                  f"{where}.content")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise bad_request(f"{where}: 'content' must be a string", f"{where}.content")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _completion_prompts(body: dict, tokenizer: Any) -> list[list[int] | str]:
+    p = body.get("prompt")
+    err = bad_request("'prompt' must be a string, a list of strings, a list of token ids or "
+                      "a list of lists of token ids", "prompt")
+
+    def ids_ok(x: Any) -> bool:
+        return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                           for t in x)
+
+    if isinstance(p, str):
+        prompts: list = [p]
+    elif ids_ok(p) and p:
+        prompts = [p]
+    elif isinstance(p, list) and p and all(isinstance(s, str) or ids_ok(s) for s in p):
+        prompts = list(p)
+    else:
+        raise err
+    if any(isinstance(s, str) for s in prompts) and tokenizer is None:
+        raise bad_request("this model has no tokenizer: send the prompt as token ids", "prompt")
+    return prompts
+
+
+def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, vocab_size: int,
+          max_context: int, default_seed: int | None = None) -> Job:
+    """Validate one request body into a Job; raises APIError (400) naming the field."""
+    body = _check_fields(body, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model")
+    n = _num(body, "n", 1, MAX_N, integer=True) or 1
+    stream, include_usage = _stream(body)
+    if kind == "chat":
+        lp = _bool(body, "logprobs")
+        top = _num(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
+        if top is not None and not lp:
+            raise bad_request("'top_logprobs' needs logprobs=true", "top_logprobs")
+        top_logprobs = (top or 0) if lp else None
+        kw = _sampling(body, "max_completion_tokens", default_seed)
+        msgs = _messages(body)
+        if tokenizer is None:
+            raise bad_request("this model has no tokenizer: use /v1/completions with token ids")
+        raw: list = [chat_prompt_ids(tokenizer, msgs)]
+    else:
+        top_logprobs = _num(body, "logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
+        kw = _sampling(body, "max_tokens", default_seed)
+        raw = _completion_prompts(body, tokenizer)
+    if kw["stop"] and tokenizer is None:
+        raise bad_request("'stop' strings need a tokenizer; use stop_token_ids", "stop")
+    prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in raw]
+    params = []
+    for ids in prompts:
+        _check_prompt(ids, kw["max_tokens"], vocab_size, max_context)
+        room = max_context - len(ids)
+        for j in range(n):
+            pk = dict(kw, max_tokens=kw["max_tokens"] or room)
+            if pk["seed"] is not None:
+                pk["seed"] = pk["seed"] + j
+            if top_logprobs is not None:
+                pk.update(logprobs=True, top_logprobs=top_logprobs)
+            params.append(_params(pk))
+    return Job(kind, model, prompts, params, n, stream, include_usage, top_logprobs)
+
+
+def _check_prompt(ids: list[int], max_tokens: int | None, vocab: int, ctx: int) -> None:
+    if not ids:
+        raise bad_request("the prompt is empty: give at least one token", "prompt")
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise bad_request(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})",
+                          "prompt")
+    want = len(ids) + (max_tokens or 1)
+    if want > ctx:
+        raise bad_request(
+            f"This model's maximum context length is {ctx} tokens. However, you requested "
+            f"{want} tokens ({len(ids)} in the messages, {max_tokens or 1} in the "
+            "completion). Please reduce the length of the messages or completion.",
+            "messages", "context_length_exceeded")
+
+
+def _params(kw: dict[str, Any]) -> SamplingParams:
+    try:
+        return SamplingParams(**kw)
+    except ConfigError as e:  # "sampling top_p=2.0: must be in (0, 1]"
+        field = str(e).removeprefix("sampling ").split("=", 1)[0]
+        raise bad_request(str(e), field) from None

@@ -1,0 +1,166 @@
+"""`serve(config)`: load a checkpoint into an Engine and serve it over HTTP with uvicorn.
+
+    server = Server.from_config(ServeConfig("runs/x/checkpoints/step_100", port=0))
+    server.start()            # in a thread (tests, notebooks); server.url once started
+    ...; server.stop()
+    serve(config, on_ready=print)   # in the foreground until SIGTERM / Ctrl-C
+
+SIGTERM or Ctrl-C stops accepting connections, lets in-flight requests finish for up to
+`drain_timeout` seconds (uvicorn's graceful shutdown), aborts what remains and returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from astrai.errors import CheckpointError, ConfigError
+from astrai.serve.app import ServerState, create_app
+from astrai.serve.config import ServeConfig
+from astrai.serve.loop import EngineLoop
+from astrai.serve.metrics import ServerMetrics
+
+log = logging.getLogger("astrai.serve")
+
+
+def load_engine(config: ServeConfig) -> Any:
+    """The Engine over config.model_path, its KV rows sized for max_running requests."""
+    import dataclasses
+
+    from astrai.infer.engine import Engine
+    from astrai.infer.loading import load_model, load_tokenizer
+
+    path = Path(config.model_path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a checkpoint directory; point to an astrai "
+                              "checkpoint or a HF model directory")
+    tok = load_tokenizer(path)
+    if config.chat_template is not None:
+        tpl = Path(config.chat_template)
+        if not tpl.is_file():
+            raise ConfigError(f"--chat-template {tpl}: no such file; give a Jinja template file")
+        if tok is None:
+            raise ConfigError(f"--chat-template: {path} has no tokenizer.json to apply it to")
+        tok.chat_template = tpl.read_text(encoding="utf-8")
+    model = load_model(path, device=config.device, dtype=config.dtype)
+    cache = dataclasses.replace(config.cache, max_requests=config.max_running)
+    sched = dataclasses.replace(config.scheduler, max_running=config.max_running)
+    return Engine(model, tok, cache, config.backend, scheduler_config=sched, seed=config.seed)
+
+
+class Server:
+    """An HTTP server over an Engine; `start()` in a thread or `run()` in the foreground."""
+
+    def __init__(self, engine: Any, config: ServeConfig) -> None:
+        import uvicorn
+
+        config.validate()
+        self.config = config
+        self.engine = engine
+        name = config.served_model_name or Path(config.model_path).resolve().name
+        self.metrics = ServerMetrics(name)
+        self.loop = EngineLoop(engine, max_in_flight=config.max_running + config.max_queue,
+                               on_finish=self.metrics.request_finished)
+        self.state = ServerState(self.loop, engine.tokenizer, name, engine.max_context,
+                                 engine.vocab_size, self.metrics, config.api_key,
+                                 config.max_body_bytes)
+        self.app = create_app(self.state)
+        self._uv = _Uvicorn(uvicorn.Config(
+            self.app, host=config.host, port=config.port, log_config=None, access_log=False,
+            timeout_graceful_shutdown=config.drain_timeout, lifespan="off"))
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_config(cls, config: ServeConfig) -> Server:
+        config.validate()
+        return cls(load_engine(config), config)
+
+    @property
+    def url(self) -> str:
+        """http://HOST:PORT once started (the real port when config.port is 0)."""
+        return self._uv.url
+
+    def run(self, on_ready: Callable[[str], None] | None = None) -> None:
+        """Serve in this thread until SIGTERM / Ctrl-C (or stop()), then drain and return."""
+        self._uv.on_ready = on_ready
+        self.loop.start()
+        try:
+            self._uv.run()
+        finally:
+            self.loop.stop(timeout=5.0)
+        if self._uv.failed:
+            raise ConfigError(f"could not listen on {self.config.host}:{self.config.port} "
+                              "(in use?): choose another --port")
+
+    def start(self, timeout: float = 60.0) -> Server:
+        """Serve from a background thread; returns once it accepts connections."""
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self.run, args=(lambda _: ready.set(),),
+                                        name="astrai-serve", daemon=True)
+        self._thread.start()
+        while not ready.wait(0.05):
+            if not self._thread.is_alive():
+                raise ConfigError(f"the server did not start on {self.config.host}:"
+                                  f"{self.config.port} (port in use?)")
+            timeout -= 0.05
+            if timeout <= 0:
+                raise TimeoutError("the server did not start in time")
+        return self
+
+    def stop(self) -> None:
+        self._uv.should_exit = True
+        if self._thread is not None:
+            self._thread.join(self.config.drain_timeout + 10)
+
+
+class _Uvicorn:
+    """uvicorn.Server that reports its bound address when it starts listening."""
+
+    def __init__(self, config: Any) -> None:
+        import uvicorn
+
+        outer = self
+
+        class _S(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                # uvicorn re-raises a captured SIGTERM after draining (exit status -15);
+                # `astrai serve` drains and exits 0, so the signal is not recorded.
+                if self.should_exit and sig == signal.SIGINT:
+                    self.force_exit = True
+                else:
+                    self.should_exit = True
+
+            async def startup(self, sockets: Any = None) -> None:
+                await super().startup(sockets)
+                if self.should_exit:  # bind failed
+                    outer.failed = True
+                    return
+                host, port = self.servers[0].sockets[0].getsockname()[:2]
+                outer.url = f"http://{host}:{port}"
+                if outer.on_ready is not None:
+                    outer.on_ready(outer.url)
+
+        self.server = _S(config)
+        self.url = ""
+        self.failed = False
+        self.on_ready: Callable[[str], None] | None = None
+
+    @property
+    def should_exit(self) -> bool:
+        return self.server.should_exit
+
+    @should_exit.setter
+    def should_exit(self, v: bool) -> None:
+        self.server.should_exit = v
+
+    def run(self) -> None:
+        self.server.run()
+
+
+def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = None) -> None:
+    """Load config.model_path and serve it until SIGTERM / Ctrl-C."""
+    Server.from_config(config).run(on_ready)

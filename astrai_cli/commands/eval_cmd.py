@@ -1,0 +1,118 @@
+"""`astrai eval CHECKPOINT`: bits per byte / perplexity on held-out data (--data), or
+benchmark tasks through lm-evaluation-harness (--tasks). The work is `astrai.eval`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from astrai_cli.options import threads_option, use_threads
+
+METRICS = ("bpb", "ppl")
+
+
+def _split(value: str | None) -> list[str]:
+    return [s.strip() for s in (value or "").split(",") if s.strip()]
+
+
+def render_perplexity(res: dict, metrics: list[str], console: Console) -> None:
+    table = Table(title=f"Held-out: {res['source']}", title_justify="left")
+    for col in ("documents", "tokens", "bytes", *metrics):
+        table.add_column(col, justify="right")
+    table.add_row(str(res["documents"]), str(res["tokens"]), str(res["bytes"]),
+                  *(f"{res[m]:.4f}" for m in metrics))
+    console.print(table)
+
+
+def render_tasks(rows: list[dict], console: Console) -> None:
+    table = Table(title="lm-evaluation-harness", title_justify="left")
+    for col in ("task", "n-shot", "metric", "filter", "value", "± stderr"):
+        table.add_column(col, justify="right" if col in ("value", "± stderr", "n-shot")
+                         else "left")
+    for r in rows:
+        err = "" if r["stderr"] is None else f"{r['stderr']:.4f}"
+        table.add_row(r["task"], "" if r["n_shot"] is None else str(r["n_shot"]), r["metric"],
+                      r["filter"], f"{r['value']:.4f}", err)
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("eval")
+    def eval_cmd(
+        checkpoint: Annotated[Path, typer.Argument(
+            help="An astrai checkpoint or HF Llama/Qwen2/Mistral directory with its tokenizer.")],
+        data: Annotated[Path | None, typer.Option(
+            "--data", help="Held-out text: a JSONL file (text or chat records) or a dataset "
+            "directory of `astrai preprocess` (its validation split).")] = None,
+        metric: Annotated[str, typer.Option(
+            "--metric", help="With --data: comma-separated metrics, of bpb, ppl.")] = "bpb,ppl",
+        field: Annotated[str, typer.Option(
+            "--field", help="With a JSONL --data: the record field holding the text (chat "
+            "records: a message list, rendered through the chat template).")] = "text",
+        tasks: Annotated[str | None, typer.Option(
+            "--tasks", help="lm-evaluation-harness tasks, comma-separated (e.g. "
+            "hellaswag,arc_easy); needs `pip install 'astrai\\[eval]'`.")] = None,
+        include_path: Annotated[Path | None, typer.Option(
+            "--include-path", help="With --tasks: a folder of extra task YAMLs.")] = None,
+        num_fewshot: Annotated[int | None, typer.Option(
+            "--num-fewshot", help="With --tasks: few-shot examples per prompt.")] = None,
+        limit: Annotated[float | None, typer.Option(
+            "--limit", help="Documents (--data) or examples per task (--tasks; below 1: a "
+            "fraction).")] = None,
+        apply_chat_template: Annotated[bool, typer.Option(
+            "--apply-chat-template", help="With --tasks: wrap prompts in the chat "
+            "template.")] = False,
+        seed: Annotated[int, typer.Option("--seed", help="Seed for few-shot sampling and "
+                                          "sampled generation.")] = 0,
+        device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")
+                          ] = "auto",
+        dtype: Annotated[str | None, typer.Option(
+            "--dtype", help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on "
+            "CPU).")] = None,
+        batch_tokens: Annotated[int, typer.Option(
+            "--batch-tokens", help="Tokens scored per forward pass.")] = 1024,
+        json_out: Annotated[Path | None, typer.Option(
+            "--json", help="Also write the results to this JSON file.")] = None,
+        threads: Annotated[str | None, threads_option()] = None,
+    ) -> None:
+        """Bits per byte / perplexity on held-out data, or lm-evaluation-harness tasks."""
+        from astrai.errors import ConfigError
+        from astrai.train.run import write_json_atomic
+
+        if (data is None) == (tasks is None):
+            raise ConfigError("give --data FILE.jsonl (bits per byte, perplexity) or --tasks "
+                              "NAMES (lm-evaluation-harness), not both or neither")
+        use_threads(threads)
+        console = Console()
+        if data is not None:
+            from astrai.eval.perplexity import evaluate_perplexity
+
+            metrics = _split(metric)
+            bad = [m for m in metrics if m not in METRICS]
+            if bad or not metrics:
+                raise ConfigError(f"--metric {metric}: use a comma-separated subset of "
+                                  f"{', '.join(METRICS)}")
+            n = None if limit is None else int(limit)
+            res = evaluate_perplexity(checkpoint, data, field=field, device=device,
+                                      dtype=dtype, batch_tokens=batch_tokens, limit=n).to_dict()
+            render_perplexity(res, metrics, console)
+            out: dict = res
+        else:
+            from astrai.eval.tasks import require_lm_eval, result_rows, run_tasks
+
+            require_lm_eval()
+            n = None if limit is None else (limit if limit < 1 else int(limit))
+            results = run_tasks(checkpoint, _split(tasks), num_fewshot=num_fewshot, limit=n,
+                                seed=seed, apply_chat_template=apply_chat_template,
+                                include_path=include_path, device=device, dtype=dtype,
+                                batch_tokens=batch_tokens)
+            rows = result_rows(results)
+            render_tasks(rows, console)
+            out = {"rows": rows, "results": results.get("results", {}),
+                   "n-shot": results.get("n-shot", {}), "versions": results.get("versions", {})}
+        if json_out is not None:
+            write_json_atomic(json_out, out)

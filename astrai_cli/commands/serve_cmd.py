@@ -1,0 +1,98 @@
+"""`astrai serve CHECKPOINT_OR_HF_DIR`: an OpenAI-compatible HTTP server on the engine.
+
+Parses options into a ServeConfig and calls `astrai.serve.serve`; the access log (one
+line per request) and the "listening on" line go to stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from astrai_cli.options import (
+    Backend,
+    Device,
+    Dtype,
+    MaxContext,
+    checkpoint_path,
+    threads_option,
+    use_threads,
+)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve")
+    def serve_cmd(
+        checkpoint: Annotated[Path, typer.Argument(
+            metavar="CHECKPOINT_OR_HF_DIR",
+            help="An astrai checkpoint or HF model directory holding tokenizer.json.")],
+        host: Annotated[str, typer.Option(
+            "--host", help="Interface to bind (0.0.0.0: every interface).")] = "127.0.0.1",
+        port: Annotated[int, typer.Option("--port", help="TCP port; 0 picks a free one.")
+                        ] = 8000,
+        api_key: Annotated[str | None, typer.Option(
+            "--api-key", envvar="ASTRAI_API_KEY",
+            help="Require 'Authorization: Bearer KEY' on /v1 routes (env ASTRAI_API_KEY).")
+        ] = None,
+        served_model_name: Annotated[str | None, typer.Option(
+            "--served-model-name", help="Model id clients send (default: the directory "
+            "name).")] = None,
+        max_running: Annotated[int, typer.Option(
+            "--max-running", help="Requests decoding at once (the continuous batch).")] = 64,
+        max_queue: Annotated[int, typer.Option(
+            "--max-queue", help="Requests waiting beyond --max-running; more get 503.")
+        ] = 256,
+        chat_template: Annotated[Path | None, typer.Option(
+            "--chat-template", help="A Jinja chat template file replacing the tokenizer's.")
+        ] = None,
+        drain_timeout: Annotated[float, typer.Option(
+            "--drain-timeout", help="Seconds in-flight requests get to finish on SIGTERM / "
+            "Ctrl-C.")] = 30.0,
+        device: Device = "auto",
+        dtype: Dtype = "auto",
+        backend: Backend = None,
+        max_kv_tokens: Annotated[int, typer.Option(
+            "--max-kv-tokens", help="Token slots in the KV pool.")] = 32768,
+        page_size: Annotated[int, typer.Option("--page-size", help="KV page size.")] = 16,
+        max_context: MaxContext = None,
+        max_step_tokens: Annotated[int, typer.Option(
+            "--max-step-tokens", help="Token budget of one engine step (chunked prefill).")
+        ] = 2048,
+        threads: Annotated[str | None, threads_option()] = None,
+        seed: Annotated[int, typer.Option(
+            "--seed", help="Seed of requests that give none.")] = 0,
+    ) -> None:
+        """Serve a model over the OpenAI API: chat/completions (streaming), models, metrics."""
+        from astrai.infer.config import CacheConfig, SchedulerConfig
+        from astrai.serve import ServeConfig, serve
+
+        checkpoint = checkpoint_path(checkpoint)  # a run directory: its newest checkpoint
+        config = ServeConfig(
+            model_path=str(checkpoint), host=host, port=port, api_key=api_key,
+            served_model_name=served_model_name, max_running=max_running,
+            max_queue=max_queue, drain_timeout=drain_timeout, device=device,
+            dtype=None if dtype == "auto" else dtype, backend=backend, seed=seed,
+            chat_template=None if chat_template is None else str(chat_template),
+            cache=CacheConfig(page_size=page_size, max_kv_tokens=max_kv_tokens,
+                              max_context=max_context),
+            scheduler=SchedulerConfig(max_step_tokens=max_step_tokens))
+        config.validate()  # bad flags fail before the weights load
+        if threads is not None:
+            use_threads(threads)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        for name in ("astrai.serve", "astrai.infer"):
+            logger = logging.getLogger(name)
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+
+        def ready(url: str) -> None:
+            name = config.served_model_name or checkpoint.resolve().name
+            print(f"astrai serve: listening on {url} (model '{name}')", file=sys.stderr,
+                  flush=True)
+
+        serve(config, on_ready=ready)

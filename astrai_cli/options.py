@@ -1,0 +1,48 @@
+"""Options several commands share, defined once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+THREADS_HELP = ("CPU threads: N, or auto (the faster of 1 and all cores, measured at start: "
+                "on a busy machine one thread can be several times faster) \\[default: all "
+                "cores].")
+
+
+def threads_option(panel: str | None = None) -> Any:
+    """`--threads N|auto`, for `Annotated[str | None, threads_option()] = None`."""
+    return typer.Option("--threads", metavar="N|auto", help=THREADS_HELP, show_default=False,
+                        rich_help_panel=panel)
+
+
+def use_threads(value: str | None) -> int:
+    """Validate --threads (one-line error, exit 2) and apply it; the count in use."""
+    from astrai.threads import apply_threads, parse_threads
+
+    return apply_threads(parse_threads(value))
+
+
+def checkpoint_path(path: str | Path, err: Any = None) -> Path:
+    """A checkpoint argument: a training run directory stands for its newest checkpoint, and
+    a line on stderr says which."""
+    from rich.console import Console
+
+    from astrai.model.checkpoint import resolve_checkpoint
+
+    resolved, note = resolve_checkpoint(path)
+    if note:
+        (err or Console(stderr=True)).print(note, highlight=False, soft_wrap=True,
+                                            markup=False)
+    return resolved
+
+
+Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N.")]
+Dtype = Annotated[str, typer.Option(
+    "--dtype", help="auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16.")]
+Backend = Annotated[str | None, typer.Option(
+    "--backend", help="Attention backend: torch_native | flash | cuda (default: automatic).")]
+MaxContext = Annotated[int | None, typer.Option(
+    "--max-context", help="Context length (default: the model's max_seq_len).")]

@@ -1,0 +1,69 @@
+"""`astrai eval`: the --data table and --json file, and one-line errors (exit 2)."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from astrai.data.testing import tiny_tokenizer
+from astrai.eval.perplexity import evaluate_perplexity
+from astrai.model import build_model, get_preset
+from astrai.model.checkpoint import save_checkpoint
+from astrai_cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    tok = tiny_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=512)
+    cfg = get_preset("tiny", vocab_size=512, dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                     head_dim=16, ffn_dim=64, max_seq_len=32)
+    model = build_model(cfg, seed=0)
+    return save_checkpoint(tmp_path_factory.mktemp("ck") / "ckpt", model, cfg,
+                           tokenizer_dir=tok.path)
+
+
+@pytest.fixture
+def held(tmp_path):
+    f = tmp_path / "held.jsonl"
+    f.write_text(json.dumps({"text": "Friends, Romans, countrymen, lend me your ears. " * 3})
+                 + "\n" + json.dumps({"text": "To be, or not to be."}) + "\n")
+    return f
+
+
+def test_data_table_and_json(tmp_path, ckpt, held, one_thread):
+    out = tmp_path / "r.json"
+    r = runner.invoke(app, ["eval", str(ckpt), "--data", str(held), "--device", "cpu",
+                            "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "bpb" in r.output and "ppl" in r.output
+    got = json.loads(out.read_text())
+    ref = evaluate_perplexity(ckpt, held, device="cpu")
+    assert got["bpb"] == pytest.approx(ref.bpb) and got["documents"] == 2
+    r = runner.invoke(app, ["eval", str(ckpt), "--data", str(held), "--device", "cpu",
+                            "--metric", "bpb"])
+    assert r.exit_code == 0 and "ppl" not in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "give --data"),
+    (["--data", "x.jsonl", "--tasks", "arc_easy"], "not both"),
+    (["--data", "{held}", "--metric", "acc"], "--metric acc"),
+    (["--data", "{tmp}/none.jsonl"], "no such file"),
+])
+def test_mistakes_are_one_line(tmp_path, ckpt, held, args, message):
+    args = [a.format(held=held, tmp=tmp_path) for a in args]
+    r = runner.invoke(app, ["eval", str(ckpt), "--device", "cpu", *args])
+    assert r.exit_code == 2 and message in r.output
+    assert "Traceback" not in r.output
+
+
+def test_without_lm_eval_says_how_to_install(monkeypatch, ckpt):
+    from astrai.eval import tasks
+
+    monkeypatch.setattr(tasks.importlib.util, "find_spec",
+                        lambda name: None if name == "lm_eval" else object())
+    r = runner.invoke(app, ["eval", str(ckpt), "--tasks", "arc_easy"])
+    assert r.exit_code == 2
+    assert "pip install 'astrai[eval]'" in r.output and len(r.output.strip().splitlines()) == 1
