@@ -96,6 +96,8 @@ class Reply:
         """Set when old turns were dropped to fit the context."""
         self.text = ""
         self.finish_reason: str | None = None
+        self.error: str | None = None
+        """Why generating the reply failed (finish_reason "error")."""
         self._last: Any = None
         self._done = False
 
@@ -104,7 +106,7 @@ class Reply:
             self._last = out
             self.text += out.delta_text
             if out.finished:
-                self.finish_reason = out.finish_reason
+                self.finish_reason, self.error = out.finish_reason, out.error
             yield out.delta_text
             if self._done:
                 return
@@ -143,7 +145,6 @@ class ChatSession:
         self.engine = engine
         self.tokenizer = tokenizer
         self.params = params or SamplingParams()
-        self.params.validate()
         self.system = system or None
         self.template = template
         if template:
@@ -287,8 +288,7 @@ def open_chat(path: str | Path, *, params: SamplingParams | None = None,
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory")
-    params = params or SamplingParams()
-    params.validate()  # bad sampling values fail before the weights load
+    params = params or SamplingParams()  # (bad sampling values failed when it was built)
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path}: not a checkpoint (no config.json); point to an astrai "
                               "checkpoint (RUN_DIR/checkpoints/step_N) or a HF model directory")

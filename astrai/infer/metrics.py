@@ -46,3 +46,21 @@ class EngineStats:
     @property
     def kv_utilization(self) -> float:
         return self.pool.utilization
+
+
+@dataclass
+class StepCounters:
+    """Running totals over an engine's steps (the counters of `EngineStats`)."""
+
+    steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    generated_tokens: int = 0
+
+    def count(self, num_tokens: int, num_decode: int, num_sampled: int) -> None:
+        """One step fed `num_tokens` (of them `num_decode` single-token decodes) and
+        sampled `num_sampled` new tokens."""
+        self.steps += 1
+        self.decode_tokens += num_decode
+        self.prefill_tokens += num_tokens - num_decode
+        self.generated_tokens += num_sampled

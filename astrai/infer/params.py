@@ -1,13 +1,30 @@
-"""SamplingParams: how one request is decoded and when it stops (validated)."""
+"""SamplingParams: how one request is decoded and when it stops.
+
+Validated once, completely, when built (type, range and size of every field): a value the
+engine could not serve is refused here with the field's name, never in the middle of a
+step. The object is frozen; `dataclasses.replace(params, top_k=5)` builds (and checks) a
+new one.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from numbers import Integral, Real
+from typing import Any
 
 from astrai.errors import ConfigError
 
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per token `top_logprobs` may ask for (OpenAI's limit)."""
+INT32_MAX = 2**31 - 1
+"""Bound of fields that become int32/int64 tensor entries (top_k, stop token ids)."""
+SEED_RANGE = (-(2**63), 2**64 - 1)
+"""What torch.Generator.manual_seed accepts."""
 
-@dataclass
+
+@dataclass(frozen=True)
 class SamplingParams:
     """Per-request decoding settings (OpenAI / vLLM names and semantics)."""
 
@@ -30,7 +47,8 @@ class SamplingParams:
     seed: int | None = None
     """Per-request seed: the same seed gives the same tokens whatever else is batched."""
     stop: list[str] = field(default_factory=list)
-    """Stop strings (may span tokens); the text ends before them."""
+    """Stop strings (may span tokens); the text ends before them. A single string is
+    accepted."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Extra token ids that end the request (kept in token_ids, not in text)."""
     ignore_eos: bool = False
@@ -43,12 +61,18 @@ class SamplingParams:
     """Also return the n most likely tokens and their log-probabilities per step."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.validate()
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, list | tuple):
+            raise _bad("stop", stop, "must be a string or a list of strings")
+        if not isinstance(self.stop_token_ids, list | tuple):
+            raise _bad("stop_token_ids", self.stop_token_ids, "must be a list of token ids")
+        # own copies: the caller's lists may change later, this object may not
+        object.__setattr__(self, "stop", list(stop))
+        object.__setattr__(self, "stop_token_ids", list(self.stop_token_ids))
+        _check(self)
 
     @classmethod
-    def greedy(cls, max_tokens: int = 256, **kw) -> SamplingParams:
+    def greedy(cls, max_tokens: int = 256, **kw: Any) -> SamplingParams:
         return cls(max_tokens=max_tokens, temperature=0.0, **kw)
 
     @property
@@ -60,30 +84,53 @@ class SamplingParams:
         return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
                 or self.presence_penalty != 0.0)
 
-    def validate(self) -> None:
-        def bad(name: str, why: str) -> ConfigError:
-            return ConfigError(f"sampling {name}={getattr(self, name)!r}: {why}")
 
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise bad("max_tokens", "must be an integer >= 1")
-        if not self.temperature >= 0:
-            raise bad("temperature", "must be >= 0 (0 = greedy)")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise bad("top_k", "must be an integer >= 0 (0 or -1 = off)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise bad("top_p", "must be in (0, 1]")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise bad("min_p", "must be in [0, 1]")
-        if not self.repetition_penalty > 0:
-            raise bad("repetition_penalty", "must be > 0 (1 = off)")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if not -2.0 <= getattr(self, name) <= 2.0:
-                raise bad(name, "must be in [-2, 2]")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", "must be an integer or None")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise bad("stop", "stop strings must be non-empty strings")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", "must be token ids >= 0")
-        if not 0 <= self.top_logprobs <= 20:
-            raise bad("top_logprobs", "must be in [0, 20]")
+def _bad(name: str, value: Any, why: str) -> ConfigError:
+    # "sampling NAME=VALUE: why" -- callers (the HTTP server) read the field name from it
+    return ConfigError(f"sampling {name}={value!r}: {why}")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, Integral) and not isinstance(x, bool)
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check(p: SamplingParams) -> None:
+    """Every field's type and range; raises ConfigError naming the first bad one."""
+    def real(name: str, ok: Callable[[float], bool], why: str) -> None:
+        v = getattr(p, name)
+        if not _is_real(v):
+            raise _bad(name, v, "must be a finite number")
+        if not ok(v):
+            raise _bad(name, v, why)
+
+    def integer(name: str, ok: Callable[[int], bool], why: str) -> None:
+        v = getattr(p, name)
+        if not _is_int(v) or not ok(v):
+            raise _bad(name, v, why)
+
+    integer("max_tokens", lambda v: v >= 1, "must be an integer >= 1")
+    real("temperature", lambda v: v >= 0, "must be >= 0 (0 = greedy)")
+    integer("top_k", lambda v: -1 <= v <= INT32_MAX,
+            f"must be an integer in [-1, {INT32_MAX}] (0 or -1 = off)")
+    real("top_p", lambda v: 0.0 < v <= 1.0, "must be in (0, 1]")
+    real("min_p", lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")
+    real("repetition_penalty", lambda v: v > 0, "must be > 0 (1 = off)")
+    for name in ("frequency_penalty", "presence_penalty"):
+        real(name, lambda v: -2.0 <= v <= 2.0, "must be in [-2, 2]")
+    if p.seed is not None:
+        lo, hi = SEED_RANGE
+        integer("seed", lambda v: lo <= v <= hi,
+                "must be None or an integer in [-2**63, 2**64 - 1]")
+    if not all(isinstance(s, str) and s for s in p.stop):
+        raise _bad("stop", p.stop, "stop strings must be non-empty strings")
+    if not all(_is_int(t) and 0 <= t <= INT32_MAX for t in p.stop_token_ids):
+        raise _bad("stop_token_ids", p.stop_token_ids, f"must be token ids in [0, {INT32_MAX}]")
+    for name in ("ignore_eos", "include_stop_str_in_output", "logprobs"):
+        if not isinstance(getattr(p, name), bool):
+            raise _bad(name, getattr(p, name), "must be true or false")
+    integer("top_logprobs", lambda v: 0 <= v <= MAX_TOP_LOGPROBS,
+            f"must be an integer in [0, {MAX_TOP_LOGPROBS}]")

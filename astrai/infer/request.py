@@ -9,10 +9,14 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from astrai.infer.cache.pool import KVHandle
 from astrai.infer.params import SamplingParams
+from astrai.infer.text import TextStream
+
+if TYPE_CHECKING:  # the sampler imports this module
+    from astrai.infer.sampler import PenaltyState
 
 
 class Status(enum.Enum):
@@ -76,7 +80,8 @@ class RequestOutput:
     """All output text so far (empty without a tokenizer)."""
     finished: bool
     finish_reason: str | None
-    """"stop" (EOS, stop token or stop string), "length" (max_tokens or context), "abort"."""
+    """"stop" (EOS, stop token or stop string), "length" (max_tokens or context), "abort",
+    or "error" (serving this request failed; `error` says why, other requests go on)."""
     usage: Usage
     metrics: RequestMetrics
     stop_reason: int | str | None = None
@@ -91,13 +96,17 @@ class RequestOutput:
     """The prompt was cut to fit the context (prompt_overflow='truncate')."""
     index: int | None = None
     """Position of the prompt in `Engine.generate`'s list."""
+    error: str | None = None
+    """Why the request failed (finish_reason "error")."""
 
 
 class Request:
     """Mutable state of one request; owned by the scheduler."""
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                 arrival_time: float, stop_ids: frozenset[int] = frozenset()) -> None:
+                 arrival_time: float, stop_ids: frozenset[int] = frozenset(), *,
+                 truncated: bool = False, text: TextStream | None = None,
+                 index: int | None = None) -> None:
         self.id = request_id
         self.params = params
         self.tokens: list[int] = list(prompt_ids)
@@ -105,12 +114,20 @@ class Request:
         self.prompt_len = len(prompt_ids)
         self.stop_ids = stop_ids
         """Token ids that end the request with "stop"."""
+        self.truncated = truncated
+        """The prompt was cut to fit the context."""
+        self.text = text
+        """Incremental detokenizer and stop-string matcher (None without a tokenizer)."""
+        self.index = index
+        """Position of the prompt in `Engine.generate`'s list (None: add_request)."""
         self.status = Status.WAITING
         self.kv: KVHandle | None = None
         self.num_computed = 0
         """Leading tokens whose K/V are in the pool (the last sampled token never is)."""
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
+        self.error: str | None = None
+        """Why serving this request failed (finish_reason "error")."""
         self.metrics = RequestMetrics(arrival_time)
         self.cached_tokens = 0
         self.admitted_once = False
@@ -118,12 +135,9 @@ class Request:
         self.passed_over = 0
         """Admission rounds in which a later request was admitted before this one."""
         self.logprobs: list[float] = []
-        self.top_logprobs: list[dict[int, float]] = []
-        self.truncated = False
-        self.sampler_state: Any = None
-        """Penalty bookkeeping of the sampler (counts), created on first use."""
-        self.text_state: Any = None
-        """The engine's incremental detokenizer / stop-string matcher."""
+        """Log-probabilities of the output tokens so far (when params ask for them)."""
+        self.sampler_state: PenaltyState | None = None
+        """The sampler's penalty bookkeeping (token counts), created on first use."""
 
     @property
     def output_ids(self) -> list[int]:

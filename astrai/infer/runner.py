@@ -1,16 +1,16 @@
-"""ModelRunner: turns a StepBatch into one forward pass over the ragged tokens.
+"""ModelRunner: turns a StepBatch into one forward pass of the model over the ragged tokens.
 
-The step's tokens are flattened to input_ids [1, N] with their positions; the KV record is
-built once and handed to every layer through the ForwardContext. Only the rows that sample
-(the last token of each finished chunk) go through the LM head — a prefill of thousands of
-tokens costs one [B, V] projection, not [N, V].
+The step's tokens are flattened to input_ids [1, N]; the KV record is built once, and its
+positions and the attention backend ride to every layer in the ForwardContext — the
+model's own `Transformer.forward`, the same one training runs, computes the step. Only the
+rows that sample (the last token of each finished chunk) go through the LM head: a prefill
+of thousands of tokens costs one [B, V] projection, not [N, V].
 """
 
 from __future__ import annotations
 
 import torch
 
-from astrai.infer import forward
 from astrai.infer.cache.pool import PagePool
 from astrai.infer.cache.record import KVCache, build_kv_cache
 from astrai.infer.scheduler import StepBatch
@@ -18,12 +18,10 @@ from astrai.model.context import AttentionBackend, ForwardContext
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, pool: PagePool, fast: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, pool: PagePool) -> None:
         self.model = model
         self.pool = pool
         self.device = pool.req_to_token.table.device
-        self.fast = fast and forward.supports(model)
-        """Use the fused inference forward (astrai/infer/forward.py) instead of model()."""
         self._head_t: torch.Tensor | None = None
         self._head_key: tuple | None = None
 
@@ -49,11 +47,8 @@ class ModelRunner:
         ids, sample_rows, record = self.build_record(batch)
         input_ids = torch.tensor(ids, dtype=torch.long).to(self.device)
         ctx = ForwardContext(positions=record.positions[None], cache=record, backend=backend)
-        if self.fast:
-            h = forward.forward_hidden(self.model, input_ids, record.positions, ctx)  # (N, C)
-        else:
-            out = self.model(input_ids[None], ctx, return_hidden=True, compute_logits=False)
-            h = out.hidden[0]  # (N, C)
+        out = self.model(input_ids[None], ctx, return_hidden=True, compute_logits=False)
+        h = out.hidden[0]  # (N, C)
         if len(sample_rows) != h.shape[0]:
             h = h[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]  # (B_s, C)
         return self.lm_head(h).float()

@@ -12,18 +12,26 @@ from astrai.infer.request import Request
 
 
 @dataclass
-class _PenaltyState:
-    counts: torch.Tensor  # (V,) float: output-token counts
-    prompt_mask: torch.Tensor  # (V,) bool
-    seen: int  # output tokens already counted
+class PenaltyState:
+    """One request's running statistics for the penalties."""
+
+    counts: torch.Tensor
+    """[V] float: how often each token occurs in the output."""
+    prompt_mask: torch.Tensor
+    """[V] bool: the tokens of the prompt."""
+    seen: int
+    """Output tokens already counted."""
 
 
 @dataclass
-class SampleResult:
-    tokens: list[int]
-    logprobs: list[float] | None
-    """Raw-model log-probabilities of `tokens` (None when no request asked)."""
-    top_logprobs: list[dict[int, float]] | None
+class Pick:
+    """One request's draw."""
+
+    token: int
+    logprob: float | None = None
+    """Raw-model log-probability of `token` (None when no request of the batch asked)."""
+    top: dict[int, float] | None = None
+    """The request's top_logprobs most likely ids -> log-probability (None: not asked)."""
 
 
 class Sampler:
@@ -31,12 +39,12 @@ class Sampler:
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
-    def _penalty_state(self, req: Request, V: int) -> _PenaltyState:
+    def _penalty_state(self, req: Request, V: int) -> PenaltyState:
         st = req.sampler_state
         if st is None:
             pm = torch.zeros(V, dtype=torch.bool, device=self.device)
             pm[torch.tensor(req.tokens[:req.prompt_len], device=self.device)] = True
-            st = req.sampler_state = _PenaltyState(
+            st = req.sampler_state = PenaltyState(
                 torch.zeros(V, dtype=torch.float32, device=self.device), pm, 0)
         out = req.tokens[req.prompt_len + st.seen:]
         if out:
@@ -46,7 +54,7 @@ class Sampler:
         return st
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
+    def sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[Pick]:
         """logits [B, V] fp32 for `reqs` (in order) -> one new token per request."""
         _B, V = logits.shape
         ps = [r.params for r in reqs]
@@ -66,17 +74,19 @@ class Sampler:
             tokens = logits.argmax(dim=-1)
         else:
             tokens = self._draw(logits, reqs, greedy)
-        tok_list = tokens.tolist()
-        lp = tops = None
+        picks = [Pick(t) for t in tokens.tolist()]
         if any(p.logprobs or p.top_logprobs for p in ps):
             logp = raw.float().log_softmax(dim=-1)
-            lp = logp.gather(1, tokens[:, None]).squeeze(1).tolist()
-            n_top = max(p.top_logprobs for p in ps)
+            for pick, lp in zip(picks, logp.gather(1, tokens[:, None]).squeeze(1).tolist()):
+                pick.logprob = lp
+            n_top = min(max(p.top_logprobs for p in ps), V)
             if n_top:
-                vals, ids = logp.topk(n_top, dim=-1)
-                tops = [dict(zip(ids[b, :p.top_logprobs].tolist(), vals[b, :p.top_logprobs].tolist()))
-                        for b, p in enumerate(ps)]
-        return SampleResult(tok_list, lp, tops)
+                vals, ids = logp.topk(n_top, dim=-1)  # (B, n_top)
+                for b, (pick, p) in enumerate(zip(picks, ps)):
+                    if p.top_logprobs:
+                        n = p.top_logprobs
+                        pick.top = dict(zip(ids[b, :n].tolist(), vals[b, :n].tolist()))
+        return picks
 
     def _draw(self, logits: torch.Tensor, reqs: list[Request], greedy: list[bool]) -> torch.Tensor:
         ps = [r.params for r in reqs]

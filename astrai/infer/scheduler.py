@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 
 from astrai.infer.cache.pool import PagePool
 from astrai.infer.config import SchedulerConfig
@@ -51,8 +52,9 @@ class StepBatch:
     def is_decode(self) -> bool:
         return all(c.n == 1 for c in self.chunks)
 
-    @property
+    @cached_property
     def sampled(self) -> list[Request]:
+        """The requests that get a new token this step, in chunk order."""
         return [c.req for c in self.chunks if c.sample]
 
 

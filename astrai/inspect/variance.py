@@ -30,7 +30,7 @@ from astrai.model.config import ModelConfig
 from astrai.model.context import ForwardContext
 from astrai.model.init import RESIDUAL_PROJECTIONS, init_weights
 from astrai.model.presets import PRESETS, get_preset
-from astrai.model.rope import rope_table
+from astrai.model.rope import rope_factors, rope_table
 
 PAPER_SILU_FACTOR = 0.298
 """The paper's Var(SiLU(z)) / Var(z) at z ~ N(0, 0.6144)."""
@@ -153,8 +153,9 @@ def _unscale(block: nn.Module, L: int) -> None:
                 mod.weight.mul_(math.sqrt(2 * L))
 
 
-def _step(block: nn.Module, x: torch.Tensor, cos, sin, s: VarianceSeries) -> torch.Tensor:
-    y, _ = block(x, cos, sin, ForwardContext())
+def _step(block: nn.Module, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+          s: VarianceSeries) -> torch.Tensor:
+    y, _ = block(x, rope, ForwardContext())
     s.after.append(_variance(y))
     s.branch.append(_variance(y - x))
     return y
@@ -183,13 +184,13 @@ def residual_variance(target: str | Path, *, tokens: list[int] | None = None, ba
         raise UnsupportedModelError(f"{T} tokens exceed max_seq_len {c.max_seq_len} of {target}")
     cos_t, sin_t = rope_table(c.hdim, c.max_seq_len, c.rope_theta, c.rope_scaling)
     pos = torch.arange(T).expand(B, T)
-    cos, sin = cos_t[pos], sin_t[pos]  # (B, T, D/2)
+    rope = rope_factors(cos_t[pos], sin_t[pos])  # 2 x (B, T, 1, D)
     series: list[VarianceSeries] = []
     if model is not None:
         x = model.embed_tokens(ids).float()  # (B, T, C)
         s = VarianceSeries("checkpoint", _variance(x))
         for block in model.layers:
-            x = _step(block, x, cos, sin, s)
+            x = _step(block, x, rope, s)
         series.append(s)
         del model
         if not fresh:
@@ -205,11 +206,11 @@ def residual_variance(target: str | Path, *, tokens: list[int] | None = None, ba
     xs = list(starts)
     for i in range(c.n_layers):
         block = _fresh_block(c, i, gen)
-        xs[0] = _step(block, xs[0], cos, sin, streams[0])
-        xs[2] = _step(block, xs[2], cos, sin, streams[2])
+        xs[0] = _step(block, xs[0], rope, streams[0])
+        xs[2] = _step(block, xs[2], rope, streams[2])
         _unscale(block, c.n_layers)
-        xs[1] = _step(block, xs[1], cos, sin, streams[1])
-        xs[3] = _step(block, xs[3], cos, sin, streams[3])
+        xs[1] = _step(block, xs[1], rope, streams[1])
+        xs[3] = _step(block, xs[3], rope, streams[3])
         del block
     return _report(target, c, (B, T), series + streams)
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from astrai.model.config import ModelConfig
 from astrai.model.context import SDPA, ForwardContext
-from astrai.model.rope import apply_rope
+from astrai.model.rope import rotate
 
 
 class Attention(nn.Module):
@@ -21,13 +22,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.dim, K * D, bias=config.qkv_bias)
         self.o_proj = nn.Linear(H * D, config.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 ctx: ForwardContext) -> torch.Tensor:
+        """x [B, T, C]; rope = `rope_factors` of the tokens' positions -> [B, T, C]."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, K, D)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, K, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # before any KV write
+        H, K, D = self.n_heads, self.n_kv_heads, self.head_dim
+        # F.linear on the layers' parameters: no nn.Module call per projection (block.py)
+        q = F.linear(x, self.q_proj.weight, self.q_proj.bias).view(B, T, H, D)  # (B, T, H, D)
+        k = F.linear(x, self.k_proj.weight, self.k_proj.bias).view(B, T, K, D)  # (B, T, K, D)
+        v = F.linear(x, self.v_proj.weight, self.v_proj.bias).view(B, T, K, D)  # (B, T, K, D)
+        # q and k rotated in one pass, before any KV write
+        q, k = rotate(torch.cat((q, k), dim=2), *rope).split_with_sizes((H, K), dim=2)
         backend = ctx.backend or SDPA
         out = backend.attend(q, k, v, self.layer, ctx)  # (B, T, H, D)
-        return self.o_proj(out.reshape(B, T, self.n_heads * self.head_dim))
+        return F.linear(out.reshape(B, T, H * D), self.o_proj.weight)  # (B, T, C)

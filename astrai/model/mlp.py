@@ -15,4 +15,6 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        # F.linear on the layers' weights: no nn.Module call per projection (block.py)
+        gate = F.linear(x, self.gate_proj.weight)
+        return F.linear(F.silu(gate) * F.linear(x, self.up_proj.weight), self.down_proj.weight)

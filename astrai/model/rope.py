@@ -79,10 +79,22 @@ def rope_table(head_dim: int, max_len: int, theta: float, scaling: RopeScaling |
     return (freqs.cos() * attn).to(device), (freqs.sin() * attn).to(device)
 
 
+def rope_factors(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, T, D/2] -> ([cos, cos], [-sin, sin]), each [B, T, 1, D] (same dtype):
+    with them, rotate-half is one multiply-add (`rotate`). Built once per forward pass."""
+    c = torch.cat((cos, cos), dim=-1).unsqueeze(-2)  # (B, T, 1, D)
+    s = torch.cat((-sin, sin), dim=-1).unsqueeze(-2)
+    return c, s
+
+
+def rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, T, H, D] by the factors of `rope_factors` (rounded to x's dtype):
+    x * [cos, cos] + [x2, x1] * [-sin, sin] = [x1 cos - x2 sin, x2 cos + x1 sin]."""
+    if c.dtype != x.dtype:
+        c, s = c.to(x.dtype), s.to(x.dtype)
+    return x * c + x.roll(x.shape[-1] // 2, dims=-1) * s  # roll by D/2: [x2, x1]
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x [B, T, H, D] by cos/sin [B, T, D/2] (rotate-half pairing)."""
-    half = x.shape[-1] // 2
-    cos = cos.unsqueeze(-2).to(x.dtype)  # (B, T, 1, D/2)
-    sin = sin.unsqueeze(-2).to(x.dtype)
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return rotate(x, *rope_factors(cos, sin))

@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from astrai.model.block import DecoderBlock
 from astrai.model.config import ModelConfig
 from astrai.model.context import ForwardContext
-from astrai.model.norm import RMSNorm
-from astrai.model.rope import rope_table
+from astrai.model.norm import RMSNorm, rms_norm
+from astrai.model.rope import rope_factors, rope_table
 
 
 class ModelOutput(NamedTuple):
@@ -54,22 +55,26 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext | None = None, *,
                 return_hidden: bool = False, compute_logits: bool = True) -> ModelOutput:
-        """input_ids [B, T] -> ModelOutput(logits [B, T, V], aux_loss, hidden)."""
+        """input_ids [B, T] -> ModelOutput(logits [B, T, V], aux_loss, hidden).
+
+        The one forward pass of training and inference alike: `ctx` carries the positions
+        and who attends (the training mask, or the inference engine's KV-cache step record;
+        the engine's ragged step arrives as B = 1, T = the step's tokens)."""
         ctx = ctx or ForwardContext()
         ctx.sliding_window = self.config.sliding_window
         B, T = input_ids.shape
         pos = ctx.positions
         if pos is None:
             pos = torch.arange(T, device=input_ids.device).expand(B, T)
-        cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (B, T, D/2)
-        x = self.embed_tokens(input_ids)  # (B, T, C)
+        rope = rope_factors(self.rope_cos[pos], self.rope_sin[pos])  # 2 x (B, T, 1, D) fp32
+        x = F.embedding(input_ids, self.embed_tokens.weight)  # (B, T, C)
         aux_total, n_moe = None, 0
         for block in self.layers:
-            x, aux = block(x, cos, sin, ctx)
+            x, aux = block(x, rope, ctx)
             if aux is not None:
                 aux_total = aux if aux_total is None else aux_total + aux
                 n_moe += 1
-        h = self.norm(x)
+        h = rms_norm(x, self.norm.weight, self.norm.eps)
         logits = None
         if compute_logits:
             logits = self.lm_head(h) if self.lm_head is not None else h @ self.embed_tokens.weight.T

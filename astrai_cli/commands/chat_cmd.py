@@ -145,6 +145,8 @@ def run_interactive(session: Any, err: Console, history_file: Path | None, title
         sys.stdout.flush()
         if stopped:
             err.print("[yellow](reply stopped)[/]")
+        elif reply.finish_reason == "error":
+            err.print(f"[bold red]error:[/] the reply failed: {escape(reply.error or '')}")
         elif reply.finish_reason == "length":
             err.print("[dim](reply cut at max_tokens or the context length)[/]")
         return True
@@ -229,6 +231,9 @@ def register(app: typer.Typer) -> None:
                 sys.stdout.flush()
             sys.stdout.write("\n")
             sys.stdout.flush()
+            if reply.finish_reason == "error":
+                err.print(f"error: the reply failed: {escape(reply.error or '')}")
+                raise typer.Exit(1)
             return
         n = sum(p.numel() for p in session.engine.model.parameters())
         title = f"{checkpoint} · {n / 1e6:.1f}M params · context {session.max_context}"

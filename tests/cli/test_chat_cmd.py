@@ -77,10 +77,13 @@ def test_prompt_prints_exactly_the_reply(ckpt):
     (["--temperature", "-1"], "temperature=-1.0: must be >= 0"),
     (["--max-tokens", "0"], "max_tokens=0: must be an integer >= 1"),
     (["--top-k", "-3"], "top_k=-3"),
+    (["--top-k", "1180591620717411303424"], "top_k=1180591620717411303424: must be an integer"),
+    (["--seed", str(2**70)], f"seed={2**70}: must be None or an integer"),
 ])
 def test_invalid_sampling_values_exit_2(ckpt, flags, why):
     r = runner.invoke(app, ["chat", str(ckpt[0]), "--prompt", "hi", *flags])
     assert r.exit_code == 2 and why in r.stderr and "Traceback" not in r.output
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_checkpoint_without_tokenizer_exits_2_with_the_fix(ckpt, tmp_path):

@@ -96,6 +96,7 @@ CASES = [
     ([7, 0, 16, 5], [1, 6, 4, 1], 4),  # mixed: decodes, a prompt, a chunk with a prefix
     ([9, 2], [1, 1], 1),  # page size 1 (token-granular)
     ([3, 40], [1, 1], 64),  # one page covers everything (the contiguous-mode shape)
+    ([21], [1], 4),  # a lone decode: its positions sliced out, no mask
 ]
 
 

@@ -50,8 +50,8 @@ class FlashAttnBackend:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                ctx: ForwardContext) -> torch.Tensor:
+        write_kv(k, v, layer, ctx)  # first: the new tokens attend to themselves
         c = ctx.cache
-        write_kv(k, v, layer, ctx)
         slots = c.kv_indices.long()
         kk = c.k_buf[layer].index_select(0, slots)  # (nnz, K, D)
         vv = c.v_buf[layer].index_select(0, slots)

@@ -30,6 +30,7 @@ class _DecodePlan:
     span: int  # slots read from each page: P, or Lmax when one page covers every request
     mask: torch.Tensor | None  # (Bd, 1, 1, Lg) bool; None when nothing is masked
     first_page: int | None = None  # one request whose pages are consecutive: a view, no copy
+    keys: slice | None = None  # one request: the gathered positions it attends to (no mask)
 
 
 @dataclass
@@ -122,8 +123,10 @@ def plan_step(c: KVCache, window: int | None) -> tuple[_DecodePlan | None, list[
             cols = torch.arange(n_pages, device=dev) * P
             page_ids = (c.req_to_token[rows[:, None], cols[None, :]] // P).long().flatten()
         l_g = n_pages * span
-        mask = None
-        if min(seqs) < l_g or window is not None:
+        mask = keys = None
+        if len(dec) == 1:  # a lone decode reads exactly its positions: no mask to build
+            keys = slice(0 if window is None else max(0, seqs[0] - window), seqs[0])
+        elif min(seqs) < l_g or window is not None:
             s = torch.tensor(seqs, device=dev)[:, None]
             j = torch.arange(l_g, device=dev)[None, :]
             valid = j < s
@@ -131,7 +134,7 @@ def plan_step(c: KVCache, window: int | None) -> tuple[_DecodePlan | None, list[
                 valid &= j >= s - window
             mask = valid[:, None, None, :]  # (Bd, 1, 1, Lg)
         q_index = None if all_dec else torch.tensor([qo_ptr[b] for b in dec], device=dev)
-        decode = _DecodePlan(q_index, page_ids, P, span, mask, first)
+        decode = _DecodePlan(q_index, page_ids, P, span, mask, first, keys)
     extends = []
     for b, n in enumerate(qo):
         if n == 1:
@@ -162,6 +165,8 @@ def _decode(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, d: _DecodePlan,
         kk, vv = kp.index_select(0, d.page_ids), vp.index_select(0, d.page_ids)
     kk = kk.reshape(Bd, -1, K, D).transpose(1, 2)  # (Bd, K, Lg, D)
     vv = vv.reshape(Bd, -1, K, D).transpose(1, 2)
+    if d.keys is not None:
+        kk, vv = kk[:, :, d.keys], vv[:, :, d.keys]  # (1, K, L, D)
     if kk.dtype != q.dtype:
         kk, vv = kk.to(q.dtype), vv.to(q.dtype)
     out = F.scaled_dot_product_attention(q.unsqueeze(2), kk, vv, attn_mask=d.mask,

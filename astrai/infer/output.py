@@ -1,0 +1,60 @@
+"""Output assembly: what one step tells the caller about a request.
+
+For each sampled token: detokenize it (holding back text that may begin a stop string),
+find a stop string completed by it, keep its log-probabilities, and build the
+`RequestOutput` delta. A request that ends without a new token (abort, error) gets a last
+output flushing the text its detokenizer still held.
+"""
+
+from __future__ import annotations
+
+from astrai.infer.request import Request, RequestOutput, Usage
+
+
+def detokenize(req: Request, token: int) -> tuple[str, str | None]:
+    """(text the new `token` releases, the stop string it completed or None). A stop token
+    is never detokenized; when the request has finished, everything held is released."""
+    ts = req.text
+    if ts is None:
+        return "", None
+    text, hit = "", None
+    if not (req.finished and req.stop_reason == token and token in req.stop_ids):
+        text, hit = ts.push(token)
+    if hit is None and req.finished:
+        more, hit = ts.finish()
+        text += more
+    return text, hit
+
+
+def token_output(req: Request, token: int, text: str, logprob: float | None,
+                 top: dict[int, float] | None) -> RequestOutput:
+    """The delta of one new token (its text from `detokenize`, its log-probabilities from
+    the sampler); the request's log-probabilities grow by it when they were asked for."""
+    p = req.params
+    if not (p.logprobs or p.top_logprobs):
+        logprob = top = None
+    if logprob is not None:
+        req.logprobs.append(logprob)
+    return _output(req, [token], text, logprob, top if p.top_logprobs else None)
+
+
+def final_output(req: Request) -> RequestOutput:
+    """The last output of a request that ended without a new token (abort, error)."""
+    text = req.text.finish()[0] if req.text is not None else ""
+    return _output(req, [], text, None, None)
+
+
+def _output(req: Request, delta: list[int], text: str, logprob: float | None,
+            top: dict[int, float] | None) -> RequestOutput:
+    p = req.params
+    return RequestOutput(
+        request_id=req.id, delta_token_ids=delta, delta_text=text,
+        token_ids=req.output_ids, text=req.text.text if req.text is not None else "",
+        finished=req.finished, finish_reason=req.finish_reason,
+        usage=Usage(req.prompt_len, req.num_output, req.cached_tokens),
+        metrics=req.metrics, stop_reason=req.stop_reason,
+        delta_logprobs=([logprob] if logprob is not None else []) if p.logprobs else None,
+        logprobs=list(req.logprobs) if p.logprobs else None,
+        delta_top_logprobs=[top] if top is not None else None,
+        prompt_truncated=req.truncated, index=req.index, error=req.error,
+    )
