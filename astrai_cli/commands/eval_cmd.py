@@ -3,6 +3,7 @@ benchmark tasks through lm-evaluation-harness (--tasks). The work is `astrai.eva
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -75,8 +76,10 @@ def register(app: typer.Typer) -> None:
             "CPU).")] = None,
         batch_tokens: Annotated[int, typer.Option(
             "--batch-tokens", help="Tokens scored per forward pass.")] = 1024,
+        as_json: Annotated[bool, typer.Option(
+            "--json", help="Print the results as JSON instead of a table.")] = False,
         json_out: Annotated[Path | None, typer.Option(
-            "--json", help="Also write the results to this JSON file.")] = None,
+            "--out", metavar="FILE", help="Also write the results as JSON to FILE.")] = None,
         threads: Annotated[str | None, threads_option()] = None,
     ) -> None:
         """Bits per byte / perplexity on held-out data, or lm-evaluation-harness tasks."""
@@ -99,7 +102,6 @@ def register(app: typer.Typer) -> None:
             n = None if limit is None else int(limit)
             res = evaluate_perplexity(checkpoint, data, field=field, device=device,
                                       dtype=dtype, batch_tokens=batch_tokens, limit=n).to_dict()
-            render_perplexity(res, metrics, console)
             out: dict = res
         else:
             from astrai.eval.tasks import require_lm_eval, result_rows, run_tasks
@@ -111,8 +113,13 @@ def register(app: typer.Typer) -> None:
                                 include_path=include_path, device=device, dtype=dtype,
                                 batch_tokens=batch_tokens)
             rows = result_rows(results)
-            render_tasks(rows, console)
             out = {"rows": rows, "results": results.get("results", {}),
                    "n-shot": results.get("n-shot", {}), "versions": results.get("versions", {})}
         if json_out is not None:
             write_json_atomic(json_out, out)
+        if as_json:
+            typer.echo(json.dumps(out, indent=2))
+        elif data is not None:
+            render_perplexity(out, metrics, console)
+        else:
+            render_tasks(out["rows"], console)

@@ -133,7 +133,7 @@ def _pairs(items: list[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
-            raise ConfigError(f"--model-override '{item}': expected key=value (e.g. n_layers=2)")
+            raise ConfigError(f"--model-overrides '{item}': expected key=value (e.g. n_layers=2)")
         k, v = item.split("=", 1)
         try:
             out[k.strip()] = json.loads(v)
@@ -174,8 +174,8 @@ def register(app: typer.Typer) -> None:
             "--batch-size", help="Rows per step.", rich_help_panel="Recipe")] = 8,
         max_lr: Annotated[float, typer.Option(
             "--max-lr", help="Peak learning rate.", rich_help_panel="Recipe")] = 2e-3,
-        model_override: Annotated[list[str] | None, typer.Option(
-            "--model-override", help="ModelConfig field of the tiny preset to change, "
+        model_overrides: Annotated[list[str] | None, typer.Option(
+            "--model-overrides", help="ModelConfig field of the tiny preset to change, "
             "key=value (e.g. n_layers=4), on top of n_layers=2 and tie_embeddings=true. "
             "Repeatable.", rich_help_panel="Recipe")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")
@@ -188,7 +188,7 @@ def register(app: typer.Typer) -> None:
         from astrai.train.preemption import EXIT_PREEMPTED
 
         overrides = {**QuickstartConfig.model_fields["model_overrides"].default_factory(),
-                     **_pairs(model_override)}
+                     **_pairs(model_overrides)}
         cfg = QuickstartConfig.from_dict({
             "out": str(out), "corpus": None if corpus is None else str(corpus),
             "overwrite": overwrite, "vocab_size": vocab_size, "seq_len": seq_len,

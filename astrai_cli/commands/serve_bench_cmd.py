@@ -1,15 +1,12 @@
 """`astrai serve-bench CHECKPOINT_OR_PRESET`: serving metrics of the engine (vLLM/SGLang names).
 
 Parses options into a BenchConfig, calls `astrai.infer.bench.serve_bench`, renders one
-table with a column per backend (stdout) and writes `--json FILE`.
+table with a column per backend (stdout), or JSON with `--json`; `--out FILE` also writes the JSON.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,7 +14,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from astrai.tempdir import follow_umask
 from astrai_cli.options import (
     Backend,
     Device,
@@ -91,25 +87,6 @@ def render(report: dict, console: Console) -> None:
                 continue
             table.add_row(f"  {label}", *[_fmt(v, fmt) for v in values])
     console.print(table)
-
-
-def write_json(report: dict, path: str) -> None:
-    text = json.dumps(report, indent=2) + "\n"
-    if path == "-":
-        sys.stdout.write(text)
-        return
-    dst = Path(path)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    # Written beside the target and renamed: never a half-written file.
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        follow_umask(tmp)  # mkstemp creates it private (0600)
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _backends(backend: str | None, compare: str | None) -> list[str | None]:
@@ -201,9 +178,10 @@ def register(app: typer.Typer) -> None:
         api_key: Annotated[str | None, typer.Option(
             "--api-key", envvar="OPENAI_API_KEY", help="With --base-url: the server's API key "
             "(env OPENAI_API_KEY).")] = None,
-        json_file: Annotated[str | None, typer.Option(
-            "--json", metavar="FILE", help="Also write every metric as JSON to FILE ('-': "
-            "stdout, instead of the table).")] = None,
+        as_json: Annotated[bool, typer.Option(
+            "--json", help="Print every metric as JSON instead of the table.")] = False,
+        out: Annotated[Path | None, typer.Option(
+            "--out", metavar="FILE", help="Also write every metric as JSON to FILE.")] = None,
     ) -> None:
         """Benchmark serving: TTFT, TPOT, ITL, latency, throughput, prefix hits, KV usage.
 
@@ -229,9 +207,14 @@ def register(app: typer.Typer) -> None:
             base_url=base_url, endpoint=endpoint, model=model, api_key=api_key,
         )
         report = _run(config).to_dict()
-        if json_file is not None:
-            write_json(report, json_file)
-        if json_file != "-":
+        if out is not None:
+            from astrai.train.run import write_json_atomic
+
+            out.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(out, report)
+        if as_json:
+            typer.echo(json.dumps(report, indent=2))
+        else:
             render(report, Console(highlight=False))
 
 

@@ -35,12 +35,15 @@ def held(tmp_path):
 def test_data_table_and_json(tmp_path, ckpt, held, one_thread):
     out = tmp_path / "r.json"
     r = runner.invoke(app, ["eval", str(ckpt), "--data", str(held), "--device", "cpu",
-                            "--json", str(out)])
+                            "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert "bpb" in r.output and "ppl" in r.output
     got = json.loads(out.read_text())
     ref = evaluate_perplexity(ckpt, held, device="cpu")
     assert got["bpb"] == pytest.approx(ref.bpb) and got["documents"] == 2
+    r2 = runner.invoke(app, ["eval", str(ckpt), "--data", str(held), "--device", "cpu",
+                             "--json"])
+    assert r2.exit_code == 0 and json.loads(r2.stdout) == got  # --json: JSON on stdout
     r = runner.invoke(app, ["eval", str(ckpt), "--data", str(held), "--device", "cpu",
                             "--metric", "bpb"])
     assert r.exit_code == 0 and "ppl" not in r.output

@@ -130,7 +130,7 @@ def test_config_errors_name_the_field():
 
 @pytest.mark.parametrize("args, needle", [
     (["--corpus", "/nonexistent/corpus"], "/nonexistent/corpus"),
-    (["--model-override", "n_layers"], "key=value"),
+    (["--model-overrides", "n_layers"], "key=value"),
     (["--vocab-size", "12"], "vocab_size"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(tmp_path, args, needle):

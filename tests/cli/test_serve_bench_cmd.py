@@ -34,7 +34,7 @@ def test_tiny_preset_json_file_holds_every_field_and_the_table_every_row(tmp_pat
     out = tmp_path / "res" / "bench.json"
     r = runner.invoke(app, ["serve-bench", "tiny", *FAST, "--request-rate", "100",
                             "--burstiness", "0.5", "--max-concurrency", "2", "--seed", "3",
-                            "--goodput", "ttft:100000", "--threads", "1", "--json", str(out)])
+                            "--goodput", "ttft:100000", "--threads", "1", "--out", str(out)])
     assert r.exit_code == 0, r.output
     d = json.loads(out.read_text())
     assert set(d) == {"model", "workload", "settings", "runs"}
@@ -61,7 +61,7 @@ def test_json_to_stdout_and_shared_prefix_hits(ckpt):
     r = runner.invoke(app, ["serve-bench", str(ckpt), *FAST, "--workload", "shared-prefix",
                             "--prefix-len", "32", "--prefix-groups", "1", "--input-len", "2",
                             "--max-concurrency", "1", "--compare-backends", "torch_native",
-                            "--json", "-"])
+                            "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)  # only JSON on stdout
     (run,) = d["runs"]

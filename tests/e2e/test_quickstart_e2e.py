@@ -26,9 +26,9 @@ from astrai_cli.main import app
 
 pytestmark = pytest.mark.slow
 
-SMALL = ["--model-override", "dim=64", "--model-override", "n_layers=2",
-         "--model-override", "n_heads=2", "--model-override", "n_kv_heads=1",
-         "--model-override", "head_dim=32", "--model-override", "ffn_dim=128"]
+SMALL = ["--model-overrides", "dim=64", "--model-overrides", "n_layers=2",
+         "--model-overrides", "n_heads=2", "--model-overrides", "n_kv_heads=1",
+         "--model-overrides", "head_dim=32", "--model-overrides", "ffn_dim=128"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
 
 
@@ -123,7 +123,7 @@ def test_quickstart_end_to_end(tmp_path):
     assert json.loads(resumed.output)["steps"] == 8
     inspect = runner.invoke(app, cmds["inspect-weights"][1:])
     assert inspect.exit_code == 0, inspect.output  # a healthy fp32 checkpoint
-    bench = runner.invoke(app, [*cmds["serve-bench"][1:], "--json", "-"])
+    bench = runner.invoke(app, [*cmds["serve-bench"][1:], "--json"])
     assert bench.exit_code == 0, bench.output
     assert json.loads(bench.output)["runs"][0]["completed"] == 16
 

@@ -113,7 +113,7 @@ def test_cli_tasks_table_and_json(tmp_path, ckpt, hf_dir, task_dir):
     out = tmp_path / "res.json"
     r = CliRunner().invoke(app, ["eval", str(ckpt), "--tasks", "astrai_mc,astrai_gen",
                                  "--include-path", str(task_dir), "--device", "cpu",
-                                 "--json", str(out), "--limit", "4", "--num-fewshot", "1"])
+                                 "--out", str(out), "--limit", "4", "--num-fewshot", "1"])
     assert r.exit_code == 0, r.output
     assert "astrai_mc" in r.output and "acc_norm" in r.output
     got = json.loads(out.read_text())

@@ -16,7 +16,7 @@ from tests.serve.conftest import API_KEY
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 FAST = ["--num-prompts", "6", "--input-len", "4:20", "--output-len", "3:9", "--warmup", "1",
-        "--max-concurrency", "3", "--request-rate", "200", "--json", "-"]
+        "--max-concurrency", "3", "--request-rate", "200", "--json"]
 
 
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
