@@ -103,8 +103,8 @@ class _TrainEvents(Callback):
         self.emit(StageEvent("train", "update", ctx.state.step, ctx.total_steps))
 
     def on_optimizer_step(self, ctx) -> None:
-        # The trainer validates inside the last step's on_step_end (metrics callback), so
-        # the last step's optimizer hook is where training ends and validation begins.
+        # The trainer validates after the last step's update and before its on_step_end,
+        # so the last step's optimizer hook is where training ends and validation begins.
         if ctx.state.step + 1 >= ctx.total_steps:
             self.emit(StageEvent("train", "end", ctx.total_steps, ctx.total_steps,
                                  f"loss {ctx.step_loss:.3f}"))

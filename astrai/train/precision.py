@@ -66,11 +66,6 @@ PRECISIONS: dict[str, type[Precision]] = {
 }
 
 
-def register_precision(cls: type[Precision]) -> type[Precision]:
-    PRECISIONS[cls.name] = cls
-    return cls
-
-
 def resolve_device(device: str) -> torch.device:
     """`auto` = cuda when present, else cpu."""
     if device == "auto":

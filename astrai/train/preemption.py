@@ -35,8 +35,6 @@ import time
 from typing import TYPE_CHECKING
 
 from astrai.train.callbacks.base import Callback
-from astrai.train.callbacks.checkpoint import CheckpointCallback
-from astrai.train.checkpointing import save_training_checkpoint
 
 if TYPE_CHECKING:
     from astrai.train.context import TrainContext
@@ -125,10 +123,8 @@ class PreemptionGuard:
 
 
 class PreemptionCallback(Callback):
-    """Stops training at the step boundary after a signal, with a checkpoint of that step.
-
-    Registered after the checkpoint and metrics callbacks, so the step's record is written
-    and an interval checkpoint of the same step is reused, not written twice."""
+    """Asks the trainer to stop at the step boundary after a signal (ctx.stop_reason); the
+    trainer then writes a checkpoint of that step unless it has one already."""
 
     name = "preemption"
 
@@ -163,11 +159,6 @@ class PreemptionCallback(Callback):
         stop = self._agreed(ctx)  # collective: every rank calls it at every step
         if not stop or ctx.done:
             return
-        ckpt = next((cb for cb in ctx.callbacks if isinstance(cb, CheckpointCallback)), None)
-        if ckpt is None or ckpt.last_saved != ctx.state.step:
-            save_training_checkpoint(ctx, ctx.callbacks)
-            if ckpt is not None:
-                ckpt.last_saved = ctx.state.step
         sig = self.guard.signum
         ctx.stop_reason = (f"preempted by {signal.Signals(sig).name}" if sig is not None
                            else "preempted by a signal to another rank")

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 
 from astrai.errors import ConfigError, DataError
 from astrai.model.reward_head import last_token_index
-from astrai.train.strategies.base import Strategy
+from astrai.train.strategies.base import Strategy, StrategyInputs
 from astrai.train.strategies.logprobs import (
     frozen_copy,
     policy_logprobs,
@@ -126,10 +126,10 @@ class DPOStrategy(Strategy):
         """Precomputed (chosen, rejected) reference log-probs by pair key."""
 
     @classmethod
-    def setup_kwargs(cls, prepared: Any) -> dict[str, Any]:
-        c, data = prepared.config, prepared.data
+    def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
+        c, data = inputs.config, inputs.data
         return {"beta": c.beta, "loss_type": c.dpo_loss, "reduction": c.dpo_reduction,
-                "reference_fn": reference_factory(prepared), "precompute_ref": c.precompute_ref,
+                "reference_fn": reference_factory(inputs), "precompute_ref": c.precompute_ref,
                 "precompute_data": ([data.dataset, data.eval_dataset], data.collate_fn,
                                     c.batch_size)}
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from astrai.errors import ConfigError, DataError
-from astrai.train.strategies.base import Strategy
+from astrai.train.strategies.base import Strategy, StrategyInputs
 from astrai.train.strategies.logprobs import (
     frozen_copy,
     join_prompt_response,
@@ -94,8 +94,8 @@ class GRPOStrategy(Strategy):
         self.steps_since_sync = 0
 
     @classmethod
-    def setup_kwargs(cls, prepared: Any) -> dict[str, Any]:
-        c, data = prepared.config, prepared.data
+    def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
+        c, data = inputs.config, inputs.data
         if c.precompute_ref:
             raise ConfigError("precompute_ref applies to --strategy dpo only; drop "
                               "--precompute-ref")
@@ -105,7 +105,7 @@ class GRPOStrategy(Strategy):
                             "(online mode); train it with --strategy online-grpo, or build "
                             "offline groups (records with responses and rewards)")
         return {"clip_eps": c.clip_eps, "kl_coef": c.kl_coef, "sync_interval": c.sync_interval,
-                "pad_id": _pad_id(data), "reference_fn": reference_factory(prepared)}
+                "pad_id": _pad_id(data), "reference_fn": reference_factory(inputs)}
 
     # -- policies ----------------------------------------------------------------------------
     def reference(self) -> nn.Module:

@@ -28,17 +28,18 @@ from torch import nn
 from astrai.errors import ConfigError, DataError
 from astrai.train.rollout.cache import RolloutCache
 from astrai.train.rollout.runner import RolloutConfig, RolloutRunner
+from astrai.train.strategies.base import StrategyInputs
 from astrai.train.strategies.dpo import DPOStrategy, preference_metrics
 from astrai.train.strategies.grpo import GRPOStrategy, _pad_id
 from astrai.train.strategies.logprobs import join_prompt_response, zero_loss
 from astrai.train.strategies.reference import reference_factory
 
 
-def online_setup(prepared: Any) -> dict[str, Any]:
+def online_setup(inputs: StrategyInputs) -> dict[str, Any]:
     """The rollout pieces of an online run: tokenizer, reward, sampling, cadence."""
     from astrai.train.rewards.base import build_reward
 
-    c, data = prepared.config, prepared.data
+    c, data = inputs.config, inputs.data
     if "responses" in data.dataset[0]:
         raise DataError(f"data: {data.path} holds offline response groups; online strategies "
                         "generate their own (use --strategy grpo, or preprocess prompt records "
@@ -51,7 +52,7 @@ def online_setup(prepared: Any) -> dict[str, Any]:
         from astrai.data.tokenizer import Tokenizer
 
         tokenizer = Tokenizer.load(data.tokenizer_dir)
-    reward = build_reward(c.reward or ["exact"], c.reward_weights, device=prepared.device,
+    reward = build_reward(c.reward or ["exact"], c.reward_weights, device=inputs.device,
                           tokenizer_fingerprint=data.fingerprint)
     rollout = RolloutConfig(group_size=c.group_size, max_tokens=c.rollout_max_tokens,
                             temperature=c.rollout_temperature, top_p=c.rollout_top_p,
@@ -60,7 +61,7 @@ def online_setup(prepared: Any) -> dict[str, Any]:
     return {"tokenizer": tokenizer, "reward": reward, "rollout": rollout,
             "rollout_interval": c.rollout_interval, "grad_accum_steps": c.grad_accum_steps,
             "eval_max_tokens": c.eval_max_tokens, "pad_id": _pad_id(data),
-            "reference_fn": reference_factory(prepared)}
+            "reference_fn": reference_factory(inputs)}
 
 
 def _cache(model: nn.Module, tokenizer: Any, reward: Any, rollout: RolloutConfig | None,
@@ -85,9 +86,9 @@ class OnlineGRPOStrategy(GRPOStrategy):
         self.eval_max_tokens = eval_max_tokens
 
     @classmethod
-    def setup_kwargs(cls, prepared: Any) -> dict[str, Any]:
-        c = prepared.config
-        return {**online_setup(prepared), "clip_eps": c.clip_eps, "kl_coef": c.kl_coef}
+    def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
+        c = inputs.config
+        return {**online_setup(inputs), "clip_eps": c.clip_eps, "kl_coef": c.kl_coef}
 
     def loss_units(self, batch):
         self.rollouts.attach(batch)
@@ -174,13 +175,13 @@ class OnlineDPOStrategy(DPOStrategy):
         self.eval_max_tokens = eval_max_tokens
 
     @classmethod
-    def setup_kwargs(cls, prepared: Any) -> dict[str, Any]:
-        c = prepared.config
+    def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
+        c = inputs.config
         if c.precompute_ref:
             raise ConfigError("precompute_ref: online-dpo scores fresh responses every "
                               "rollout; its reference cannot be precomputed (drop "
                               "--precompute-ref)")
-        return {**online_setup(prepared), "beta": c.beta, "loss_type": c.dpo_loss,
+        return {**online_setup(inputs), "beta": c.beta, "loss_type": c.dpo_loss,
                 "reduction": c.dpo_reduction}
 
     def loss_units(self, batch):
