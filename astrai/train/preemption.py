@@ -32,6 +32,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from astrai.train.callbacks.base import Callback
@@ -47,8 +48,9 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class PreemptionGuard:
     """Catches SIGTERM/SIGINT between install() and uninstall() (main thread only)."""
 
-    def __init__(self, signals: tuple[int, ...] = SIGNALS, grace_s: float = 1.0) -> None:
-        self.signals, self.grace_s = tuple(signals), grace_s
+    def __init__(self, signals: tuple[int, ...] = SIGNALS, grace_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.signals, self.grace_s, self.clock = tuple(signals), grace_s, clock
         self.signum: int | None = None
         """The first signal received (None: none yet)."""
         self._first = 0.0
@@ -115,7 +117,7 @@ class PreemptionGuard:
     def notify(self, signum: int) -> None:
         """Record one signal: the first asks for a stop; a later one exits now."""
         with self._lock:
-            now = time.monotonic()
+            now = self.clock()
             if self.signum is None:
                 self.signum, self._first = signum, now
             elif now - self._first >= self.grace_s:
