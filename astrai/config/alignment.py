@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DPOLossType = Literal["sigmoid", "ipo", "hinge"]
 
 
 class AlignmentOptions(BaseModel):
     """Fields shared by TrainConfig for dpo / grpo / reward / online-* runs."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     # -- reference policy (dpo, grpo KL, online-*) ------------------------------------------
     ref_model: str | None = None

@@ -27,7 +27,8 @@ class TrainConfig(AlignmentOptions):
     (astrai/config/alignment.py).
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                              use_attribute_docstrings=True)
 
     # -- what to train -------------------------------------------------------------------
     strategy: str = "seq"

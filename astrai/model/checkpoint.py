@@ -12,13 +12,9 @@ leaves a half checkpoint that looks complete.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +23,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from astrai import __version__
+from astrai.atomic import atomic_dir
 from astrai.errors import CheckpointError
 from astrai.model.config import ModelConfig
 from astrai.model.transformer import Transformer
@@ -37,28 +34,6 @@ META = "meta.json"
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
 )
-
-
-@contextlib.contextmanager
-def atomic_dir(final: str | Path, *, overwrite: bool = True) -> Iterator[Path]:
-    """Yield a temporary directory beside `final`; rename it into place only on success."""
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
-        yield tmp
-        if final.exists():
-            if not overwrite:
-                raise CheckpointError(f"{final}: already exists; choose another path")
-            old = final.with_name(f".{final.name}.old-{os.getpid()}")
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def save_weights(state_dict: dict[str, torch.Tensor], path: str | Path) -> None:

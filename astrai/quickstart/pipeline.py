@@ -175,17 +175,18 @@ def run_quickstart(config: QuickstartConfig, on_event: EventFn | None = None
 
 
 def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult:
+    from astrai.atomic import write_json_atomic
     from astrai.config.preprocess import load_spec
     from astrai.config.train import TrainConfig
     from astrai.data.bpe import SpecialTokens, train_tokenizer
     from astrai.data.builder import build_dataset
     from astrai.data.chat import CHAT_MARKERS
-    from astrai.infer.loading import resolve_device
+    from astrai.device import resolve_device
     from astrai.model.stats import param_counts
     from astrai.train.data import open_train_data
     from astrai.train.model_source import resolve_model
     from astrai.train.plan import windows_per_epoch
-    from astrai.train.run import train, write_json_atomic
+    from astrai.train.run import train
 
     t0 = time.perf_counter()
     stage_s: dict[str, float] = {}

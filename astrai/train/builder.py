@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from astrai.config.train import TrainConfig
+from astrai.device import resolve_device
 from astrai.errors import ConfigError, DataError
 from astrai.train.compile import (
     apply_activation_checkpointing,
@@ -33,7 +34,7 @@ from astrai.train.executors.process_group import check_parallel, expected_world_
 from astrai.train.model_source import ModelSource, resolve_model
 from astrai.train.optim import build_adamw
 from astrai.train.plan import TrainPlan, make_plan
-from astrai.train.precision import Precision, resolve_device, resolve_precision
+from astrai.train.precision import Precision, resolve_precision
 from astrai.train.schedule import SCHEDULERS
 from astrai.train.strategies import STRATEGIES, Strategy, StrategyInputs
 

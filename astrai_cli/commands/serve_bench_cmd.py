@@ -7,10 +7,7 @@ table with a column per backend (stdout) and writes `--json FILE`.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -85,17 +82,9 @@ def write_json(report: dict, path: str) -> None:
     if path == "-":
         sys.stdout.write(text)
         return
-    dst = Path(path)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    # Written beside the target and renamed: never a half-written file.
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from astrai.atomic import write_text_atomic
+
+    write_text_atomic(path, text)  # never a half-written file
 
 
 def _backends(backend: str | None, compare: str | None) -> list[str | None]:

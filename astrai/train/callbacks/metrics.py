@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from astrai.atomic import write_text_atomic
 from astrai.train.callbacks.base import Callback
 from astrai.train.flops import measure_peak_flops, mfu, train_flops_per_token
 
@@ -37,9 +38,7 @@ def truncate_after(path: Path, step: int) -> None:
             continue  # a line cut by a kill
         if rec.get("step", 0) <= step:
             keep.append(line)
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(k + "\n" for k in keep))
-    tmp.replace(path)
+    write_text_atomic(path, "".join(k + "\n" for k in keep))
 
 
 def memory_mb(device: torch.device) -> float:
