@@ -1,8 +1,8 @@
 """Options of the preference and RL strategies (dpo, grpo, reward, online-grpo, online-dpo).
 
 `TrainConfig` inherits these fields, so they are flat train options like the others: a
-config file key `beta: 0.2` and the flag `--beta 0.2` set the same field. Defaults follow
-seeds/training.md ("DPO", "GRPO", "Online Rollout"): beta 0.1 with reduction "sum",
+config file key `beta: 0.2` and the flag `--beta 0.2` set the same field. Defaults
+(docs/alignment.md): beta 0.1 with reduction "sum" (the DPO paper's sequence log-prob),
 group_size 4, clip_eps 0.2, kl_coef 0.01.
 """
 
@@ -35,7 +35,7 @@ class AlignmentOptions(BaseModel):
     """sigmoid (DPO, Rafailov et al. 2023), ipo (Azar et al. 2023), hinge (SLiC, Zhao et
     al. 2023)."""
     dpo_reduction: Literal["sum", "mean"] = "sum"
-    """How a response's token log-probs combine: sum (the seeds) or mean (length-normalised)."""
+    """How a response's token log-probs combine: sum (the DPO paper) or mean (length-normalised)."""
 
     # -- GRPO --------------------------------------------------------------------------------
     group_size: int = Field(4, ge=2)

@@ -138,7 +138,7 @@ class PreprocessSpec(_Strict):
 
     @property
     def has_loss_mask(self) -> bool:
-        """seeds/internals.md "text config detection": all-train, no template -> no mask."""
+        """A text spec with no template and no sections trains on every token (no mask)."""
         secs = self.resolved_sections
         return any(s.template or s.action != "train" for s in secs)
 

@@ -1,6 +1,6 @@
 """Chat templates: rendering, and splitting a conversation into per-message segments.
 
-The mask algorithm of seeds/internals.md ("Mask Algorithm Internals", template mode) renders
+The mask algorithm of template mode (docs/spec-reference.md) renders
 each message through the chat template and masks it by role. Rendering a message *alone*
 breaks templates that inject text on every render (a default system prompt, a BOS per
 render), so we render growing prefixes and take differences instead:

@@ -1,6 +1,6 @@
 """Records -> token arrays and loss masks, per kind (runs in the tokenization workers).
 
-Masking follows seeds/internals.md ("Mask Algorithm Internals"):
+Masking (docs/spec-reference.md):
 * template mode: BOS prepended (masked) unless the template writes it; the conversation is
   cut into per-message segments (`astrai.data.chat`) and each is masked by its role's rule.
   An assistant turn's generation prompt is masked; its body is trained up to and including

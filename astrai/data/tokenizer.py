@@ -214,7 +214,7 @@ class Tokenizer:
                              special=self.template_vars)
 
     def needs_bos(self, first_text: str) -> bool:
-        """Template mode prepends BOS (seeds/internals.md) unless the template wrote it."""
+        """Template mode prepends BOS (docs/spec-reference.md) unless the template wrote it."""
         return self.bos_id is not None and not first_text.startswith(self.bos_token or "\0")
 
     def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True

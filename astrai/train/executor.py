@@ -30,6 +30,12 @@ OptimizerFn = Callable[[nn.Module], torch.optim.Optimizer]
 SchedulerFn = Callable[[torch.optim.Optimizer], Any]
 
 
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module inside a DDP wrapper (.module); FSDP2's fully_shard and an unwrapped
+    model are returned as they are."""
+    return getattr(model, "module", model)
+
+
 class Executor:
     """Single-process base; every method has the meaning a distributed one must keep."""
 
@@ -71,8 +77,7 @@ class Executor:
 
     def unwrap(self, model: nn.Module | None = None) -> nn.Module:
         """The plain model under any wrapper (for state dicts and evaluation)."""
-        model = model if model is not None else self.model
-        return getattr(model, "module", model)
+        return unwrap(model if model is not None else self.model)
 
     # -- the step ---------------------------------------------------------------------------
     def grad_sync(self, model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:

@@ -65,9 +65,6 @@ class FSDPExecutor(DistributedExecutor):
             model.set_reduce_scatter_unused_params(True)
         return model
 
-    def unwrap(self, model: nn.Module | None = None) -> nn.Module:
-        return model if model is not None else self.model  # fully_shard wraps in place
-
     @contextlib.contextmanager
     def _no_sync(self, model: FSDPModule):
         model.set_requires_gradient_sync(False)  # recurse=True: every sharded block

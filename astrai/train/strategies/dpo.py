@@ -1,11 +1,12 @@
-"""DPO: preference optimisation against a frozen reference (seeds/training.md "DPO").
+"""DPO: preference optimisation against a frozen reference (Rafailov et al. 2023,
+"Direct Preference Optimization").
 
     h = [log pi(y_w|x) - log pi_ref(y_w|x)] - [log pi(y_l|x) - log pi_ref(y_l|x)]
     sigmoid  L = -log sigmoid(beta h)             (Rafailov et al. 2023, eq. 7)
     ipo      L = (h - 1 / (2 beta))^2             (Azar et al. 2023, eq. 17)
     hinge    L = max(0, 1 - beta h)               (SLiC-HF, Zhao et al. 2023)
 
-A response's log-prob is the *sum* of its token log-probs (the seeds' reduction "sum";
+A response's log-prob is the *sum* of its token log-probs (the DPO paper's; reduction "sum";
 "mean" divides by its length). The loss is a mean over pairs (units = pairs). Implicit
 rewards beta * log(pi/pi_ref) of the chosen and rejected responses give the metrics
 (chosen/rejected reward, margin, accuracy = share of pairs ranked correctly).

@@ -1,4 +1,5 @@
-"""GRPO: token-level PPO with group-normalised advantages (seeds/training.md "GRPO").
+"""GRPO: token-level PPO with group-normalised advantages (Shao et al. 2024,
+"DeepSeekMath", section 4).
 
     A_i   = (r_i - mean_g r) / (std_g r + eps)              one scalar per response,
                                                             broadcast over its tokens
@@ -12,7 +13,7 @@ deviation of the group (a group with equal rewards has zero advantages).
 
 Offline (`grpo`): groups come from the dataset (prompts [B, P], responses [B, G, R], masks,
 rewards [B, G]). old_model is synced with the policy every `sync_interval` optimizer steps
-(seeds: "synced externally between data-generation rounds"); with sync_interval 1 the old
+(as PPO syncs its behaviour policy between data-generation rounds); with sync_interval 1 the old
 policy *is* the current one, so pi_old = pi.detach() and no copy is kept. The online
 variant (`astrai.train.strategies.online`) feeds rollouts through the same loss.
 """
@@ -114,7 +115,7 @@ class GRPOStrategy(Strategy):
         return self._reference
 
     def sync_old_model(self) -> None:
-        """old_model <- policy (the seeds' sync between data-generation rounds)."""
+        """old_model <- policy (a sync between data-generation rounds)."""
         if self.old_model is not None:
             copy_weights(self.old_model, unwrap(self.model))
         self.steps_since_sync = 0

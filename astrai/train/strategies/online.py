@@ -1,5 +1,5 @@
 """online-grpo and online-dpo: the GRPO and DPO losses on fresh rollouts of the policy
-(seeds/training.md "Online Rollout").
+(online RL, docs/alignment.md).
 
 Both train on grpo datasets in online mode (rendered prompts + reference answers). A
 RolloutRunner generates `group_size` responses per prompt with the inference engine and
