@@ -72,7 +72,29 @@ def _cache(model: nn.Module, tokenizer: Any, reward: Any, rollout: RolloutConfig
                         grad_accum_steps=grad_accum_steps, pad_id=pad_id)
 
 
-class OnlineGRPOStrategy(GRPOStrategy):
+class OnlineRollouts:
+    """What both online strategies do with their rollout cache (`self.rollouts`):
+    validation on fresh rollouts, and the cache's state in every checkpoint."""
+
+    rollouts: RolloutCache
+    eval_max_tokens: int | None
+
+    @torch.no_grad()
+    def evaluate_batch(self, batch, byte_lengths):
+        return self.rollouts.evaluate(batch, self.eval_max_tokens)
+
+    def eval_summary(self, sums):
+        return RolloutCache.eval_summary(sums)
+
+    def state_dict(self):
+        return {"rollouts": self.rollouts.state_dict()}
+
+    def load_state_dict(self, state):
+        if "rollouts" in state:
+            self.rollouts.load_state_dict(state["rollouts"])
+
+
+class OnlineGRPOStrategy(OnlineRollouts, GRPOStrategy):
     required_keys = ("prompts", "prompt_mask")
 
     def __init__(self, model: nn.Module, *, tokenizer: Any = None, reward: Any = None,
@@ -125,20 +147,6 @@ class OnlineGRPOStrategy(GRPOStrategy):
     def on_optimizer_step(self) -> None:
         pass  # no old_model copy: the behaviour log-probs live with each rollout
 
-    @torch.no_grad()
-    def evaluate_batch(self, batch, byte_lengths):
-        return self.rollouts.evaluate(batch, self.eval_max_tokens)
-
-    def eval_summary(self, sums):
-        return RolloutCache.eval_summary(sums)
-
-    def state_dict(self):
-        return {"rollouts": self.rollouts.state_dict()}
-
-    def load_state_dict(self, state):
-        if "rollouts" in state:
-            self.rollouts.load_state_dict(state["rollouts"])
-
 
 def best_worst_pairs(batch: dict[str, Any], pad_id: int) -> dict[str, torch.Tensor]:
     """Per prompt, (prompt + best response, prompt + worst response) as dpo rows; groups
@@ -157,7 +165,7 @@ def best_worst_pairs(batch: dict[str, Any], pad_id: int) -> dict[str, torch.Tens
     return out
 
 
-class OnlineDPOStrategy(DPOStrategy):
+class OnlineDPOStrategy(OnlineRollouts, DPOStrategy):
     dataset_kinds = ("grpo",)
     required_keys = ("prompts", "prompt_mask")
 
@@ -212,17 +220,3 @@ class OnlineDPOStrategy(DPOStrategy):
         losses, cr, rr, aux = self.pair_losses(batch)
         metrics.update(preference_metrics(cr, rr, self.name))
         return losses.sum(), prompts, aux, metrics
-
-    @torch.no_grad()
-    def evaluate_batch(self, batch, byte_lengths):
-        return self.rollouts.evaluate(batch, self.eval_max_tokens)
-
-    def eval_summary(self, sums):
-        return RolloutCache.eval_summary(sums)
-
-    def state_dict(self):
-        return {"rollouts": self.rollouts.state_dict()}
-
-    def load_state_dict(self, state):
-        if "rollouts" in state:
-            self.rollouts.load_state_dict(state["rollouts"])
