@@ -113,7 +113,7 @@ def train_run(out: Path, **kw: Any) -> list[dict]:
 
 
 def run_demo(out: str | Path, *, n_train: int = 600, n_val: int = 64, copy_steps: int = 450,
-             noisy_steps: int = 120, rl_steps: int = 20, eval_interval: int = 5,
+             copy_lr: float = 3e-3, noisy_steps: int = 120, rl_steps: int = 20, eval_interval: int = 5,
              group_size: int = 8, batch_size: int = 16, rl_lr: float = 1e-3, seed: int = 0,
              strategies: tuple[str, ...] = ("online-grpo", "online-dpo")) -> dict[str, Any]:
     """sft on clean copies, then on noisy ones (the start), then each online strategy from
@@ -125,7 +125,7 @@ def run_demo(out: str | Path, *, n_train: int = 600, n_val: int = 64, copy_steps
     sft = {"strategy": "sft", "batch_size": 32, "schedule": "wsd", "wsd_decay_ratio": 0.05,
            "epochs": 1000, "seed": seed}
     train_run(out / "sft-clean", data=str(data["clean"]), model="tiny", model_overrides=TINY,
-              max_steps=copy_steps, max_lr=1e-2, **sft)
+              max_steps=copy_steps, max_lr=copy_lr, **sft)
     copied = out / "sft-clean" / "checkpoints" / f"step_{copy_steps}"
     train_run(out / "sft-noisy", data=str(data["noisy"]), model=str(copied),
               max_steps=noisy_steps, max_lr=5e-3, **sft)

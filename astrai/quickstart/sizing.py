@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from astrai import threads
 from astrai.model.config import ModelConfig
 
 
@@ -63,24 +64,14 @@ def _measure(config: ModelConfig, batch_size: int, seq_len: int, device: torch.d
 def fastest_threads(config: ModelConfig, batch_size: int, seq_len: int, *,
                     device: torch.device, seed: int = 0) -> tuple[int, float]:
     """(intra-op threads, seconds per step) of the faster of one thread and the current
-    count, measured. On a CPU shared with other work, OpenMP threads that wait for a
-    descheduled sibling can make two threads several times slower than one (measured on
-    this project's loaded 2-core machine: 6.2 s against 0.53 s per step); on an idle
-    machine all cores win. The thread count is left as it was found."""
-    current = torch.get_num_threads()
-    if device.type != "cpu" or current == 1:
-        return current, measure_step_seconds(config, batch_size, seq_len, device=device,
-                                             seed=seed)
-    times = {}
-    try:
-        for n in (current, 1):
-            torch.set_num_threads(n)
-            times[n] = measure_step_seconds(config, batch_size, seq_len, device=device,
-                                            seed=seed)
-    finally:
-        torch.set_num_threads(current)
-    best = min(times, key=times.get)
-    return best, times[best]
+    count, measured on the run's own step (astrai.threads explains why one thread can win).
+    The thread count is left as it was found."""
+    def step() -> float:
+        return measure_step_seconds(config, batch_size, seq_len, device=device, seed=seed)
+
+    if device.type != "cpu":
+        return torch.get_num_threads(), step()
+    return threads.fastest_threads(step)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,8 @@ class TrainSummary:
     """Stopped by SIGTERM/SIGINT at a step boundary, with a checkpoint of that step."""
     rank: int = 0
     """The process that returned this summary (only rank 0's is shown)."""
+    steps_run: int = 0
+    """Optimizer steps this invocation ran (0: a resumed run that had already finished)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,19 +104,20 @@ def _execute(ctx: TrainContext, callbacks: list[Callback], states: dict[str, Any
     for cb in callbacks:
         if cb.name in states:
             cb.load_state_dict(states[cb.name])
-    t0, start_tokens = time.perf_counter(), ctx.state.consumed_tokens
+    t0, start_tokens, start_step = time.perf_counter(), ctx.state.consumed_tokens, ctx.state.step
     Trainer(ctx, callbacks).train()
+    steps_run = ctx.state.step - start_step
     elapsed = time.perf_counter() - t0
     ckpt = ctx.paths.ckpt_dir / f"step_{ctx.state.step}"
     return TrainSummary(
         run_dir=str(ctx.paths.run_dir), checkpoint=str(ckpt) if ckpt.is_dir() else None,
         steps=ctx.state.step, total_steps=ctx.total_steps, epoch=ctx.state.epoch,
         consumed_samples=ctx.state.consumed_samples, consumed_tokens=ctx.state.consumed_tokens,
-        final_loss=ctx.step_loss if ctx.state.step else None, elapsed_s=round(elapsed, 3),
+        final_loss=ctx.step_loss if steps_run else None, elapsed_s=round(elapsed, 3),
         tokens_per_s=round((ctx.state.consumed_tokens - start_tokens) / max(elapsed, 1e-9), 1),
         resumed_from=resumed_from, skipped_steps=ctx.state.skipped_steps,
         validation=dict(ctx.last_eval), warnings=list(ctx.errors),
-        preempted=ctx.stop_reason is not None, rank=ctx.executor.rank,
+        preempted=ctx.stop_reason is not None, rank=ctx.executor.rank, steps_run=steps_run,
     )
 
 

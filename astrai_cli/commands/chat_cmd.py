@@ -19,6 +19,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from astrai_cli.options import threads_option, use_threads
+
 
 @contextlib.contextmanager
 def sigint_sets(flag: threading.Event) -> Iterator[None]:
@@ -28,6 +30,41 @@ def sigint_sets(flag: threading.Event) -> Iterator[None]:
         yield
         return
     prev = signal.signal(signal.SIGINT, lambda *_: flag.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, prev)
+
+
+@contextlib.contextmanager
+def no_echo(fd: int | None) -> Iterator[None]:
+    """While inside, keys typed on the terminal `fd` are not echoed, so text typed while a
+    reply streams does not land in the middle of it; it stays in the input queue and shows
+    at the next prompt (type-ahead, as in a shell). No-op when `fd` is None."""
+    if fd is None:
+        yield
+        return
+    import termios
+
+    old = termios.tcgetattr(fd)
+    new = list(old)
+    new[3] &= ~termios.ECHO  # local modes
+    termios.tcsetattr(fd, termios.TCSANOW, new)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, old)
+
+
+@contextlib.contextmanager
+def sigint_raises() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt inside, whatever the process inherited: started with
+    SIGINT ignored (`nohup cmd &`, some CI wrappers), Python keeps ignoring it and Ctrl-C
+    at the prompt would do nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    prev = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
@@ -86,7 +123,8 @@ def run_interactive(session: Any, err: Console, history_file: Path | None, title
                 err.print(f"[{'red' if res.error else 'cyan'}]{escape(res.message)}[/]")
             return not res.exit
         stop = threading.Event()
-        with sigint_sets(stop):  # from here on Ctrl-C stops this reply only
+        # from here on Ctrl-C stops this reply only, and typed keys are not echoed into it
+        with sigint_sets(stop), no_echo(sys.stdin.fileno() if tty else None):
             try:
                 reply = session.reply(session.unescape(text))
             except AstraiError as e:
@@ -103,18 +141,19 @@ def run_interactive(session: Any, err: Console, history_file: Path | None, title
             err.print("[dim](reply cut at max_tokens or the context length)[/]")
         return True
 
-    try:
-        while True:
-            try:
-                if not turn():
-                    break
-            except KeyboardInterrupt:  # outside a reply: no engine step is running
-                sys.stdout.write("\n")
-                err.print("[dim](Ctrl-C at the prompt: type /exit or Ctrl-D to leave)[/]")
-    finally:
-        if readline is not None and history_file is not None:
-            with contextlib.suppress(OSError):
-                readline.write_history_file(str(history_file))
+    with sigint_raises():
+        try:
+            while True:
+                try:
+                    if not turn():
+                        break
+                except KeyboardInterrupt:  # outside a reply: no engine step is running
+                    sys.stdout.write("\n")
+                    err.print("[dim](Ctrl-C at the prompt: type /exit or Ctrl-D to leave)[/]")
+        finally:
+            if readline is not None and history_file is not None:
+                with contextlib.suppress(OSError):
+                    readline.write_history_file(str(history_file))
 
 
 def register(app: typer.Typer) -> None:
@@ -155,6 +194,7 @@ def register(app: typer.Typer) -> None:
         history_file: Annotated[Path | None, typer.Option(
             "--history-file", help="Keep input history across sessions in this file.")
         ] = None,
+        threads: Annotated[str | None, threads_option()] = None,
     ) -> None:
         """Chat with a model: streamed replies, /set, /system, /reset, /stats, /exit."""
         from astrai.infer.chat_session import open_chat
@@ -162,6 +202,7 @@ def register(app: typer.Typer) -> None:
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed)  # invalid values: exit 2 here
+        use_threads(threads)
         err = Console(stderr=True, highlight=False, soft_wrap=True)
         text = None
         if prompt is not None:

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from astrai_cli.commands.train_cmd import LAUNCH_HELP, finish, launch_options
+from astrai_cli.options import threads_option, use_threads
 
 
 def register(app: typer.Typer) -> None:
@@ -23,6 +24,7 @@ def register(app: typer.Typer) -> None:
                                                     show_default=False)] = None,
         shutdown_timeout: Annotated[int | None, typer.Option(
             help=LAUNCH_HELP["shutdown_timeout"], show_default=False)] = None,
+        threads: Annotated[str | None, threads_option()] = None,
     ) -> None:
         """Continue a run from its newest complete checkpoint: weights, optimizer, scheduler,
         data position, RNG states and counters come back, so the result equals an
@@ -31,6 +33,7 @@ def register(app: typer.Typer) -> None:
 
         launch = launch_options({"rdzv_endpoint": rdzv_endpoint, "rdzv_id": rdzv_id,
                                  "shutdown_timeout": shutdown_timeout})
+        use_threads(threads)
         err = Console(stderr=True)
-        summary = launch_resume(run_dir, launch=launch, progress=err.is_terminal, console=err)
+        summary = launch_resume(run_dir, launch=launch, progress=True, console=err)
         finish(summary, as_json)

@@ -14,6 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from astrai_cli.options import threads_option, use_threads
+
 # (label, key, format) rows of the table, in sections; None formats skip the row when the
 # value is None in every run.
 SECTIONS: list[tuple[str, list[tuple[str, str, str]]]] = [
@@ -152,8 +154,7 @@ def register(app: typer.Typer) -> None:
             "turn: one column each.")] = None,
         device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N.")
                           ] = "auto",
-        threads: Annotated[int | None, typer.Option(
-            "--threads", help="CPU threads for torch (default: torch's choice).")] = None,
+        threads: Annotated[str | None, threads_option()] = None,
         dtype: Annotated[str, typer.Option(
             "--dtype", help="auto | float32 | bfloat16 | float16.")] = "auto",
         page_size: Annotated[int, typer.Option("--page-size", help="KV page size.")] = 16,
@@ -185,7 +186,8 @@ def register(app: typer.Typer) -> None:
             request_rate=parse_rate(request_rate), burstiness=burstiness,
             max_concurrency=max_concurrency, seed=seed, warmup=warmup,
             temperature=temperature, ignore_eos=not stop_at_eos, slos=parse_slos(goodput),
-            backends=_backends(backend, compare_backends), device=device, threads=threads,
+            backends=_backends(backend, compare_backends), device=device,
+            threads=None if threads is None else use_threads(threads),
             dtype=None if dtype == "auto" else dtype,
             cache=CacheConfig(page_size=page_size, max_kv_tokens=max_kv_tokens,
                               max_requests=max_requests, radix=not no_radix,

@@ -12,11 +12,13 @@ import json
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from astrai_cli.options import threads_option, use_threads
 
 # Extra spellings, as some training launchers name these options.
 ALIASES = {
@@ -171,7 +173,13 @@ def render_plan(plan: dict[str, Any], console: Console) -> None:
 def render_summary(s: dict[str, Any], console: Console) -> None:
     title = "training resumed and finished" if s.get("resumed_from") else "training finished"
     if s.get("preempted"):
-        title = "training stopped (preempted); continue with astrai resume"
+        title = "training stopped (preempted)"
+    elif s.get("resumed_from") and not s.get("steps_run"):
+        console.print(f"nothing to resume: {s['run_dir']} already finished at step "
+                      f"{s['steps']:,} / {s['total_steps']:,} (checkpoint {s['checkpoint']}). "
+                      "To train further, start a new run from that checkpoint with "
+                      "astrai train --model CHECKPOINT.", soft_wrap=True)
+        return
     t = Table(title=title, title_justify="left", show_header=False)
     t.add_column(style="bold")
     t.add_column()
@@ -190,6 +198,8 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
     for k, v in rows:
         t.add_row(k, str(v))
     console.print(t)
+    if s.get("preempted"):
+        console.print(f"continue with: astrai resume {s['run_dir']}", soft_wrap=True)
 
 
 def emit(result: dict[str, Any], as_json: bool, render) -> None:
@@ -252,7 +262,7 @@ def register(app: typer.Typer) -> None:
     params, kinds = config_options()
 
     def train_cmd(config: Path | None = None, dry_run: bool = False, as_json: bool = False,
-                  **values: Any) -> None:
+                  threads: str | None = None, **values: Any) -> None:
         """Train a model: a dataset directory + a preset/config/checkpoint -> a run directory
         with metrics.jsonl and checkpoints/step_N (each one a self-contained checkpoint)."""
         from astrai.config.train import load_train_config
@@ -264,8 +274,9 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             emit(plan_run(cfg).to_dict(), as_json, render_plan)
             return
+        use_threads(threads)
         err = Console(stderr=True)
-        summary = launch_train(cfg, launch=launch, progress=err.is_terminal, console=err)
+        summary = launch_train(cfg, launch=launch, progress=True, console=err)
         finish(summary, as_json)
 
     own = [
@@ -281,6 +292,8 @@ def register(app: typer.Typer) -> None:
         inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                           default=typer.Option(False, "--json", rich_help_panel="Run",
                                                help="Print the summary (or plan) as JSON.")),
+        inspect.Parameter("threads", inspect.Parameter.KEYWORD_ONLY, default=None,
+                          annotation=Annotated[str | None, threads_option("Run")]),
     ]
     train_cmd.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         own + params + launch_params())

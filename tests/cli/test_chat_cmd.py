@@ -48,7 +48,8 @@ def greedy(model, tok, ids, n):
 
 def test_prompt_prints_exactly_the_reply(ckpt):
     path, model, tok = ckpt
-    args = ["chat", str(path), "--temperature", "0", "--max-tokens", "7", "--device", "cpu"]
+    args = ["chat", str(path), "--temperature", "0", "--max-tokens", "7", "--device", "cpu",
+            "--threads", "1"]
     r = runner.invoke(app, [*args, "--prompt", "Hello there", "--system", "Be brief."])
     assert r.exit_code == 0, r.output
     ids = tok.encode_chat([{"role": "system", "content": "Be brief."},
@@ -109,23 +110,27 @@ class Pty:
 
     # In its own session, the child makes the tty its controlling terminal before exec'ing
     # the command, so Ctrl-C typed on the tty sends it SIGINT as a shell would.
-    ADOPT_TTY = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
-                 "os.execv(sys.executable, [sys.executable] + sys.argv[1:])")
+    ADOPT_TTY = "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    EXEC = "os.execv(sys.executable, [sys.executable] + sys.argv[1:])"
+    # `nohup cmd &` and some CI wrappers start processes with SIGINT ignored, which survives
+    # exec: the chat must still answer Ctrl-C.
+    IGNORE_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
 
-    def __init__(self, args):
+    def __init__(self, args, ignore_sigint=False):
         self.master, slave = os.openpty()
-        self.proc = subprocess.Popen([sys.executable, "-c", self.ADOPT_TTY, *args], stdin=slave,
-                                     stdout=slave, stderr=slave, env=ENV,
-                                     start_new_session=True)
+        script = self.ADOPT_TTY + (self.IGNORE_SIGINT if ignore_sigint else "") + self.EXEC
+        self.proc = subprocess.Popen([sys.executable, "-c", script, *args], stdin=slave,
+                                     stdout=slave, stderr=slave, env=ENV, start_new_session=True)
         os.close(slave)
         self.buf = ""
+        self.before = ""  # what the last expect() skipped over
 
     def expect(self, pattern, timeout=120.0):
         end = time.monotonic() + timeout
         while True:
             m = re.search(pattern, self.buf)
             if m:
-                self.buf = self.buf[m.end():]
+                self.before, self.buf = self.buf[:m.start()], self.buf[m.end():]
                 return m
             left = end - time.monotonic()
             if left <= 0 or self.proc.poll() is not None and not self._ready(0):
@@ -165,9 +170,10 @@ class Pty:
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
-def test_interactive_session_in_a_pseudo_terminal(ckpt):
+@pytest.mark.parametrize("ignore_sigint", [False, True], ids=["sigint-default", "sigint-ignored"])
+def test_interactive_session_in_a_pseudo_terminal(ckpt, ignore_sigint):
     tty = Pty(["-m", "astrai_cli.main", "chat", str(ckpt[0]), "--device", "cpu",
-               "--temperature", "0"])
+               "--temperature", "0"], ignore_sigint=ignore_sigint)
     try:
         tty.expect(r">>> ")
         tty.send("/set max_tokens 6\n")
@@ -193,8 +199,10 @@ def test_interactive_session_in_a_pseudo_terminal(ckpt):
         tty.send("Tell me everything\n")
         tty.expect(r"Tell me everything\r?\n")  # the terminal's echo: not yet read
         tty.expect(r"\S")  # the reply streams: the program is inside it
+        tty.send("QQXQQ")  # typed during the reply: not echoed into it
         tty.send("\x03")  # Ctrl-C stops the reply, not the program
         tty.expect(r"\(reply stopped\)")
+        assert "QQXQQ" not in tty.before
         tty.expect(r">>> ")
         tty.send("/stats\n")
         tty.expect(r"finish: abort")

@@ -53,6 +53,7 @@ def test_train_writes_run_dir_and_json_summary(datasets, tmp_path, strategy):
     assert r.exit_code == 0, r.output
     s = json.loads(r.stdout)
     assert s["steps"] == 3 and s["checkpoint"].endswith("step_3")
+    assert "step 3/3 (100%) · loss" in r.stderr  # stderr is not a terminal: plain lines
     assert set(s["validation"]) == {"val_loss", "val_ppl", "val_bpb"}
     ckpt = out / "checkpoints" / "step_3"
     for f in ("model.safetensors", "config.json", "tokenizer.json", "meta.json",
@@ -180,3 +181,23 @@ def test_kill9_then_astrai_resume_is_bit_identical(datasets, tmp_path):
                 map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
 
     assert losses(out) == losses(straight)
+    # a finished run: resume says so instead of reporting a zero-step "training"
+    r = invoke("resume", straight)
+    assert r.exit_code == 0, r.output
+    assert f"nothing to resume: {straight} already finished at step 6 / 6" in " ".join(
+        r.stdout.split())
+
+
+def test_preempted_summary_names_the_resume_command():
+    import io
+
+    from rich.console import Console
+
+    from astrai_cli.commands.train_cmd import render_summary
+
+    buf = io.StringIO()
+    render_summary({"run_dir": "runs/x", "checkpoint": "runs/x/checkpoints/step_4", "steps": 4,
+                    "total_steps": 9, "final_loss": 1.5, "consumed_tokens": 10,
+                    "elapsed_s": 1.0, "tokens_per_s": 10.0, "preempted": True, "steps_run": 4},
+                   Console(file=buf, width=200))
+    assert "continue with: astrai resume runs/x" in buf.getvalue()

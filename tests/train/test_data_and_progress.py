@@ -51,11 +51,18 @@ def test_sft_sample_targets_follow_loss_mask(ds):
     assert 0 < int(s["loss_mask"].sum()) < len(s["loss_mask"])
 
 
-def test_progress_bar_only_on_a_terminal(tiny_config):
-    quiet, loud = io.StringIO(), io.StringIO()
+def test_progress_bar_on_a_terminal_plain_lines_elsewhere(tiny_config):
+    quiet, every, loud = io.StringIO(), io.StringIO(), io.StringIO()
     train(tiny_config(out=str(tiny_config().out) + "-q", max_steps=2), data=make_data(n=8),
-          callbacks=[ProgressCallback(Console(file=quiet, force_terminal=False))])
-    assert quiet.getvalue() == ""
+          callbacks=[ProgressCallback(Console(file=quiet, force_terminal=False),
+                                      interval_s=3600)])
+    lines = quiet.getvalue().splitlines()  # not a terminal: a line at the last step only
+    assert len(lines) == 1 and lines[0].startswith("step 2/2 (100%) · loss "), lines
+    assert lines[0].endswith("ETA 0s") and "tok/s" in lines[0]
+    train(tiny_config(out=str(tiny_config().out) + "-e", max_steps=3), data=make_data(n=8),
+          callbacks=[ProgressCallback(Console(file=every, force_terminal=False), interval_s=0)])
+    assert [x.split(" (")[0] for x in every.getvalue().splitlines()] == [
+        "step 1/3", "step 2/3", "step 3/3"]
     train(tiny_config(max_steps=2), data=make_data(n=8),
           callbacks=[ProgressCallback(Console(file=loud, force_terminal=True, width=150))])
     out = loud.getvalue()
@@ -73,3 +80,11 @@ def test_seq_doc_mask_uses_documents_and_positions():
     want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["target_ids"].flatten())
     torch.testing.assert_close(masked.float(), want, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(plain, masked)
+
+
+def test_progress_line_format():
+    from astrai.train.callbacks.progress import progress_line
+
+    assert progress_line(120, 696, 2.34561, 1e-3, 1234.4, 0.5) == (
+        "step 120/696 (17%) · loss 2.3456 · lr 1.00e-03 · 1,234 tok/s · ETA 4m48s")
+    assert progress_line(0, 10_000, 9.0, 3e-4, 10.0, 2.0).endswith("ETA 5h33m")

@@ -72,3 +72,35 @@ def test_validation_loss_ppl_and_bits_per_byte(tiny_config, tmp_path):
     assert last["val_ppl"] == pytest.approx(math.exp(float(nll) / n), rel=1e-5)
     assert last["val_bpb"] == pytest.approx(float(nll) / math.log(2) / nbytes, rel=1e-5)
     assert s.validation == {k: last[k] for k in ("val_loss", "val_ppl", "val_bpb")}
+
+
+def test_mfu_peak_is_measured_again_when_a_step_beats_it():
+    """A peak measured at a slow moment (a busy machine) is taken again once a step appears
+    to beat it, so MFU stays a fraction; a given peak is never re-measured."""
+    from astrai.train.flops import DevicePeak
+
+    later = iter([3e9, 8e9, 9e9])
+    peak = DevicePeak(1e9, lambda: next(later))
+    assert peak.mfu(0.5e9) == 0.5  # below the peak: nothing measured
+    assert peak.mfu(4e9) == 4e9 / 8e9  # two measurements until the peak exceeds the step
+    assert peak.flops == 8e9 and peak.remeasures_left == 1
+    slow = DevicePeak(1e9, lambda: 1e9, remeasure=2)
+    assert slow.mfu(2e9) == 2.0  # still above after fresh measurements: reported as is
+    assert DevicePeak(1e9).mfu(2e9) == 2.0  # --peak-tflops is taken at its word
+
+
+def test_measured_peak_is_per_thread_count():
+    import torch
+
+    from astrai.train.flops import _timed_matmul, measure_peak_flops
+
+    threads = torch.get_num_threads()
+    _timed_matmul.cache_clear()
+    try:
+        torch.set_num_threads(1)
+        measure_peak_flops("cpu", torch.float32, 64, 0.01)
+        torch.set_num_threads(2)
+        measure_peak_flops("cpu", torch.float32, 64, 0.01)
+    finally:
+        torch.set_num_threads(threads)
+    assert _timed_matmul.cache_info().currsize == 2

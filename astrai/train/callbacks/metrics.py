@@ -23,7 +23,7 @@ import torch
 
 from astrai.atomic import write_text_atomic
 from astrai.train.callbacks.base import Callback
-from astrai.train.flops import measure_peak_flops, mfu, train_flops_per_token
+from astrai.train.flops import DevicePeak, measure_peak_flops, time_matmul, train_flops_per_token
 
 
 def truncate_after(path: Path, step: int) -> None:
@@ -62,12 +62,16 @@ class MetricsCallback(Callback):
     # -- lifecycle ----------------------------------------------------------------------------
     def on_train_begin(self, ctx) -> None:
         dev = ctx.executor.device
+        dtype = torch.bfloat16 if ctx.executor.precision.name.startswith("bf16") \
+            else torch.float32
+        # Wide enough to come near the device's best matmul rate (a narrow one reads low and
+        # makes MFU read high).
+        n = 2048 if dev.type == "cpu" else 8192
         if self.peak_tflops:
-            self.peak = self.peak_tflops * 1e12
+            self.peak = DevicePeak(self.peak_tflops * 1e12)
         else:
-            dtype = torch.bfloat16 if ctx.executor.precision.name.startswith("bf16") \
-                else torch.float32
-            self.peak = measure_peak_flops(str(dev), dtype)
+            self.peak = DevicePeak(measure_peak_flops(str(dev), dtype, n),
+                                   lambda: time_matmul(str(dev), dtype, n))
         self.flops_per_token = train_flops_per_token(ctx.model_config, ctx.seq_len)
         self._t0 = time.perf_counter()
         if ctx.is_main:
@@ -86,7 +90,7 @@ class MetricsCallback(Callback):
             "loss": _clean(ctx.step_loss), "lr": ctx.lr, "grad_norm": _clean(ctx.grad_norm),
             "tokens": tokens, "loss_tokens": ctx.window_units,
             "tokens_per_s": round(tps, 2),
-            "mfu": round(mfu(tps, self.flops_per_token, self.peak * ctx.world_size), 6),
+            "mfu": round(self.peak.mfu(tps * self.flops_per_token / ctx.world_size), 6),
             "memory_mb": round(memory_mb(ctx.executor.device), 1),
             "consumed_samples": ctx.state.consumed_samples,
             "consumed_tokens": ctx.state.consumed_tokens,

@@ -1,4 +1,8 @@
-"""Progress bar (rich) on stderr: step, loss, lr, tokens/s, ETA. Only on a terminal."""
+"""Progress on stderr: step, loss, lr, tokens/s, ETA.
+
+On a terminal, a live rich bar; elsewhere (a log file, CI, a pipe, `nohup`), one plain line
+every `interval_s` seconds and at the last step, so a long run is never silent.
+"""
 
 from __future__ import annotations
 
@@ -20,15 +24,23 @@ from astrai.train.callbacks.base import Callback
 class ProgressCallback(Callback):
     name = "progress"
 
-    def __init__(self, console: Console | None = None) -> None:
+    def __init__(self, console: Console | None = None, interval_s: float = 30.0) -> None:
         self.console = console or Console(stderr=True)
+        self.interval_s = interval_s
         self.progress: Progress | None = None
         self.task = None
-        self._last = 0.0
+        self.lines = False  # plain lines instead of the bar (not a terminal)
+        self._t0 = self._last = 0.0
+        self._step0 = 0
 
     def on_train_begin(self, ctx) -> None:
-        if not (ctx.is_main and self.console.is_terminal):
-            return  # quiet when not a TTY (logs, CI, pipes)
+        if not ctx.is_main:
+            return
+        self._t0 = self._last = time.perf_counter()
+        self._step0 = ctx.state.step
+        if not self.console.is_terminal:
+            self.lines = True
+            return
         self.progress = Progress(
             TextColumn("[bold]train[/] epoch {task.fields[epoch]}"), BarColumn(),
             MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
@@ -41,17 +53,24 @@ class ProgressCallback(Callback):
             "train", total=ctx.total_steps, completed=ctx.state.step, epoch=ctx.state.epoch,
             loss="-", lr="-", tps="-",
         )
-        self._last = time.perf_counter()
 
     def on_epoch_begin(self, ctx) -> None:
         if self.progress is not None:
             self.progress.update(self.task, epoch=ctx.state.epoch)
 
     def on_step_end(self, ctx) -> None:
+        now = time.perf_counter()
+        tps = ctx.window_tokens / max(1e-9, ctx.step_time)  # validation not counted
+        if self.lines:
+            if ctx.done or now - self._last >= self.interval_s:
+                self._last = now
+                self.console.print(progress_line(
+                    ctx.state.step, ctx.total_steps, ctx.step_loss, ctx.lr, tps,
+                    (now - self._t0) / max(1, ctx.state.step - self._step0)),
+                    markup=False, highlight=False, soft_wrap=True)
+            return
         if self.progress is None:
             return
-        now = time.perf_counter()
-        tps = ctx.window_tokens / max(1e-9, now - ctx.window_start)
         self.progress.update(self.task, completed=ctx.state.step, loss=f"{ctx.step_loss:.4f}",
                              lr=f"{ctx.lr:.2e}", tps=f"{tps:,.0f}")
 
@@ -62,3 +81,13 @@ class ProgressCallback(Callback):
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+
+
+def progress_line(step: int, total: int, loss: float, lr: float, tokens_per_s: float,
+                  s_per_step: float) -> str:
+    """`step 120/696 (17%) · loss 2.3456 · lr 1.00e-03 · 1,234 tok/s · ETA 3m12s`."""
+    eta = round(max(0, total - step) * s_per_step)
+    h, m, sec = eta // 3600, eta // 60 % 60, eta % 60
+    eta_text = f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
+    return (f"step {step}/{total} ({100 * step // max(1, total)}%) · loss {loss:.4f} · "
+            f"lr {lr:.2e} · {tokens_per_s:,.0f} tok/s · ETA {eta_text}")

@@ -1,0 +1,24 @@
+"""Options several commands share, defined once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+THREADS_HELP = ("CPU threads: N, or auto (the faster of 1 and all cores, measured at start: "
+                "on a busy machine one thread can be several times faster) \\[default: all "
+                "cores].")
+
+
+def threads_option(panel: str | None = None) -> Any:
+    """`--threads N|auto`, for `Annotated[str | None, threads_option()] = None`."""
+    return typer.Option("--threads", metavar="N|auto", help=THREADS_HELP, show_default=False,
+                        rich_help_panel=panel)
+
+
+def use_threads(value: str | None) -> int:
+    """Validate --threads (one-line error, exit 2) and apply it; the count in use."""
+    from astrai.threads import apply_threads, parse_threads
+
+    return apply_threads(parse_threads(value))
