@@ -9,6 +9,7 @@ current micro-batch and step, which the trainer writes and callbacks read.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from astrai.config.train import TrainConfig
 from astrai.model.config import ModelConfig
@@ -93,31 +95,40 @@ class RunPaths:
 class TrainContext:
     # -- the run (built once by astrai.train.builder; callbacks read, never replace) -----
     config: TrainConfig
+    """The run's resolved config (saved in every checkpoint's meta.json)."""
     model: nn.Module
     """The (possibly wrapped) model being trained."""
     model_config: ModelConfig
     optimizer: torch.optim.Optimizer
     scheduler: LRScheduler
     strategy: Strategy
+    """Turns a batch into its loss (the trainer knows no loss)."""
     executor: Executor
-    train_data: Any
-    """The training Dataset."""
+    """Device, precision, wrapping, collectives (none | ddp | fsdp)."""
+    train_data: Dataset
+    """The training samples: dicts of 1-D tensors."""
     sampler: Any
-    """Resumable sampler: set_epoch(e), __iter__, __len__ (this rank's share)."""
-    collate_fn: Any
+    """Resumable sampler: set_epoch(e), __iter__, __len__, state_dict(consumed=...),
+    load_state_dict (this rank's share; astrai.data.sampler.RDSampler by default)."""
+    collate_fn: Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]]
     total_steps: int
+    """Optimizer steps of the whole run."""
     windows_per_epoch: int
     """Optimizer steps in one epoch on each rank (leftover micro-batches are not run)."""
     paths: RunPaths
+    """Where the run writes (metrics.jsonl, checkpoints/)."""
     seq_len: int = 0
     """Tokens per row fed to the model (for FLOPs per token)."""
     tokenizer_dir: Path | None = None
-    eval_data: Any = None
+    """Copied into every checkpoint, so chat can open it."""
+    eval_data: Dataset | None = None
+    """Held-out samples for validation (None: no validation)."""
     byte_lengths: torch.Tensor | None = None
     """[V] UTF-8 bytes per token id, for bits per byte."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Extra facts saved in each checkpoint's meta.json (dataset, model source, ...)."""
     state: TrainerState = field(default_factory=TrainerState)
+    """The committed counters at the last step boundary."""
 
     # -- the current micro-batch (on_batch_begin / on_batch_end) -------------------------
     batch: dict[str, torch.Tensor] | None = None
@@ -157,6 +168,7 @@ class TrainContext:
 
     # -- the run's end ---------------------------------------------------------------------
     completed: bool = False
+    """True once the run reached total_steps without a stop request."""
     stop_reason: str | None = None
     """Set by a callback to end training at this step boundary, with a checkpoint of it."""
     errors: list[str] = field(default_factory=list)
