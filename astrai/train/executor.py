@@ -49,13 +49,10 @@ class Executor:
         self.model: nn.Module | None = None
 
     # -- topology -------------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return 0
-
-    @property
-    def world_size(self) -> int:
-        return 1
+    rank: int = 0
+    """This process's rank (a distributed executor sets it from the launcher)."""
+    world_size: int = 1
+    """Processes in the run."""
 
     @property
     def is_main(self) -> bool:

@@ -16,14 +16,7 @@ class DistributedExecutor(Executor):
                  timeout_s: float = 1800.0, **options: Any) -> None:
         self.env, dev, self._owns_group = pg.init_process_group(torch.device(device), timeout_s)
         super().__init__(device=dev, precision=precision, **options)
-
-    @property
-    def rank(self) -> int:
-        return self.env.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.env.world_size
+        self.rank, self.world_size = self.env.rank, self.env.world_size
 
     def window_normalizer(self, loss_units: int) -> float:
         # Both wrappers average gradients over ranks: dividing by the global unit count
