@@ -73,11 +73,19 @@ def _cache(model: nn.Module, tokenizer: Any, reward: Any, rollout: RolloutConfig
 
 
 class OnlineRollouts:
-    """What both online strategies do with their rollout cache (`self.rollouts`):
-    validation on fresh rollouts, and the cache's state in every checkpoint."""
+    """What both online strategies do with their rollout cache (`self.rollouts`): build it
+    from the rollout options, validate on fresh rollouts, keep its state in every
+    checkpoint. The other options go on to the GRPO / DPO strategy."""
 
-    rollouts: RolloutCache
-    eval_max_tokens: int | None
+    def __init__(self, model: nn.Module, *, tokenizer: Any = None, reward: Any = None,
+                 rollout: RolloutConfig | None = None, runner: RolloutRunner | None = None,
+                 rollout_interval: int = 1, grad_accum_steps: int = 1,
+                 eval_max_tokens: int | None = None, pad_id: int = 0, **options: Any) -> None:
+        super().__init__(model, **options)
+        self.pad_id = pad_id
+        self.rollouts = _cache(model, tokenizer, reward, rollout, runner, rollout_interval,
+                               grad_accum_steps, pad_id)
+        self.eval_max_tokens = eval_max_tokens
 
     @torch.no_grad()
     def evaluate_batch(self, batch, byte_lengths):
@@ -97,15 +105,9 @@ class OnlineRollouts:
 class OnlineGRPOStrategy(OnlineRollouts, GRPOStrategy):
     required_keys = ("prompts", "prompt_mask")
 
-    def __init__(self, model: nn.Module, *, tokenizer: Any = None, reward: Any = None,
-                 rollout: RolloutConfig | None = None, runner: RolloutRunner | None = None,
-                 rollout_interval: int = 1, grad_accum_steps: int = 1,
-                 eval_max_tokens: int | None = None, pad_id: int = 0, **kwargs: Any) -> None:
-        kwargs.pop("sync_interval", None)  # the rollout cadence decides the syncs
-        super().__init__(model, pad_id=pad_id, sync_interval=1, **kwargs)
-        self.rollouts = _cache(model, tokenizer, reward, rollout, runner, rollout_interval,
-                               grad_accum_steps, pad_id)
-        self.eval_max_tokens = eval_max_tokens
+    def __init__(self, model: nn.Module, **options: Any) -> None:
+        options.pop("sync_interval", None)  # the rollout cadence decides the syncs
+        super().__init__(model, sync_interval=1, **options)
 
     @classmethod
     def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
@@ -169,18 +171,11 @@ class OnlineDPOStrategy(OnlineRollouts, DPOStrategy):
     dataset_kinds = ("grpo",)
     required_keys = ("prompts", "prompt_mask")
 
-    def __init__(self, model: nn.Module, *, tokenizer: Any = None, reward: Any = None,
-                 rollout: RolloutConfig | None = None, runner: RolloutRunner | None = None,
-                 rollout_interval: int = 1, grad_accum_steps: int = 1,
-                 eval_max_tokens: int | None = None, pad_id: int = 0, **kwargs: Any) -> None:
-        if kwargs.get("precompute_ref"):
+    def __init__(self, model: nn.Module, **options: Any) -> None:
+        if options.get("precompute_ref"):
             raise ConfigError("precompute_ref: online-dpo scores fresh responses every rollout; "
                               "its reference cannot be precomputed (drop --precompute-ref)")
-        super().__init__(model, **kwargs)
-        self.pad_id = pad_id
-        self.rollouts = _cache(model, tokenizer, reward, rollout, runner, rollout_interval,
-                               grad_accum_steps, pad_id)
-        self.eval_max_tokens = eval_max_tokens
+        super().__init__(model, **options)
 
     @classmethod
     def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
