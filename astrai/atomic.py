@@ -1,7 +1,10 @@
 """Atomic writes: a reader (or a run killed half way) never sees half a file or directory.
 
 Everything is written beside its target under a temporary name, then renamed into place
-with os.replace, which POSIX makes atomic within one filesystem.
+with os.replace, which POSIX makes atomic within one filesystem. Files and directories get
+the permissions of the umask, like other tools' outputs; temporary directories are locked
+while written, so a later writer can delete those of writers that died
+(astrai.tempdir.remove_abandoned).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from astrai.errors import CheckpointError
+from astrai.tempdir import follow_umask, sibling_tempdir
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -26,6 +30,7 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        follow_umask(tmp)  # mkstemp creates the file private (0600)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -53,13 +58,8 @@ def replace_dir(tmp: Path, final: Path) -> None:
 def atomic_dir(final: str | Path, *, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temporary directory beside `final`; rename it into place only on success."""
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
+    with sibling_tempdir(final) as tmp:  # permissions of the umask, deleted on an error
         yield tmp
         if final.exists() and not overwrite:
             raise CheckpointError(f"{final}: already exists; choose another path")
         replace_dir(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

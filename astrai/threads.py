@@ -32,7 +32,7 @@ def parse_threads(value: str | int | None, field: str = "--threads") -> Threads:
     except (TypeError, ValueError):
         n = 0
     if isinstance(value, bool) or n < 1:
-        raise ConfigError(f"{field} {value!r}: give a positive number of threads or 'auto'")
+        raise ConfigError(f"{field} {value}: give a positive number of threads or 'auto'")
     return n
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -22,3 +23,17 @@ def use_threads(value: str | None) -> int:
     from astrai.threads import apply_threads, parse_threads
 
     return apply_threads(parse_threads(value))
+
+
+def checkpoint_path(path: str | Path, err: Any = None) -> Path:
+    """A checkpoint argument: a training run directory stands for its newest checkpoint, and
+    a line on stderr says which."""
+    from rich.console import Console
+
+    from astrai.model.checkpoint import resolve_checkpoint
+
+    resolved, note = resolve_checkpoint(path)
+    if note:
+        (err or Console(stderr=True)).print(note, highlight=False, soft_wrap=True,
+                                            markup=False)
+    return resolved

@@ -3,7 +3,8 @@
 `TrainConfig` inherits these fields, so they are flat train options like the others: a
 config file key `beta: 0.2` and the flag `--beta 0.2` set the same field. Defaults
 (docs/alignment.md): beta 0.1 with reduction "sum" (the DPO paper's sequence log-prob),
-group_size 4, clip_eps 0.2, kl_coef 0.01.
+group_size 4, clip_eps 0.2, kl_coef 0.01; the GRPO advantage and aggregation options
+follow TRL's GRPOConfig (scale_rewards "group", loss_type "dapo").
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from astrai.config.numbers import NoBoolNumbers
+
 DPOLossType = Literal["sigmoid", "ipo", "hinge"]
 
 
-class AlignmentOptions(BaseModel):
+class AlignmentOptions(NoBoolNumbers, BaseModel):
     """Fields shared by TrainConfig for dpo / grpo / reward / online-* runs."""
 
     model_config = ConfigDict(use_attribute_docstrings=True)
@@ -34,8 +37,9 @@ class AlignmentOptions(BaseModel):
     dpo_loss: DPOLossType = "sigmoid"
     """sigmoid (DPO, Rafailov et al. 2023), ipo (Azar et al. 2023), hinge (SLiC, Zhao et
     al. 2023)."""
-    dpo_reduction: Literal["sum", "mean"] = "sum"
-    """How a response's token log-probs combine: sum (the DPO paper) or mean (length-normalised)."""
+    dpo_reduction: Literal["sum", "mean"] | None = None
+    """How a response's token log-probs combine: sum or mean (length-normalised); None =
+    mean for ipo (as the IPO paper's results and TRL), sum for sigmoid and hinge (as TRL)."""
 
     # -- GRPO --------------------------------------------------------------------------------
     group_size: int = Field(4, ge=2)
@@ -45,6 +49,13 @@ class AlignmentOptions(BaseModel):
     """GRPO: the ratio pi/pi_old is clipped to [1 - clip_eps, 1 + clip_eps]."""
     kl_coef: float = Field(0.01, ge=0)
     """GRPO: weight of the KL(pi || pi_ref) estimator; 0 = no reference model is loaded."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """GRPO advantages: (r - group mean) divided by the group's sample std (group), the
+    batch's (batch), or not divided (none, Dr. GRPO); TRL's scale_rewards."""
+    grpo_loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = "dapo"
+    """GRPO token-loss aggregation (TRL's loss_type): dapo = sum / tokens of the window,
+    grpo = mean per response then over responses, dr_grpo = sum / (responses x max
+    completion length), bnpo = mean over each micro-batch's tokens."""
     sync_interval: int = Field(1, gt=0)
     """grpo (offline): optimizer steps between syncs of old_model (the behaviour policy of
     the ratio) with the policy; 1 = every step (the ratio is then exactly 1)."""
@@ -73,6 +84,13 @@ class AlignmentOptions(BaseModel):
     """Requests the inference engine decodes at once; None = every response of a batch."""
     eval_max_tokens: int | None = Field(None, gt=0)
     """online-*: most tokens of the greedy answers scored on validation; None = rollout's."""
+
+    @property
+    def dpo_reduction_value(self) -> str:
+        """The reduction in effect: dpo_reduction, or its default for dpo_loss."""
+        if self.dpo_reduction is not None:
+            return self.dpo_reduction
+        return "mean" if self.dpo_loss == "ipo" else "sum"
 
     @model_validator(mode="after")
     def _check_rewards(self) -> AlignmentOptions:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from astrai.config.numbers import NoBoolNumbers
 from astrai.config.pairs import parse_pair
 from astrai.errors import ConfigError
 
@@ -19,7 +20,7 @@ Kind = Literal["pretrain", "sft", "dpo", "grpo"]
 Mask = Literal["train", "mask"]
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers, BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True,
                               use_attribute_docstrings=True)
 
@@ -79,7 +80,8 @@ class PreprocessSpec(_Strict):
     output: str
     """Dataset directory to create (written to a temporary directory, then renamed)."""
     overwrite: bool = False
-    """Replace an existing output directory."""
+    """Replace an existing output that is a dataset astrai wrote (its manifest.json) and
+    holds none of the inputs; any other existing output is refused."""
     sections: list[Section] | None = None
     """Fields to tokenize, in order. Default per kind: pretrain [text: train];
     sft [messages: $role, template]. dpo and grpo use their fixed record keys."""

@@ -86,7 +86,9 @@ class TrainConfig(AlignmentOptions):
 
     # -- objective -----------------------------------------------------------------------
     label_smoothing: float = Field(0.0, ge=0, lt=1)
-    """Cross-entropy label smoothing (seq, sft)."""
+    """seq, sft: cross-entropy label smoothing; dpo / online-dpo with the sigmoid loss: the
+    probability eps that a preference label is flipped (conservative DPO, below 0.5).
+    Refused where it would be ignored (grpo, online-grpo, reward, ipo, hinge)."""
     moe_aux_loss_coef: float | None = Field(None, ge=0)
     """Weight of the MoE load-balancing loss; None = the model config's moe_aux_loss_coef."""
     strategy_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -160,7 +162,23 @@ class TrainConfig(AlignmentOptions):
             raise ValueError(f"min_lr ({self.min_lr}) exceeds max_lr ({self.max_lr})")
         if self.eval_data and self.val_split:
             raise ValueError("give either eval_data or val_split, not both")
+        if self.label_smoothing:
+            self._check_label_smoothing()
         return self
+
+    def _check_label_smoothing(self) -> None:
+        eps, s = self.label_smoothing, self.strategy
+        if s in ("dpo", "online-dpo"):
+            if self.dpo_loss != "sigmoid":
+                raise ValueError(f"label_smoothing: the {self.dpo_loss} loss has no label "
+                                 "smoothing (conservative DPO smooths the sigmoid loss); drop "
+                                 "--label-smoothing or use --dpo-loss sigmoid")
+            if eps >= 0.5:
+                raise ValueError(f"label_smoothing: {eps} flips more preferences than it keeps; "
+                                 "conservative DPO takes a flip probability below 0.5")
+        elif s in ("grpo", "online-grpo", "reward"):
+            raise ValueError(f"label_smoothing: strategy '{s}' has no label smoothing (it "
+                             "would be ignored); drop --label-smoothing")
 
     # -- derived ------------------------------------------------------------------------
     @property
@@ -197,12 +215,18 @@ def _format(e: ValidationError, source: str) -> str:
     return "; ".join(parts)
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The mapping in a YAML or JSON config file; errors name the file and line."""
+def read_config_file(path: str | Path, what: str = "a mapping of train options",
+                     hint: str = "") -> dict[str, Any]:
+    """The mapping in a YAML or JSON config file; errors name the file and line, say the
+    file should hold `what`, and end with `hint`."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file; expected {what} (YAML or JSON)"
+                          f"{hint}") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as e:
@@ -214,7 +238,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of train options, got {type(data).__name__}")
+        raise ConfigError(f"{path}: expected {what} (YAML or JSON), got "
+                          f"{type(data).__name__}{hint}")
     return data
 
 

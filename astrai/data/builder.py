@@ -9,10 +9,10 @@ failed run never leaves a dataset that looks complete.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -26,10 +26,11 @@ from astrai.config.preprocess import PreprocessSpec
 from astrai.data.encode import RecordEncoder
 from astrai.data.manifest import MANIFEST, write_manifest
 from astrai.data.packing import Packer, split_spans, truncate_span
-from astrai.data.records import expand_inputs, iter_lines
+from astrai.data.records import expand_inputs, iter_raw_lines
 from astrai.data.store import ShardWriter
 from astrai.data.tokenizer import Tokenizer
 from astrai.errors import ConfigError, DataError
+from astrai.tempdir import remove_abandoned, sibling_tempdir
 
 CHUNK_BYTES = 1 << 19  # raw JSONL bytes per encode_batch call (bounds memory per chunk)
 CHUNK_LINES = 4096
@@ -109,11 +110,13 @@ def _worker_encode(lines: list[tuple[str, int, str]]) -> list[tuple]:
     return _WORKER.encode_lines(lines)
 
 
-def _chunks(files: list[Path], limit: int | None) -> Iterator[list[tuple[str, int, str]]]:
-    chunk: list[tuple[str, int, str]] = []
+def _chunks(files: list[Path], limit: int | None) -> Iterator[list[tuple[str, int, bytes]]]:
+    """Raw lines in chunks; they are decoded by the encoders, so a line that is not UTF-8
+    is one bad record (skipped and counted under --on-error skip), not the whole file."""
+    chunk: list[tuple[str, int, bytes]] = []
     size = read = 0
     for path in files:
-        for n, line in iter_lines(path):
+        for n, line in iter_raw_lines(path):
             if limit is not None and read >= limit:
                 break
             chunk.append((str(path), n, line))
@@ -291,9 +294,6 @@ def build_dataset(spec: PreprocessSpec, *, workers: int = 1, on_error: str = "fa
     if on_error not in ("fail", "skip"):
         raise ConfigError(f"--on-error '{on_error}': choose fail or skip")
     out = Path(spec.output)
-    if out.exists() and not spec.overwrite:
-        raise ConfigError(f"output: {out} already exists; remove it, choose another output, "
-                          "or pass --set overwrite=true")
     if not Path(spec.tokenizer).exists():
         raise ConfigError(f"tokenizer: {spec.tokenizer} does not exist; train one with "
                           "`astrai tokenizer train` or fix the spec's 'tokenizer' path")
@@ -302,9 +302,11 @@ def build_dataset(spec: PreprocessSpec, *, workers: int = 1, on_error: str = "fa
     if spec.val_inputs:
         splits["val"] = expand_inputs(spec.val_inputs, "val_inputs")
     token_dtype = token_dtype_for(tok.vocab_size)
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    check_output(out, spec.overwrite, [f for files in splits.values() for f in files]
+                 + [Path(spec.tokenizer)])
+    remove_abandoned(out)  # the temporary directories of killed runs
+    held = contextlib.ExitStack()  # the lock on the temporary directory, until the end
+    tmp = _start_output(out, held)
     encoders = _Encoders(spec, tok, Path(spec.tokenizer), max(1, workers))
     startup = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -369,6 +371,7 @@ def build_dataset(spec: PreprocessSpec, *, workers: int = 1, on_error: str = "fa
         raise
     finally:
         encoders.close()
+        held.close()
     return BuildResult(str(out), spec.kind, spec.format, all_stats, errors, elapsed, startup)
 
 
@@ -404,3 +407,33 @@ def _check_split(split: str, files: list[Path], stats: SplitStats) -> None:
             f"{split}: no record kept of {stats.records_read} read ({stats.filtered_short} "
             f"shorter than filters.min_chars, {stats.filtered_long} longer than "
             f"filters.max_chars, {stats.malformed} malformed); adjust the filters or inputs")
+
+
+def check_output(out: Path, overwrite: bool, inputs: list[Path]) -> None:
+    """`overwrite` replaces only a dataset astrai wrote (a directory with its manifest) that
+    holds none of this run's inputs; anything else named as output is refused."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not overwrite:
+        raise ConfigError(f"output: {out} already exists; remove it, choose another output, "
+                          "or pass --set overwrite=true")
+    if not out.is_dir() or not (out / MANIFEST).is_file():
+        raise ConfigError(f"output: {out} exists and is not an astrai dataset (no {MANIFEST}); "
+                          "overwrite only replaces datasets, so remove it yourself or choose "
+                          "another output")
+    root = out.resolve()
+    for f in inputs:
+        if f.resolve().is_relative_to(root):
+            raise ConfigError(f"output: {out} holds the input {f}; overwriting it would delete "
+                              "the input, so choose another output")
+
+
+def _start_output(out: Path, held: contextlib.ExitStack) -> Path:
+    """The temporary directory beside `out`, locked until `held` closes; a one-line
+    ConfigError when it cannot be created (read-only, no permission, a parent is a file)."""
+    try:
+        return held.enter_context(sibling_tempdir(out))
+    except OSError as e:
+        raise ConfigError(f"output: cannot create {out} ({e.strerror or e}); choose a "
+                          "writable location") from None
+

@@ -15,12 +15,14 @@ pretrain records outside the character filters yield ("filtered", where, reason,
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import numpy as np
 
 from astrai.config.preprocess import PreprocessSpec
 from astrai.data.chat import check_messages
+from astrai.data.records import decode_line, load_json
 from astrai.data.tokenizer import Tokenizer
 from astrai.errors import AstraiError, DataError
 
@@ -33,6 +35,23 @@ def _messages(value: Any, where: str, role: str) -> list[dict]:
     if isinstance(value, str):
         return [{"role": role, "content": value}]
     return check_messages(value, where)
+
+
+# \uD800-\uDFFF: half of a surrogate pair (an emoji written with ensure_ascii) or, alone,
+# a lone surrogate; lines without one (nearly all) skip the check
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _check_encodable(rec: dict, where: str) -> None:
+    """A DataError when the record holds a lone surrogate (JSON's "\\ud800" decodes to
+    one): it is not a character, UTF-8 cannot encode it, and the tokenizer would refuse the
+    whole batch."""
+    try:
+        json.dumps(rec, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(f"{where}: holds a lone surrogate (\\u{ord(e.object[e.start]):04x}), "
+                        "which is not a character; fix the record or pass --on-error skip"
+                        ) from None
 
 
 class RecordEncoder:
@@ -151,22 +170,23 @@ class RecordEncoder:
             toks += part
         return toks, mask
 
-    def encode_lines(self, lines: list[tuple[str, int, str]]) -> list[tuple]:
-        """Encode (file, line number, raw line) items; one result per item, in order."""
+    def encode_lines(self, lines: list[tuple[str, int, str | bytes]]) -> list[tuple]:
+        """Encode (file, line number, line text or its raw UTF-8 bytes) items; one result
+        per item, in order. A line that is not UTF-8 or not JSON is one bad record."""
         plans: list[Any] = []
         texts: list[str] = []
         kind = self.spec.kind
         for file, n, line in lines:
             where = f"{file}:{n}"
             try:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})"
-                                    ) from None
+                if isinstance(line, bytes):
+                    line = decode_line(line, where)
+                rec = load_json(line, where)
                 if not isinstance(rec, dict):
                     raise DataError(f"{where}: expected a JSON object, got "
                                     f"{type(rec).__name__}")
+                if SURROGATE_ESCAPE.search(line):  # only such an escape decodes to one
+                    _check_encodable(rec, where)
                 extra: dict = {}
                 chars = 0
                 if kind in ("pretrain", "sft"):
@@ -180,11 +200,11 @@ class RecordEncoder:
                     slots = self._plan_dpo(rec, where)
                 else:
                     slots, extra = self._plan_grpo(rec, where)
+                mine = [p[0] for pieces in slots.values() for p in pieces if p[0] is not None]
             except AstraiError as e:
                 plans.append(("error", where, str(e)))
                 continue
-            for pieces in slots.values():
-                texts += [p[0] for p in pieces if p[0] is not None]
+            texts += mine
             plans.append(("ok", where, slots, extra, chars))
         encoded = iter(self.tok.encode_batch(texts) if texts else [])
         return [self._finish(p, encoded) if p[0] == "ok" else p for p in plans]

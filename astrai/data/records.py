@@ -31,29 +31,60 @@ def is_jsonl(path: Path) -> bool:
     return path.name.lower().endswith(JSONL_SUFFIXES)
 
 
-def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, line) for each non-blank line; bad UTF-8 names the file and line."""
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def iter_raw_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw bytes) for each non-blank line, undecoded; a UTF-8 byte order mark
+    at the start of the file is dropped (Python's `utf-8-sig`: editors on Windows write it)."""
     opener = gzip.open if path.name.endswith(".gz") else open
-    n = 0
     try:
         with opener(path, "rb") as f:
             for n, raw in enumerate(f, 1):
-                line = raw.decode("utf-8")
-                if line.strip():
-                    yield n, line
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start}); "
-                        "re-encode the file as UTF-8") from None
+                if n == 1 and raw.startswith(UTF8_BOM):
+                    raw = raw[len(UTF8_BOM):]
+                if raw.strip():
+                    yield n, raw
     except (OSError, EOFError) as e:
         raise DataError(f"{path}: cannot be read ({e})") from e
 
 
+def decode_line(raw: bytes, where: str) -> str:
+    """The UTF-8 text of one line, or a DataError naming `where` (file:line)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{where}: not valid UTF-8 ({e.reason} at byte {e.start}); "
+                        "re-encode the file as UTF-8") from None
+
+
+def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) for each non-blank line; bad UTF-8 names the file and line."""
+    for n, raw in iter_raw_lines(path):
+        yield n, decode_line(raw, f"{path}:{n}")
+
+
+def json_error(e: json.JSONDecodeError) -> str:
+    """`msg at column N` of a JSON error (some of json's messages already end in "at")."""
+    msg = e.msg.removesuffix(" at").removesuffix(":")
+    return f"{msg} at column {e.colno}"
+
+
+def load_json(text: str, where: str) -> Any:
+    """json.loads(text); a one-line DataError naming `where` when it is not JSON, or nests
+    deeper than Python's parser recurses."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where}: invalid JSON ({json_error(e)})") from None
+    except RecursionError:
+        raise DataError(f"{where}: invalid JSON (nested too deeply to parse); flatten the "
+                        "record") from None
+
+
 def parse_record(line: str, where: str) -> dict[str, Any]:
     """One JSONL record; DataError naming `where` (file:line) when it is not a JSON object."""
-    try:
-        rec = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+    rec = load_json(line, where)
     if not isinstance(rec, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
     return rec

@@ -277,6 +277,9 @@ def open_chat(path: str | Path, *, params: SamplingParams | None = None,
         raise CheckpointError(f"{path}: not a checkpoint directory")
     params = params or SamplingParams()
     params.validate()  # bad sampling values fail before the weights load
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path}: not a checkpoint (no config.json); point to an astrai "
+                              "checkpoint (RUN_DIR/checkpoints/step_N) or a HF model directory")
     tok = load_tokenizer(path)
     if tok is None:
         raise CheckpointError(

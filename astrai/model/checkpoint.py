@@ -27,6 +27,7 @@ from astrai.atomic import atomic_dir
 from astrai.errors import CheckpointError
 from astrai.model.config import ModelConfig
 from astrai.model.transformer import Transformer
+from astrai.tempdir import follow_umask
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -42,6 +43,7 @@ def save_weights(state_dict: dict[str, torch.Tensor], path: str | Path) -> None:
     # between writes, and equal weights must give byte-identical files (exact resume is
     # checked by comparing them). The producer version lives in meta.json.
     save_file(tensors, str(path), metadata={"format": "pt"})
+    follow_umask(path)  # safetensors creates the file private (0600)
 
 
 def copy_tokenizer(src: str | Path, dst: str | Path) -> None:
@@ -146,6 +148,42 @@ def require_checkpoint_dir(path: str | Path) -> Path:
             f"{path}: not a complete checkpoint, missing {', '.join(missing)}"
         )
     return path
+
+
+def newest_in_run(run_dir: str | Path) -> Path | None:
+    """The newest checkpoint of a training run directory: the highest RUN/checkpoints/step_N
+    holding config.json and model.safetensors (else the one RUN/latest names), or None when
+    `run_dir` holds none."""
+    run_dir = Path(run_dir)
+    found = []
+    if (run_dir / "checkpoints").is_dir():
+        for p in (run_dir / "checkpoints").iterdir():
+            step = p.name.removeprefix("step_")
+            if step.isdigit() and (p / CONFIG).is_file() and (p / WEIGHTS).is_file():
+                found.append((int(step), p))
+    if found:
+        return max(found)[1]
+    pointer = run_dir / "latest"
+    if pointer.is_file():
+        target = run_dir / pointer.read_text().strip()
+        if (target / CONFIG).is_file() and (target / WEIGHTS).is_file():
+            return target
+    return None
+
+
+def resolve_checkpoint(path: str | Path) -> tuple[Path, str | None]:
+    """(checkpoint directory, note): a training run directory stands for its newest
+    checkpoint, and the note says which; any other path is returned as it is (None)."""
+    path = Path(path)
+    if not path.is_dir() or (path / CONFIG).is_file():
+        return path, None
+    ckpt = newest_in_run(path)
+    if ckpt is not None:
+        return ckpt, f"{path} is a run directory: using its newest checkpoint {ckpt}"
+    if (path / "checkpoints").is_dir() or (path / "train_config.json").is_file():
+        raise CheckpointError(f"{path}: a run directory with no complete checkpoint yet; "
+                              "pass a checkpoint directory (RUN/checkpoints/step_N)")
+    return path, None
 
 
 def _model_class(state: dict[str, torch.Tensor]) -> type[Transformer]:

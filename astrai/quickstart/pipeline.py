@@ -11,6 +11,7 @@ held-out split. Progress goes to `on_event`; the library prints nothing.
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -71,6 +72,11 @@ class QuickstartResult:
     """Measured seconds per training step used to size the run (None with --steps)."""
     threads: int
     """CPU threads the run used."""
+    full_steps: int | None
+    """The recipe's full step count; more than `steps` when the time budget cut the run."""
+    full_budget_s: float | None
+    """--time-budget that would have fit the full recipe at the measured speed (None when it
+    already did)."""
     consumed_tokens: int
     val_loss: float | None
     val_ppl: float | None
@@ -258,6 +264,12 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
                           max_epochs=config.max_epochs, threads=torch.get_num_threads())
     why = {"epochs": f" (capped at {config.max_epochs:g} epochs)",
            "minimum": " (the minimum: the budget is too short for this machine)"}
+    if plan.budget_cut and plan.capped_by is None:
+        why[""] = f" (cut by the time budget: the recipe is {plan.full_steps} steps)"
+    full_budget_s = None
+    if plan.budget_cut and plan.step_s is not None:
+        extra = (plan.full_steps - plan.steps) * plan.step_s
+        full_budget_s = float(math.ceil((config.time_budget_s + extra) / 10) * 10)
     step_info = "" if plan.step_s is None else \
         f" at {plan.step_s:.2f} s/step, {plan.threads} thread{'s' * (plan.threads > 1)}"
     emit(StageEvent("size", "end", info=f"{plan.steps} steps{step_info}"
@@ -293,7 +305,7 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
         params=param_counts(source.config).total,
         train_rows=int(splits["train"]["samples"]), val_rows=int(splits["val"]["samples"]),
         steps=summary.steps, step_s=None if plan.step_s is None else round(plan.step_s, 4),
-        threads=plan.threads,
+        threads=plan.threads, full_steps=plan.full_steps, full_budget_s=full_budget_s,
         consumed_tokens=summary.consumed_tokens,
         val_loss=val.get("val_loss"), val_ppl=val.get("val_ppl"), val_bpb=val.get("val_bpb"),
         val_bytes=text_bytes(corpus.val), sample_prompt=config.sample_prompt, sample=sample,

@@ -87,6 +87,13 @@ class StepPlan:
     """Seconds left for training when the steps were sized."""
     capped_by: str | None
     """'epochs' or 'minimum' when a bound, not the budget, decided."""
+    full_steps: int | None = None
+    """The recipe's own step count (its epoch cap): more than `steps` when the budget cut it."""
+
+    @property
+    def budget_cut(self) -> bool:
+        """True when the time budget gave fewer steps than the recipe's full count."""
+        return self.full_steps is not None and self.steps < self.full_steps
 
 
 def size_steps(train_budget_s: float, step_s: float, *, steps_per_epoch: int,
@@ -95,10 +102,10 @@ def size_steps(train_budget_s: float, step_s: float, *, steps_per_epoch: int,
     fit = math.floor(max(0.0, train_budget_s) / max(step_s, 1e-9))
     cap = max(min_steps, math.floor(max_epochs * steps_per_epoch))
     if fit > cap:
-        return StepPlan(cap, step_s, threads, train_budget_s, "epochs")
+        return StepPlan(cap, step_s, threads, train_budget_s, "epochs", cap)
     if fit < min_steps:
-        return StepPlan(min_steps, step_s, threads, train_budget_s, "minimum")
-    return StepPlan(fit, step_s, threads, train_budget_s, None)
+        return StepPlan(min_steps, step_s, threads, train_budget_s, "minimum", cap)
+    return StepPlan(fit, step_s, threads, train_budget_s, None, cap)
 
 
 def eval_seconds(step_s: float, val_tokens: int, tokens_per_step: int) -> float:

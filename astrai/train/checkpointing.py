@@ -51,15 +51,49 @@ def write_pointer(run_dir: Path, target: Path) -> None:
     write_text_atomic(run_dir / "latest", os.path.relpath(target, run_dir) + "\n")
 
 
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint directory so that a kill midway leaves no `step_N`: it is first
+    renamed to a hidden name (atomic), which `clean_leftovers` removes if a kill stops the
+    deletion."""
+    trash = path.with_name(f".{path.name}.del-{os.getpid()}")
+    try:
+        os.replace(path, trash)
+    except OSError:
+        trash = path
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def clean_leftovers(ckpt_dir: Path) -> list[Path]:
+    """Remove what interrupted writes and deletions left: temporary directories of saves
+    (`.step_N.tmp-*`), renamed-away old or deleted checkpoints (`.step_N.old-*`,
+    `.step_N.del-*`), and incomplete `step_N` directories older than the newest complete
+    checkpoint (half deleted by a kill). Only the run's own trainer writes here."""
+    if not ckpt_dir.is_dir():
+        return []
+    removed = [p for pat in (".step_*.tmp-*", ".step_*.old-*", ".step_*.del-*")
+               for p in ckpt_dir.glob(pat) if p.is_dir() and not p.is_symlink()]
+    complete = list_checkpoints(ckpt_dir)
+    if complete:
+        newest = complete[-1][0]
+        done = {p for _, p in complete}
+        for p in ckpt_dir.iterdir():
+            m = STEP_DIR.match(p.name)
+            if m and p.is_dir() and not p.is_symlink() and p not in done \
+                    and int(m.group(1)) < newest:
+                removed.append(p)
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    return removed
+
+
 def prune(ckpt_dir: Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` complete checkpoints (0 = keep all), and the
-    temporary directories of interrupted writes."""
-    for p in ckpt_dir.glob(".step_*.tmp-*"):
-        shutil.rmtree(p, ignore_errors=True)
+    leftovers of interrupted writes and deletions."""
+    clean_leftovers(ckpt_dir)
     if keep_last <= 0:
         return
     for _, p in list_checkpoints(ckpt_dir)[:-keep_last]:
-        shutil.rmtree(p, ignore_errors=True)
+        remove_checkpoint(p)
 
 
 def trainer_state_payload(ctx: TrainContext, callbacks: list[Any]) -> dict[str, Any]:
@@ -108,6 +142,18 @@ def latest_checkpoint(ckpt_dir: Path, run_dir: Path) -> Path:
     return found[-1][1]
 
 
+def load_failure(e: Exception) -> str:
+    """One short line for a failed torch.load: PyTorch's weights_only refusal is many lines
+    of advice about unpickling untrusted files; its reason is the line after the marker."""
+    text = str(e)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        rest = [x.strip() for x in text.split(marker, 1)[1].splitlines() if x.strip()]
+        return f"not a file torch.save wrote with plain tensors ({rest[0] if rest else 'refused'})"
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
 def load_training_state(path: Path) -> tuple[dict, dict, dict, dict]:
     """(meta, optimizer state, scheduler state, trainer state) of a checkpoint."""
     extras = {}
@@ -115,7 +161,9 @@ def load_training_state(path: Path) -> tuple[dict, dict, dict, dict]:
         try:
             extras[name] = load_extra(path, name)
         except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
-            raise CheckpointError(f"{path / (name + '.pt')}: unreadable ({e})") from None
+            raise CheckpointError(
+                f"{path / (name + '.pt')}: unreadable ({load_failure(e)}); the checkpoint is "
+                f"damaged: move {path} away to resume from the one before it") from None
         if extras[name] is None:
             raise CheckpointError(f"{path}: missing {name}.pt; not a training checkpoint")
     return read_meta(path), extras["optimizer"], extras["scheduler"], extras["trainer_state"]

@@ -101,16 +101,19 @@ def launch_train(config: TrainConfig, *, launch: LaunchOptions | None = None,
                    progress)
 
 
-def launch_resume(run_dir: str | Path, *, launch: LaunchOptions | None = None,
-                  progress: bool = False, console: Any = None):
-    """Continue a run with the process layout it was started with."""
+def launch_resume(run_dir: str | Path, *, reward: list[str] | None = None,
+                  launch: LaunchOptions | None = None, progress: bool = False,
+                  console: Any = None):
+    """Continue a run with the process layout it was started with. `reward`: the run's
+    --reward specs, required again when they are Python code (astrai.train.rewards.trust)."""
     from astrai.train import run
 
-    config, _ = run.find_resume_point(run_dir)
+    config, _ = run.find_resume_point(run_dir, reward)
     if not needs_launch(config):
         with _external_group():
-            return run.resume(run_dir, progress=progress, console=console)
-    return _launch("resume", str(run_dir), config, launch or LaunchOptions(), progress)
+            return run.resume(run_dir, reward=reward, progress=progress, console=console)
+    return _launch("resume", {"run_dir": str(run_dir), "reward": reward}, config,
+                   launch or LaunchOptions(), progress)
 
 
 @contextlib.contextmanager
@@ -220,7 +223,8 @@ def _worker(action: str, target: Any, progress: bool, result_dir: str) -> None:
         if action == "train":
             summary = run.train(TrainConfig.from_dict(target), progress=progress)
         else:
-            summary = run.resume(target, progress=progress)
+            summary = run.resume(target["run_dir"], reward=target["reward"],
+                                 progress=progress)
     except AstraiError as e:
         _write(result_dir, "error", {"type": type(e).__name__, "message": str(e)}, env.rank)
         sys.exit(e.exit_code)

@@ -56,7 +56,10 @@ def resolve_model(spec: str, *, vocab_size: int, seq_len: int, seed: int,
         return ModelSource(config, lambda: build_model(config, seed=seed), "preset",
                            f"preset {spec}")
     if path.is_file():
-        data = read_config_file(path)
+        data = read_config_file(
+            path, what="a model config (a mapping of ModelConfig fields)",
+            hint=f"; --model takes a preset ({', '.join(PRESETS)}), a model config file or a "
+                 "checkpoint directory")
         data = {"vocab_size": vocab_size, **data, **overrides}
         data["max_seq_len"] = max(int(data.get("max_seq_len", seq_len)), seq_len)
         config = ModelConfig.from_dict(data, source=str(path))

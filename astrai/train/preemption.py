@@ -17,6 +17,9 @@ user stops a run with Ctrl+C (SIGINT). While training runs:
    complete one is intact; a half-written temporary directory is never taken for one and is
    deleted by the next save.
 
+After a stop the signals stay caught until the process exits (a repeat inside the grace
+period is still ignored), so the run reports and exits 75 rather than dying by signal.
+
 Why the grace period: a launcher forwards the signal it receives to its workers, and Ctrl+C
 also reaches the workers directly from the terminal, so one keypress can arrive twice
 within milliseconds; that must not count as the second, "exit now" signal.
@@ -85,12 +88,16 @@ class PreemptionGuard:
         self._thread.start()
         return True
 
-    def uninstall(self) -> None:
+    def uninstall(self, linger: bool = False) -> None:
+        """Give the signals back. linger: a stop was requested and the process is about to
+        exit (75); the signals stay caught by a plain handler with the same rule (a repeat
+        within grace_s is ignored, a later one exits 128 + signal) instead of the default
+        action, which would kill the process by signal 143 while it reports and exits."""
         if not self.installed:
             return
         signal.set_wakeup_fd(self._old_fd if self._old_fd is not None else -1)
         for sig, old in self._old_handlers.items():
-            signal.signal(sig, old)
+            signal.signal(sig, self._late_handler if linger else old)
         self._old_handlers.clear()
         r, w = self._pipe
         self._pipe = None
@@ -101,6 +108,9 @@ class PreemptionGuard:
 
     def _python_handler(self, signum, frame) -> None:
         pass
+
+    def _late_handler(self, signum, frame) -> None:
+        self.notify(signum)
 
     def _watch(self, fd: int) -> None:
         while True:
@@ -169,4 +179,5 @@ class PreemptionCallback(Callback):
         if self._pending is not None:
             self._pending[0].wait()  # every rank started it; none may leave it in flight
             self._pending = None
-        self.guard.uninstall()
+        # preempted: the process exits 75 next; a repeat of the signal must not kill it first
+        self.guard.uninstall(linger=ctx.stop_reason is not None)

@@ -25,12 +25,13 @@ from astrai.model.config import ModelConfig
 from astrai.model.presets import PRESETS
 from astrai.train.builder import Prepared, build_context, prepare, run_paths
 from astrai.train.callbacks import Callback, default_callbacks
-from astrai.train.checkpointing import latest_checkpoint, load_training_state
+from astrai.train.checkpointing import clean_leftovers, latest_checkpoint, load_training_state
 from astrai.train.context import RunPaths, TrainContext
 from astrai.train.data import TrainData, open_train_data
 from astrai.train.executors.process_group import dist_env
 from astrai.train.model_source import ModelSource
 from astrai.train.plan import TrainPlan
+from astrai.train.rewards.trust import absolute_reward, confirm_rewards
 from astrai.train.trainer import Trainer
 
 
@@ -79,6 +80,8 @@ def absolute_paths(config: TrainConfig) -> TrainConfig:
         value = getattr(config, key)
         if value:
             update[key] = str(Path(value).resolve())
+    if config.reward:
+        update["reward"] = [absolute_reward(r) for r in config.reward]
     model = config.model
     if model and model not in PRESETS and not Path(model).is_absolute() and Path(model).exists():
         update["model"] = str(Path(model).resolve())
@@ -139,32 +142,55 @@ def train(config: TrainConfig, *, data: TrainData | None = None,
     return _execute(ctx, cbs, states, None)
 
 
-def find_resume_point(run_dir: str | Path) -> tuple[TrainConfig, Path]:
-    """(the run's resolved config, its newest complete checkpoint)."""
+def _read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file of the run holding an object; a one-line CheckpointError otherwise."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: line {e.lineno}: invalid JSON ({e.msg}); the run "
+                              "directory is damaged") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: unreadable ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}; "
+                              "the run directory is damaged")
+    return data
+
+
+def find_resume_point(run_dir: str | Path, reward: Sequence[str] | None = None
+                      ) -> tuple[TrainConfig, Path]:
+    """(the run's resolved config, its newest complete checkpoint). `reward`: the --reward
+    specs given again on the command line, required when the run's rewards are Python code
+    (a run directory never names code that resume would run on its own)."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: is a file, not a run directory; pass the directory "
+                              "`astrai train --out` wrote")
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: not a run directory (no such directory)")
     cfg_file = run_dir / "train_config.json"
     ckpt_dir = run_dir / "checkpoints"
     if cfg_file.is_file():
-        saved = TrainConfig.from_dict(json.loads(cfg_file.read_text()), source=str(cfg_file))
+        saved = TrainConfig.from_dict(_read_json_object(cfg_file), source=str(cfg_file))
         if saved.ckpt_dir:
             ckpt_dir = Path(saved.ckpt_dir)
     ckpt = latest_checkpoint(ckpt_dir, run_dir)
-    meta = json.loads((ckpt / "meta.json").read_text())
-    if "train_config" not in meta:
+    meta = _read_json_object(ckpt / "meta.json")
+    if not isinstance(meta.get("train_config"), dict):
         raise CheckpointError(f"{ckpt}: meta.json has no train_config; not a training checkpoint")
     config = TrainConfig.from_dict(meta["train_config"], source=f"{ckpt}/meta.json")
     config.out = str(run_dir)  # the run directory may have moved
+    confirm_rewards(config, reward, ckpt / "meta.json")
     return config, ckpt
 
 
-def resume(run_dir: str | Path, *, data: TrainData | None = None,
-           callbacks: Sequence[Callback] = (), progress: bool = False,
-           console: Any = None) -> TrainSummary:
+def resume(run_dir: str | Path, *, reward: Sequence[str] | None = None,
+           data: TrainData | None = None, callbacks: Sequence[Callback] = (),
+           progress: bool = False, console: Any = None) -> TrainSummary:
     """Continue a run from its newest complete checkpoint: weights, optimizer, scheduler,
-    sampler position, RNG states and counters; metrics.jsonl continues without duplicates."""
-    config, ckpt = find_resume_point(run_dir)
+    sampler position, RNG states and counters; metrics.jsonl continues without duplicates.
+    `reward`: the run's --reward specs, required again when they name Python code."""
+    config, ckpt = find_resume_point(run_dir, reward)
     meta, opt_state, sched_state, trainer_state = load_training_state(ckpt)
     data = _data(config, data)
     if meta.get("tokenizer_fingerprint") not in (None, data.fingerprint):
@@ -189,5 +215,7 @@ def resume(run_dir: str | Path, *, data: TrainData | None = None,
     ctx, states = build_context(prepared, resume={
         "optimizer": opt_state, "scheduler": sched_state, "trainer_state": trainer_state,
     })
+    if ctx.is_main:
+        clean_leftovers(ctx.paths.ckpt_dir)  # what a kill during a save or deletion left
     cbs = default_callbacks(config, progress=progress, console=console) + list(callbacks)
     return _execute(ctx, cbs, states, str(ckpt))

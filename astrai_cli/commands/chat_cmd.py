@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from astrai_cli.options import threads_option, use_threads
+from astrai_cli.options import checkpoint_path, threads_option, use_threads
 
 
 @contextlib.contextmanager
@@ -210,6 +210,7 @@ def register(app: typer.Typer) -> None:
             if not text.strip():
                 from astrai.errors import ConfigError
                 raise ConfigError("--prompt is empty: give the message to answer")
+        checkpoint = checkpoint_path(checkpoint, err)
         session = open_chat(checkpoint, params=params, system=system,
                             template=not no_template, device=device, dtype=dtype,
                             backend=backend, max_context=max_context, seed=seed or 0)

@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from astrai_cli.options import checkpoint_path
+
 
 class ExportFormat(str, Enum):
     hf = "hf"
@@ -43,6 +45,7 @@ def register(app: typer.Typer) -> None:
         from astrai.model.hf import export_hf
 
         torch_dtype = None if dtype is ExportDtype.auto else getattr(torch, dtype.value)
+        checkpoint = checkpoint_path(checkpoint)
         out = export_hf(checkpoint, out_dir, dtype=torch_dtype, overwrite=overwrite)
         files = ", ".join(sorted(p.name for p in out.iterdir()))
         Console(highlight=False).print(f"exported {checkpoint} → {out} ({fmt.value}): {files}")

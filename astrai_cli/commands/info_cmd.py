@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from astrai_cli.options import checkpoint_path
+
 
 def _num(n: float) -> str:
     for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -97,7 +99,7 @@ def register(app: typer.Typer) -> None:
         """Show a model's config, parameters by component, FLOPs per token and weight memory."""
         from astrai.model.describe import describe  # lazily: `astrai --help` stays fast
 
-        info = describe(target, seq_len)
+        info = describe(str(checkpoint_path(target)), seq_len)
         if as_json:
             typer.echo(json.dumps(info, indent=2))
         else:

@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from astrai_cli.options import checkpoint_path
+
 _STYLE = {"healthy": "bold green", "suspected": "bold yellow", "found": "bold red"}
 
 
@@ -303,7 +305,8 @@ def register(app: typer.Typer) -> None:
             stuck_min_count=stuck_min_count, stuck_min_moved=stuck_min_moved, top=top,
         )
         with _progress() as progress:
-            report = inspect_weights(checkpoints, cfg, progress=progress)
+            report = inspect_weights([str(checkpoint_path(c)) for c in checkpoints], cfg,
+                                     progress=progress)
         if as_json:
             typer.echo(json.dumps(report.to_dict(), indent=2))
         else:

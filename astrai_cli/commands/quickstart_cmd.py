@@ -109,6 +109,13 @@ def render(res: dict[str, Any], console: Console) -> None:
     if res["preempted"]:
         console.print(f"Continue with:  astrai resume {escape(res['run_dir'])}")
         return
+    if res.get("full_budget_s"):
+        console.print(
+            f"[yellow]note:[/] the time budget cut training to {res['steps']:,} of the "
+            f"recipe's {res['full_steps']:,} steps ({res['step_s']:.2f} s/step on this "
+            "machine now), so expect a higher bits per byte than the full recipe's (see "
+            "docs/quickstart.md). For the full recipe at this speed: astrai quickstart "
+            f"--time-budget {res['full_budget_s']:.0f} (or --steps {res['full_steps']}).")
     console.print("[bold]Next:[/]")
     for c in res["commands"]:
         console.print(f"  [dim]# {escape(c['what'])}[/]\n  {escape(c['command'])}")

@@ -16,6 +16,10 @@ def register(app: typer.Typer) -> None:
     @app.command("resume")
     def resume_cmd(
         run_dir: Annotated[Path, typer.Argument(help="Run directory written by `astrai train`.")],
+        reward: Annotated[list[str] | None, typer.Option(
+            "--reward", help="The run's --reward specs again, in order; required when they "
+            "are Python code (module:function, file.py:function): resume never runs code "
+            "named only in the run directory.", show_default=False)] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")
                            ] = False,
         rdzv_endpoint: Annotated[str | None, typer.Option(help=LAUNCH_HELP["rdzv_endpoint"],
@@ -28,12 +32,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Continue a run from its newest complete checkpoint: weights, optimizer, scheduler,
         data position, RNG states and counters come back, so the result equals an
-        uninterrupted run. Needs no other argument: the resolved config is in the checkpoint."""
+        uninterrupted run. Needs no other argument (the resolved config is in the checkpoint),
+        except --reward when the run's rewards are Python code."""
         from astrai.train.launch import launch_resume
 
         launch = launch_options({"rdzv_endpoint": rdzv_endpoint, "rdzv_id": rdzv_id,
                                  "shutdown_timeout": shutdown_timeout})
         use_threads(threads)
         err = Console(stderr=True)
-        summary = launch_resume(run_dir, launch=launch, progress=True, console=err)
+        summary = launch_resume(run_dir, reward=reward or None, launch=launch, progress=True,
+                                console=err)
         finish(summary, as_json)

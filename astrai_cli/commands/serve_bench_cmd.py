@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from astrai_cli.options import threads_option, use_threads
+from astrai_cli.options import checkpoint_path, threads_option, use_threads
 
 # (label, key, format) rows of the table, in sections; None formats skip the row when the
 # value is None in every run.
@@ -30,7 +30,9 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str]]]] = [
         ("Input token throughput (tok/s)", "input_throughput", "{:.1f}"),
         ("Output token throughput (tok/s)", "output_throughput", "{:.1f}"),
         ("Total token throughput (tok/s)", "total_token_throughput", "{:.1f}"),
-        ("Peak concurrency", "peak_concurrency", "{:d}"),
+        ("Max concurrent requests (vLLM)", "max_concurrent_requests", "{:d}"),
+        ("Peak output tokens/s (vLLM)", "max_output_tokens_per_s", "{:.0f}"),
+        ("Peak concurrency (exact)", "peak_concurrency", "{:d}"),
         ("Mean concurrency", "mean_concurrency", "{:.2f}"),
     ]),
 ]
@@ -179,7 +181,7 @@ def register(app: typer.Typer) -> None:
         from astrai.infer.config import CacheConfig, SchedulerConfig
 
         config = BenchConfig(
-            target=target, workload=workload, num_prompts=num_prompts,
+            target=str(checkpoint_path(target)), workload=workload, num_prompts=num_prompts,
             input_len=parse_range(input_len, "--input-len"),
             output_len=parse_range(output_len, "--output-len"),
             prefix_len=prefix_len, prefix_groups=prefix_groups,

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from astrai_cli.options import threads_option, use_threads
+from astrai_cli.options import checkpoint_path, threads_option, use_threads
 
 # Extra spellings, as some training launchers name these options.
 ALIASES = {
@@ -271,6 +271,9 @@ def register(app: typer.Typer) -> None:
 
         launch = launch_options(values)
         cfg = load_train_config(config, overrides_from(values, kinds))
+        for field in ("model", "ref_model"):  # a run directory: its newest checkpoint
+            if getattr(cfg, field, None):
+                setattr(cfg, field, str(checkpoint_path(getattr(cfg, field))))
         if dry_run:
             emit(plan_run(cfg).to_dict(), as_json, render_plan)
             return

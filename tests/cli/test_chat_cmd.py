@@ -55,6 +55,16 @@ def test_prompt_prints_exactly_the_reply(ckpt):
     ids = tok.encode_chat([{"role": "system", "content": "Be brief."},
                            {"role": "user", "content": "Hello there"}])
     assert r.stdout == greedy(model, tok, ids, 7) + "\n"
+    # a training run directory stands for its newest checkpoint, and stderr says which
+    run = path.parent / "run"
+    if not run.exists():
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "checkpoints" / "step_3").symlink_to(path)
+    r = runner.invoke(app, [*args, "--prompt", "Hello there", "--system", "Be brief."])
+    r2 = runner.invoke(app, ["chat", str(run), *args[2:], "-p", "Hello there", "--system",
+                             "Be brief."])
+    assert r2.exit_code == 0 and r2.stdout == r.stdout, r2.output
+    assert f"using its newest checkpoint {run}/checkpoints/step_3" in r2.stderr
     # --no-template: the model continues the raw text; '-' reads the message from stdin.
     r = runner.invoke(app, [*args, "--prompt", "-", "--no-template"], input="Once upon")
     assert r.exit_code == 0, r.output

@@ -74,3 +74,23 @@ def test_spec_errors(tmp_path, tok_dir):
     (tmp_path / "broken.json").write_text('{"kind": "sft",\n "inputs": [}')
     r = runner.invoke(app, ["preprocess", str(tmp_path / "broken.json")])
     assert r.exit_code == 2 and "broken.json:2: invalid JSON" in r.output
+
+
+@pytest.mark.parametrize("records,fields,needle", [
+    ([TEXT], {"output": "{tmp}/afile/ds"}, "output: cannot create"),
+    ([TEXT], {"output": "{tmp}", "overwrite": True}, "not an astrai dataset"),
+    ([TEXT, "[" * 100_000 + "]" * 100_000], {}, "nested too deeply"),
+    ([TEXT, '{"text": "\\ud800"}'], {}, "lone surrogate"),
+    ([TEXT], {"max_seq_len": True}, "max_seq_len: expected a number, got true"),
+])
+def test_hostile_specs_and_records_are_one_line(tmp_path, tok_dir, records, fields, needle):
+    (tmp_path / "afile").write_text("x")
+    fields = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v
+              for k, v in fields.items()}
+    spec = write_spec(tmp_path, tok_dir, records, **fields)
+    r = runner.invoke(app, ["preprocess", str(spec), "--workers", "2"])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.output, r.output
+    assert (tmp_path / "in.jsonl").is_file() and (tmp_path / "afile").read_text() == "x"
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]

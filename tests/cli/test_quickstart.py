@@ -35,6 +35,26 @@ def test_size_steps_fits_the_budget():
     assert p.steps == 200  # floor: never over the budget
 
 
+def test_a_budget_cut_is_reported_with_the_budget_that_fits():
+    from astrai_cli.commands.quickstart_cmd import render
+
+    cut = size_steps(100.0, 0.5, steps_per_epoch=80, max_epochs=4)
+    assert cut.budget_cut and cut.full_steps == 320
+    assert not size_steps(1000.0, 0.01, steps_per_epoch=80, max_epochs=4).budget_cut
+    res = {"preempted": False, "val_bpb": 2.6, "val_loss": 1.0, "val_bytes": 10, "out": "o",
+           "params": 1e6, "vocab_size": 10, "steps": 200, "consumed_tokens": 1,
+           "threads": 1, "checkpoint": "c", "total_s": 1.0, "stage_s": {}, "sample": None,
+           "commands": [], "step_s": 0.5, "full_steps": 320, "full_budget_s": 300.0}
+    buf = io.StringIO()
+    render(res, Console(file=buf, width=300))
+    text = buf.getvalue()
+    assert "the time budget cut training to 200 of the recipe's 320 steps" in text
+    assert "--time-budget 300 (or --steps 320)" in text
+    buf = io.StringIO()
+    render({**res, "full_budget_s": None, "steps": 320}, Console(file=buf, width=300))
+    assert "cut training" not in buf.getvalue()
+
+
 def test_size_steps_bounds():
     fast = size_steps(1000.0, 0.01, steps_per_epoch=80, max_epochs=4)
     assert (fast.steps, fast.capped_by) == (320, "epochs")

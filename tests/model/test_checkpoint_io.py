@@ -128,3 +128,23 @@ def test_bad_config_json(checkpoint):
     (checkpoint / "config.json").write_text(json.dumps({"dim": 30, "n_heads": 4}))
     with pytest.raises(ConfigError, match="config.json.*dim \\(30\\)"):
         load_checkpoint(checkpoint)
+
+
+def test_a_run_directory_stands_for_its_newest_checkpoint(tmp_path, make_config, make_model):
+    from astrai.model.checkpoint import resolve_checkpoint
+
+    cfg = make_config()
+    model = make_model(cfg)
+    run = tmp_path / "run"
+    for step in (2, 10):  # numeric order: step_10 is newer than step_2
+        save_checkpoint(run / "checkpoints" / f"step_{step}", model, cfg)
+    (run / "checkpoints" / "step_11").mkdir()  # incomplete: no weights
+    path, note = resolve_checkpoint(run)
+    assert path == run / "checkpoints" / "step_10"
+    assert note == f"{run} is a run directory: using its newest checkpoint {path}"
+    assert resolve_checkpoint(path) == (path, None)  # a checkpoint is itself
+    assert resolve_checkpoint(tmp_path / "nope") == (tmp_path / "nope", None)
+    empty = tmp_path / "empty-run"
+    (empty / "checkpoints").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match="run directory with no complete checkpoint"):
+        resolve_checkpoint(empty)

@@ -91,8 +91,9 @@ def test_mean_reduction_divides_by_response_length():
     policy = tiny_model()
     ref = perturbed(policy)
     batch = collate_pairs(preference_samples(3, seed=5))
-    s_sum = DPOStrategy(policy, reference=ref, loss_type="ipo")
+    s_sum = DPOStrategy(policy, reference=ref, loss_type="ipo", reduction="sum")
     s_mean = DPOStrategy(policy, reference=ref, loss_type="ipo", reduction="mean")
+    s_default = DPOStrategy(policy, reference=ref, loss_type="ipo")  # mean, as TRL
     with torch.no_grad():
         pc = [seq_logprob_loop(policy, batch["chosen"][b], batch["chosen_mask"][b])
               for b in range(3)]
@@ -106,6 +107,7 @@ def test_mean_reduction_divides_by_response_length():
     h = torch.tensor([float((pc[b] - qc[b]) / Lc[b] - (pr[b] - qr[b]) / Lr[b]) for b in range(3)])
     want = ((h - 5.0) ** 2).mean()
     assert s_mean(batch)["loss"].item() == pytest.approx(float(want), rel=1e-5)
+    assert s_default(batch)["loss"].item() == s_mean(batch)["loss"].item()
     assert s_sum(batch)["loss"].item() != pytest.approx(float(want), rel=1e-3)
 
 

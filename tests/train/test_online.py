@@ -143,3 +143,18 @@ def test_bad_reward_is_one_line_exit_2_and_writes_nothing(data, tmp_path, reward
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and msg in lines[0] and "Traceback" not in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_grpo_options_reach_the_loss(data, tmp_path):
+    """--scale-rewards / --grpo-loss-type are used: at step 1 (ratio 1, no KL yet) the loss
+    is -sum(A_i n_i) / units, so unscaled advantages and per-response means change it."""
+    losses = {}
+    for opts in (("group", "dapo"), ("none", "dapo"), ("group", "grpo")):
+        out = tmp_path / "-".join(opts)
+        run("train", "--strategy", "grpo", "--data", data["offline"], *MODEL, *COMMON,
+            "--max-steps", "1", "--out", out, "--ckpt-interval", "0", "--scale-rewards",
+            opts[0], "--grpo-loss-type", opts[1], "--eval-max-batches", "1")
+        losses[opts] = metrics(out)[0]["grpo_loss"]
+        cfg = json.loads((out / "train_config.json").read_text())
+        assert (cfg["scale_rewards"], cfg["grpo_loss_type"]) == opts
+    assert len(set(losses.values())) == 3

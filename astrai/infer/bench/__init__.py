@@ -12,6 +12,7 @@ from astrai.infer.bench.metrics import (
     parse_slos,
     peak_concurrency,
     summarize,
+    vllm_peaks,
 )
 from astrai.infer.bench.serve import BenchReport, BenchRun, load_target, serve_bench
 from astrai.infer.bench.workloads import (
@@ -26,5 +27,5 @@ __all__ = [
     "BenchConfig", "BenchReport", "BenchRequest", "BenchRun", "RequestRecord",
     "arrival_offsets", "compute_metrics", "jsonl_workload", "load_target", "parse_range",
     "parse_rate", "parse_slos", "peak_concurrency", "random_workload", "serve_bench",
-    "shared_prefix_workload", "summarize",
+    "shared_prefix_workload", "summarize", "vllm_peaks",
 ]

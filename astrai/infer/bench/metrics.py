@@ -11,8 +11,13 @@ Pure functions over per-request records (timestamps in seconds). Definitions
 - request / input / output / total token throughput: completed requests, their prompt
   tokens, their output tokens, and prompt + output tokens, each divided by the duration.
 - goodput: completed requests meeting every SLO (TTFT, TPOT, E2E in ms), per second.
-- peak concurrency (vLLM): most requests in flight at once, from their [send, end] intervals;
-  mean concurrency (SGLang "Concurrency"): sum of E2E latencies / duration.
+- max_concurrent_requests and max_output_tokens_per_s (vLLM's names and definitions): time
+  is cut into 1-second buckets from the first successful request's send; a successful
+  request counts in every bucket from its send's to its finish's, each output token in the
+  bucket it arrived in; the largest bucket of each. Failed requests are left out.
+- peak concurrency (astrai's own): the exact most requests in flight at once, failed ones
+  included, from their [send, end] intervals; mean concurrency (SGLang "Concurrency"): sum
+  of E2E latencies / duration.
 
 Latencies are reported in milliseconds; each gets mean, median, std and percentiles
 (numpy's linear interpolation, as both peers use).
@@ -107,6 +112,30 @@ def peak_concurrency(intervals: Iterable[tuple[float, float]]) -> int:
     return peak
 
 
+def vllm_peaks(records: Sequence[RequestRecord]) -> tuple[float, int]:
+    """(max_output_tokens_per_s, max_concurrent_requests) as vLLM's `calculate_metrics`
+    computes them, over the successful requests in 1-second buckets."""
+    ok = [r for r in records if r.success and r.end is not None]
+    if not ok:
+        return 0.0, 0
+    t0 = min(r.start for r in ok)
+    n = int(np.ceil(max(r.end for r in ok) - t0)) + 1  # type: ignore[operator]
+    tokens = np.zeros(n)
+    requests = np.zeros(n)
+    for r in ok:
+        if r.token_times:
+            # vLLM rebuilds the arrival times from start + TTFT + the running sum of ITLs
+            t = r.start + r.ttft  # type: ignore[operator]
+            for gap in [0.0, *r.itl]:
+                t += gap
+                b = int(t - t0)
+                if 0 <= b < n:
+                    tokens[b] += 1
+        first, last = int(r.start - t0), int(r.start + r.latency - t0)  # type: ignore[operator]
+        requests[first:min(last, n - 1) + 1] += 1
+    return float(tokens.max()), int(requests.max())
+
+
 def parse_slos(spec: str | None) -> dict[str, float]:
     """'ttft:200,tpot:50' -> {'ttft': 200.0, 'tpot': 50.0} (milliseconds)."""
     if not spec:
@@ -141,7 +170,8 @@ def compute_metrics(records: Sequence[RequestRecord], duration: float,
     Keys follow vLLM's JSON: completed, total_input_tokens, total_output_tokens,
     request_throughput, input_throughput, output_throughput, total_token_throughput,
     request_goodput (None without SLOs), {mean,median,std,p90,p99}_{ttft,tpot,itl,e2el}_ms,
-    peak_concurrency, mean_concurrency, failed, duration.
+    max_concurrent_requests, max_output_tokens_per_s (vLLM's 1-second buckets), and
+    astrai's peak_concurrency, mean_concurrency, failed, duration.
     """
     if duration <= 0:
         raise ValueError("duration must be > 0")
@@ -170,6 +200,7 @@ def compute_metrics(records: Sequence[RequestRecord], duration: float,
     for name in LATENCIES:
         for stat, v in summarize(series[name], qs).items():
             out[f"{stat}_{name}_ms"] = v
+    out["max_output_tokens_per_s"], out["max_concurrent_requests"] = vllm_peaks(records)
     done = [r for r in records if r.end is not None]
     out["peak_concurrency"] = peak_concurrency((r.start, r.end) for r in done)
     out["mean_concurrency"] = sum(r.latency for r in ok if r.latency is not None) / duration

@@ -14,7 +14,6 @@ All draws come from one seeded numpy generator: the same arguments give the same
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from astrai.data.records import load_json
 from astrai.errors import ConfigError, DataError
 
 WORKLOADS = ("random", "shared-prefix", "jsonl")
@@ -158,15 +158,12 @@ def jsonl_workload(path: str | Path, n: int | None, output_len: tuple[int, int],
                 break
             where = f"{path}:{lineno}"
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a BOM is no text
             except UnicodeDecodeError:
                 raise DataError(f"{where}: not UTF-8 text; save the file as UTF-8") from None
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+            obj = load_json(line, where)
             default = int(rng.integers(output_len[0], output_len[1] + 1))
             reqs.append(_line_request(obj, where, encode, encode_chat, vocab_size, default))
     if not reqs:

@@ -7,9 +7,12 @@
     hinge    L = max(0, 1 - beta h)               (SLiC-HF, Zhao et al. 2023)
 
 A response's log-prob is the *sum* of its token log-probs (the DPO paper's; reduction "sum";
-"mean" divides by its length). The loss is a mean over pairs (units = pairs). Implicit
-rewards beta * log(pi/pi_ref) of the chosen and rejected responses give the metrics
-(chosen/rejected reward, margin, accuracy = share of pairs ranked correctly).
+"mean" divides by its length; ipo uses "mean" unless told otherwise, as the IPO paper's
+results and TRL do). With label smoothing eps the sigmoid loss is conservative DPO:
+-(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h). The loss is a mean over pairs
+(units = pairs). Implicit rewards beta * log(pi/pi_ref) of the chosen and rejected
+responses, under the same reduction, give the metrics (chosen/rejected reward, margin,
+accuracy = share of pairs ranked correctly).
 
 The reference is the initial policy unless --ref-model says otherwise. With
 `precompute_ref` its sequence log-probs are computed once for every training and
@@ -46,15 +49,23 @@ LOSS_TYPES = ("sigmoid", "ipo", "hinge")
 
 def dpo_losses(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
                ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, beta: float,
-               loss_type: str = "sigmoid"
+               loss_type: str = "sigmoid", label_smoothing: float = 0.0
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sequence log-probs [B] each -> (per-pair loss [B], chosen reward [B], rejected
-    reward [B]); rewards are beta * log(pi/pi_ref), detached."""
+    reward [B]); rewards are beta * log(pi/pi_ref), detached. label_smoothing eps
+    (sigmoid only): conservative DPO, each label flipped with probability eps."""
     chosen_ratio = policy_chosen - ref_chosen  # (B,)
     rejected_ratio = policy_rejected - ref_rejected
     h = chosen_ratio - rejected_ratio
+    if label_smoothing and loss_type != "sigmoid":
+        raise ConfigError(f"label_smoothing: the {loss_type} loss has no label smoothing; "
+                          "use the sigmoid loss")
     if loss_type == "sigmoid":
+        # conservative DPO (Mitchell 2023, "A note on DPO with noisy preferences"; TRL's
+        # label-smoothed sigmoid): -(1 - eps) log s(beta h) - eps log s(-beta h)
         losses = -F.logsigmoid(beta * h)
+        if label_smoothing:
+            losses = (1.0 - label_smoothing) * losses - label_smoothing * F.logsigmoid(-beta * h)
     elif loss_type == "ipo":
         losses = (h - 1.0 / (2.0 * beta)) ** 2
     elif loss_type == "hinge":
@@ -101,7 +112,7 @@ class DPOStrategy(Strategy):
     required_keys = ("chosen", "rejected", "chosen_mask", "rejected_mask")
 
     def __init__(self, model: nn.Module, *, beta: float = 0.1, loss_type: str = "sigmoid",
-                 reduction: str = "sum", reference: nn.Module | None = None,
+                 reduction: str | None = None, reference: nn.Module | None = None,
                  reference_fn: Callable[[], nn.Module] | None = None,
                  precompute_ref: bool = False,
                  precompute_data: tuple[Sequence[Any], Callable, int] | None = None,
@@ -113,6 +124,8 @@ class DPOStrategy(Strategy):
         super().__init__(model, **kwargs)
         if loss_type not in LOSS_TYPES:
             raise ConfigError(f"dpo_loss '{loss_type}': choose one of {', '.join(LOSS_TYPES)}")
+        if reduction is None:  # as TRL: ipo on length-normalised log-probs, the others summed
+            reduction = "mean" if loss_type == "ipo" else "sum"
         if reduction not in ("sum", "mean"):
             raise ConfigError(f"dpo_reduction '{reduction}': choose sum or mean")
         self.beta, self.loss_type, self.reduction = float(beta), loss_type, reduction
@@ -129,7 +142,7 @@ class DPOStrategy(Strategy):
     @classmethod
     def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
         c, data = inputs.config, inputs.data
-        return {"beta": c.beta, "loss_type": c.dpo_loss, "reduction": c.dpo_reduction,
+        return {"beta": c.beta, "loss_type": c.dpo_loss, "reduction": c.dpo_reduction_value,
                 "reference_fn": reference_factory(inputs), "precompute_ref": c.precompute_ref,
                 "precompute_data": ([data.dataset, data.eval_dataset], data.collate_fn,
                                     c.batch_size)}
@@ -210,7 +223,8 @@ class DPOStrategy(Strategy):
         lp, aux = policy_logprobs(self.model, ids)
         seq = sequence_logprob(lp, mask, self.reduction)  # (2B,)
         ref_c, ref_r = self.reference_logps(batch, ids, mask)
-        losses, cr, rr = dpo_losses(seq[:B], seq[B:], ref_c, ref_r, self.beta, self.loss_type)
+        losses, cr, rr = dpo_losses(seq[:B], seq[B:], ref_c, ref_r, self.beta, self.loss_type,
+                                    self.label_smoothing)
         return losses, cr, rr, aux
 
     def loss_sum(self, batch):

@@ -7,9 +7,16 @@
     L     = -E_t[min(rho_t A, clip(rho_t, 1-eps, 1+eps) A)]
             + kl_coef * E_t[pi_ref/pi - log(pi_ref/pi) - 1]   (k3 estimator, Schulman 2020)
 
-E_t is the mean over the valid response tokens of the whole accumulation window (units =
-response tokens); prompt and padding tokens carry no loss. std is the population standard
-deviation of the group (a group with equal rewards has zero advantages).
+Both choices follow TRL's GRPOTrainer (docs/alignment.md lists the equivalences):
+
+* scale_rewards: std is the group's sample standard deviation (Bessel-corrected, as TRL's
+  `nanstd`; "group"), the whole batch's ("batch", PPO Lite), or no division ("none",
+  Dr. GRPO). A group with equal rewards has zero advantages. eps = 1e-4.
+* loss_type, how E_t aggregates the per-token loss (prompt and padding tokens carry
+  none): "dapo" = sum over the window's response tokens / their number (the default, as
+  TRL's); "grpo" = mean over each response's tokens, then over responses; "dr_grpo" =
+  sum / (responses x max completion length); "bnpo" = mean over each micro-batch's
+  tokens, then over micro-batches.
 
 Offline (`grpo`): groups come from the dataset (prompts [B, P], responses [B, G, R], masks,
 rewards [B, G]). old_model is synced with the policy every `sync_interval` optimizer steps
@@ -38,14 +45,43 @@ from astrai.train.strategies.logprobs import (
 from astrai.train.strategies.reference import copy_weights, freeze, reference_factory
 
 ADV_EPS = 1e-4
+SCALE_REWARDS = ("group", "batch", "none")
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
 
 
-def group_advantages(rewards: torch.Tensor, eps: float = ADV_EPS) -> torch.Tensor:
-    """rewards [B, G] -> advantages [B, G], normalised within each group (row)."""
+def group_advantages(rewards: torch.Tensor, scale: str = "group",
+                     eps: float = ADV_EPS) -> torch.Tensor:
+    """rewards [B, G] -> advantages [B, G]: minus the group's mean, divided by the group's
+    (scale "group") or the batch's ("batch") Bessel-corrected std + eps, or not ("none")."""
     r = rewards.float()
-    mean = r.mean(dim=1, keepdim=True)
-    std = r.std(dim=1, unbiased=False, keepdim=True)
-    return (r - mean) / (std + eps)
+    adv = r - r.mean(dim=1, keepdim=True)
+    if scale == "none":
+        return adv
+    if scale == "group":
+        std = r.std(dim=1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(r)
+    elif scale == "batch":
+        std = r.std().expand_as(r) if r.numel() > 1 else torch.zeros_like(r)
+    else:
+        raise ConfigError(f"scale_rewards '{scale}': choose one of {', '.join(SCALE_REWARDS)}")
+    return adv / (std + eps)
+
+
+def aggregate_token_loss(loss: torch.Tensor, mask: torch.Tensor, loss_type: str,
+                         max_completion_length: int) -> tuple[torch.Tensor, int]:
+    """Per-token loss and mask [N, T] -> (sum, units) whose ratio summed over a window is
+    TRL's loss of that loss_type: tokens (dapo), responses of per-response means (grpo),
+    responses x max length (dr_grpo), one micro-batch mean (bnpo)."""
+    tok = loss * mask
+    N = loss.shape[0]
+    if loss_type == "dapo":
+        return tok.sum(), int(mask.sum())
+    if loss_type == "grpo":
+        return (tok.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).sum(), N
+    if loss_type == "dr_grpo":
+        return tok.sum() / float(max_completion_length), N
+    if loss_type == "bnpo":
+        return tok.sum() / mask.sum().clamp(min=1.0), 1
+    raise ConfigError(f"grpo_loss_type '{loss_type}': choose one of {', '.join(LOSS_TYPES)}")
 
 
 def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
@@ -75,13 +111,24 @@ class GRPOStrategy(Strategy):
     required_keys = ("prompts", "prompt_mask", "responses", "masks", "rewards")
 
     def __init__(self, model: nn.Module, *, clip_eps: float = 0.2, kl_coef: float = 0.01,
-                 sync_interval: int = 1, pad_id: int = 0,
+                 sync_interval: int = 1, pad_id: int = 0, scale_rewards: str = "group",
+                 loss_type: str = "dapo", max_completion_length: int | None = None,
                  reference: nn.Module | None = None,
                  reference_fn: Callable[[], nn.Module] | None = None,
                  **kwargs: Any) -> None:
         """reference / reference_fn as in DPOStrategy (none: a frozen copy of the initial
-        policy); no reference is built when kl_coef is 0."""
+        policy); no reference is built when kl_coef is 0. scale_rewards, loss_type: as
+        TRL's (module docstring); max_completion_length: dr_grpo's constant (None = the
+        batch's padded response length)."""
         super().__init__(model, **kwargs)
+        if scale_rewards not in SCALE_REWARDS:
+            raise ConfigError(f"scale_rewards '{scale_rewards}': choose one of "
+                              f"{', '.join(SCALE_REWARDS)}")
+        if loss_type not in LOSS_TYPES:
+            raise ConfigError(f"grpo_loss_type '{loss_type}': choose one of "
+                              f"{', '.join(LOSS_TYPES)}")
+        self.scale_rewards, self.loss_type = scale_rewards, loss_type
+        self.max_completion_length = max_completion_length
         self.clip_eps, self.kl_coef = float(clip_eps), float(kl_coef)
         self.sync_interval, self.pad_id = int(sync_interval), int(pad_id)
         self._reference_fn = reference_fn
@@ -106,7 +153,9 @@ class GRPOStrategy(Strategy):
                             "(online mode); train it with --strategy online-grpo, or build "
                             "offline groups (records with responses and rewards)")
         return {"clip_eps": c.clip_eps, "kl_coef": c.kl_coef, "sync_interval": c.sync_interval,
-                "pad_id": _pad_id(data), "reference_fn": reference_factory(inputs)}
+                "pad_id": _pad_id(data), "reference_fn": reference_factory(inputs),
+                "scale_rewards": c.scale_rewards, "loss_type": c.grpo_loss_type,
+                "max_completion_length": data.seq_len}
 
     # -- policies ----------------------------------------------------------------------------
     def reference(self) -> nn.Module:
@@ -144,7 +193,12 @@ class GRPOStrategy(Strategy):
         return trim_right(ids, mask, mask=mask)  # nothing after the last scored token counts
 
     def loss_units(self, batch: dict[str, Any]) -> int:
-        return int(batch["masks"].sum())
+        if self.loss_type == "dapo":
+            return int(batch["masks"].sum())
+        if self.loss_type == "bnpo":
+            return 1
+        B, G = batch["rewards"].shape
+        return B * G
 
     def batch_samples(self, batch: dict[str, Any]) -> int:
         return int(batch["prompts"].shape[0])
@@ -163,11 +217,12 @@ class GRPOStrategy(Strategy):
         if self.kl_coef:
             with torch.no_grad():
                 ref = token_logprobs(self.reference()(ids).logits, ids)
-        adv = group_advantages(batch["rewards"]).reshape(-1)  # (B*G,)
+        adv = group_advantages(batch["rewards"], self.scale_rewards).reshape(-1)  # (B*G,)
         loss, stats = grpo_token_loss(logp, old, ref, adv, self.clip_eps, self.kl_coef)
         m = mask[:, 1:].to(loss.dtype)
-        units = int(m.sum())
-        return (loss * m).sum(), units, out.aux_loss, self.metrics(batch, stats, m)
+        total, units = aggregate_token_loss(
+            loss, m, self.loss_type, self.max_completion_length or batch["responses"].shape[-1])
+        return total, units, out.aux_loss, self.metrics(batch, stats, m)
 
     def metrics(self, batch: dict[str, Any], stats: dict[str, torch.Tensor],
                 m: torch.Tensor) -> dict[str, float]:
@@ -189,7 +244,7 @@ class GRPOStrategy(Strategy):
         ids, mask = self.sequences(batch)
         logp = token_logprobs(self.model(ids).logits, ids)
         m = mask[:, 1:].to(logp.dtype)
-        adv = group_advantages(batch["rewards"]).reshape(-1, 1)
+        adv = group_advantages(batch["rewards"], self.scale_rewards).reshape(-1, 1)
         out = {"adv_logp": float((adv * logp * m).sum()), "tokens": float(m.sum())}
         if self.kl_coef:
             d = token_logprobs(self.reference()(ids).logits, ids) - logp

@@ -112,11 +112,13 @@ class OnlineGRPOStrategy(OnlineRollouts, GRPOStrategy):
     @classmethod
     def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
         c = inputs.config
-        return {**online_setup(inputs), "clip_eps": c.clip_eps, "kl_coef": c.kl_coef}
+        return {**online_setup(inputs), "clip_eps": c.clip_eps, "kl_coef": c.kl_coef,
+                "scale_rewards": c.scale_rewards, "loss_type": c.grpo_loss_type,
+                "max_completion_length": c.rollout_max_tokens}
 
     def loss_units(self, batch):
         self.rollouts.attach(batch)
-        return int(batch["masks"].sum())
+        return super().loss_units(batch)
 
     def old_logprobs(self, batch, ids, logp):
         entry = self.rollouts.entries[batch["_slot"]]
@@ -185,7 +187,7 @@ class OnlineDPOStrategy(OnlineRollouts, DPOStrategy):
                               "rollout; its reference cannot be precomputed (drop "
                               "--precompute-ref)")
         return {**online_setup(inputs), "beta": c.beta, "loss_type": c.dpo_loss,
-                "reduction": c.dpo_reduction}
+                "reduction": c.dpo_reduction_value}
 
     def loss_units(self, batch):
         # units = prompts: the loss is a mean over prompts, and a prompt whose group tied

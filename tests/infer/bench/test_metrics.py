@@ -1,7 +1,9 @@
 """Serving metrics on synthetic timestamps, against values computed by hand."""
 
 import math
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from astrai.errors import ConfigError
@@ -12,6 +14,7 @@ from astrai.infer.bench.metrics import (
     parse_slos,
     peak_concurrency,
     summarize,
+    vllm_peaks,
 )
 
 
@@ -126,3 +129,68 @@ def test_parse_slos():
     for bad in ("ttft", "ttft:-1", "latency:3", "tpot:x"):
         with pytest.raises(ConfigError, match="goodput SLO"):
             parse_slos(bad)
+
+
+def vllm_calculate_peaks(outputs):
+    """vLLM benchmarks `calculate_metrics`: max_output_tokens_per_s and
+    max_concurrent_requests, as written there (outputs carry start_time, ttft, itl,
+    latency, success)."""
+    max_output_tokens_per_s, max_concurrent_requests = 0.0, 0
+    successful_outputs = [o for o in outputs if o.success]
+    if successful_outputs:
+        min_start_time = min(o.start_time for o in successful_outputs)
+        max_end_time = max(o.start_time + o.latency for o in successful_outputs)
+        duration_seconds = int(np.ceil(max_end_time - min_start_time)) + 1
+        tokens_per_second = np.zeros(duration_seconds)
+        concurrent_requests_per_second = np.zeros(duration_seconds)
+        for o in successful_outputs:
+            token_times = [o.start_time + o.ttft]
+            current_time = token_times[0]
+            for itl_value in o.itl:
+                current_time += itl_value
+                token_times.append(current_time)
+            for token_time in token_times:
+                second_bucket = int(token_time - min_start_time)
+                if 0 <= second_bucket < duration_seconds:
+                    tokens_per_second[second_bucket] += 1
+            request_start_second = int(o.start_time - min_start_time)
+            request_end_second = int((o.start_time + o.latency) - min_start_time)
+            for second in range(request_start_second, request_end_second + 1):
+                concurrent_requests_per_second[second] += 1
+        max_output_tokens_per_s = float(np.max(tokens_per_second))
+        max_concurrent_requests = int(np.max(concurrent_requests_per_second))
+    return max_output_tokens_per_s, max_concurrent_requests
+
+
+def as_vllm(r):
+    return SimpleNamespace(start_time=r.start, ttft=r.ttft, itl=r.itl, latency=r.latency,
+                           success=r.success)
+
+
+def test_vllm_peaks_by_hand():
+    # buckets from t=0: A spans seconds 0-4, B 1-3, C 2-7 -> at most 3 at once (seconds 2, 3);
+    # tokens: second 1 holds A@1, second 2 holds A@2, second 3 holds B@3 and B@3.5.
+    m = compute_metrics(RECORDS, duration=10.0)
+    assert m["max_concurrent_requests"] == 3 and m["max_output_tokens_per_s"] == 2.0
+    # one long request and many short ones in other seconds: vLLM's count is per bucket,
+    # astrai's peak is exact
+    recs = [rec(1, 0.0, [0.5, 3.9]), rec(1, 1.1, [1.2]), rec(1, 1.5, [1.6])]
+    m = compute_metrics(recs, duration=4.0)
+    assert m["peak_concurrency"] == 2 and m["max_concurrent_requests"] == 3
+
+
+def test_vllm_peaks_equal_vllm_loop_and_ignore_failures():
+    rng = np.random.default_rng(0)
+    recs = []
+    for i in range(60):
+        start = float(rng.uniform(0, 20))
+        times = list(start + np.cumsum(rng.exponential(0.07, size=int(rng.integers(1, 40)))))
+        recs.append(rec(int(rng.integers(1, 50)), start, times, success=bool(i % 7)))
+    m = compute_metrics(recs, duration=30.0)
+    want = vllm_calculate_peaks([as_vllm(r) for r in recs])
+    assert (m["max_output_tokens_per_s"], m["max_concurrent_requests"]) == want
+    assert vllm_peaks([r for r in recs if not r.success]) == (0.0, 0)
+    # failed requests count in astrai's exact peak but not in vLLM's buckets
+    failed = [rec(1, 0.0, [0.1], success=False) for _ in range(5)]
+    m = compute_metrics([rec(1, 0.0, [0.2]), *failed], duration=1.0)
+    assert m["max_concurrent_requests"] == 1 and m["peak_concurrency"] == 6

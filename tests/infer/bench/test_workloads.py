@@ -158,3 +158,11 @@ def test_rate_and_burstiness_validation():
             parse_rate(bad)
     with pytest.raises(ConfigError, match="--burstiness"):
         arrival_offsets(3, 1.0, burstiness=0.0)
+
+
+def test_jsonl_workload_with_a_byte_order_mark(tmp_path):
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps({"prompt_ids": [5, 6]}).encode() + b"\n")
+    reqs = jsonl_workload(p, None, (1, 1), encode=encode, encode_chat=lambda m: [9],
+                          vocab_size=100)
+    assert [r.prompt_ids for r in reqs] == [(5, 6)]
