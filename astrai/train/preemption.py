@@ -51,7 +51,7 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class PreemptionGuard:
     """Catches SIGTERM/SIGINT between install() and uninstall() (main thread only)."""
 
-    def __init__(self, signals: tuple[int, ...] = SIGNALS, grace_s: float = 1.0,
+    def __init__(self, signals: tuple[int, ...] = SIGNALS, grace_s: float = 1.0, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.signals, self.grace_s, self.clock = tuple(signals), grace_s, clock
         self.signum: int | None = None
