@@ -94,6 +94,21 @@ class TrainConfig(AlignmentOptions):
     strategy_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the strategy (used by dpo/grpo/...)."""
 
+    # -- LoRA ----------------------------------------------------------------------------
+    lora_rank: int | None = Field(None, gt=0)
+    """Train LoRA adapters of this rank on a frozen base instead of every weight (docs/lora.md);
+    None = full fine-tuning. Adapters and their AdamW moments are fp32 with any base dtype."""
+    lora_alpha: float | None = Field(None, gt=0)
+    """LoRA scale numerator: the update is (alpha / rank) B A x; None = 2 x rank."""
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout probability on the input of LoRA's A matrix during training."""
+    lora_targets: list[str] = Field(default_factory=lambda: ["all-linear"])
+    """Linear layers that get adapters: all-linear, or names from q_proj, k_proj, v_proj,
+    o_proj, gate_proj, up_proj, down_proj (CLI: comma-separated)."""
+    adapter: str | None = None
+    """A PEFT LoRA adapter directory to continue training on --model (its rank, alpha and
+    targets apply; give no --lora-* option with it)."""
+
     # -- checkpoints, metrics, validation ------------------------------------------------
     ckpt_interval: int = Field(1000, ge=0)
     """Save a checkpoint every N optimizer steps (and always at the end); 0 = only at the end."""
@@ -169,7 +184,25 @@ class TrainConfig(AlignmentOptions):
             self._check_label_smoothing()
         if self.ref_model:
             self._check_ref_model()
+        self._check_lora()
         return self
+
+    def _check_lora(self) -> None:
+        given = [f for f in ("lora_alpha", "lora_dropout", "lora_targets")
+                 if f in self.model_fields_set]
+        if self.adapter and (self.lora_rank or given):
+            raise ValueError("adapter: the adapter directory fixes rank, alpha and targets; "
+                             "drop the --lora-* options or --adapter")
+        if given and not self.lora_rank and not self.adapter:
+            raise ValueError(f"{given[0]}: LoRA options need --lora-rank R")
+        if self.lora_rank:
+            try:
+                self.lora_spec  # noqa: B018 - validates the targets
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
+        if (self.lora_rank or self.adapter) and self.parallel == "fsdp":
+            raise ValueError("parallel: LoRA runs with --parallel none or ddp (FSDP2 sharding "
+                             "of a frozen base is not supported); use --parallel ddp")
 
     def _check_ref_model(self) -> None:
         """Here, not when the reference is first built: a bad --ref-model must fail before
@@ -202,6 +235,21 @@ class TrainConfig(AlignmentOptions):
     @property
     def min_lr_value(self) -> float:
         return self.max_lr / 10 if self.min_lr is None else self.min_lr
+
+    @property
+    def lora(self) -> bool:
+        """The run trains LoRA adapters (new ones or --adapter's), not the whole model."""
+        return bool(self.lora_rank or self.adapter)
+
+    @property
+    def lora_spec(self):
+        """The LoraSpec of new adapters (--lora-rank), or None."""
+        if not self.lora_rank:
+            return None
+        from astrai.model.lora import LoraSpec
+
+        return LoraSpec.build(self.lora_rank, self.lora_alpha, self.lora_dropout,
+                              self.lora_targets)
 
     def require(self, *fields: str) -> None:
         """Raise ConfigError for the first of `fields` that is unset."""

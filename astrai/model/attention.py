@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from astrai.model.config import ModelConfig
 from astrai.model.context import SDPA, ForwardContext
+from astrai.model.lora import project
 from astrai.model.rope import rotate
 
 
@@ -27,12 +27,13 @@ class Attention(nn.Module):
         """x [B, T, C]; rope = `rope_factors` of the tokens' positions -> [B, T, C]."""
         B, T, _ = x.shape
         H, K, D = self.n_heads, self.n_kv_heads, self.head_dim
-        # F.linear on the layers' parameters: no nn.Module call per projection (block.py)
-        q = F.linear(x, self.q_proj.weight, self.q_proj.bias).view(B, T, H, D)  # (B, T, H, D)
-        k = F.linear(x, self.k_proj.weight, self.k_proj.bias).view(B, T, K, D)  # (B, T, K, D)
-        v = F.linear(x, self.v_proj.weight, self.v_proj.bias).view(B, T, K, D)  # (B, T, K, D)
+        # F.linear on the layers' parameters: no nn.Module call per projection (block.py),
+        # unless a layer carries a LoRA adapter (lora.py)
+        q = project(x, self.q_proj).view(B, T, H, D)  # (B, T, H, D)
+        k = project(x, self.k_proj).view(B, T, K, D)  # (B, T, K, D)
+        v = project(x, self.v_proj).view(B, T, K, D)  # (B, T, K, D)
         # q and k rotated in one pass, before any KV write
         q, k = rotate(torch.cat((q, k), dim=2), *rope).split_with_sizes((H, K), dim=2)
         backend = ctx.backend or SDPA
         out = backend.attend(q, k, v, self.layer, ctx)  # (B, T, H, D)
-        return F.linear(out.reshape(B, T, H * D), self.o_proj.weight)  # (B, T, C)
+        return project(out.reshape(B, T, H * D), self.o_proj)  # (B, T, C)

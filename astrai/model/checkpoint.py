@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +63,11 @@ def save_checkpoint(
     tokenizer_dir: str | Path | None = None,
     meta: dict[str, Any] | None = None,
     extras: dict[str, Any] | None = None,
+    write_more: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write a complete checkpoint directory atomically. `extras` maps name -> object for
-    `{name}.pt` files (optimizer, scheduler, trainer_state)."""
+    `{name}.pt` files (optimizer, scheduler, trainer_state); `write_more(tmp)` adds files
+    inside the directory before it appears (a LoRA run's adapter/)."""
     state = model.state_dict() if isinstance(model, torch.nn.Module) else model
     with atomic_dir(path) as tmp:
         config.save(tmp / CONFIG)
@@ -75,6 +78,8 @@ def save_checkpoint(
         (tmp / META).write_text(json.dumps(full_meta, indent=2, default=str) + "\n")
         for name, obj in (extras or {}).items():
             torch.save(obj, tmp / f"{name}.pt")
+        if write_more is not None:
+            write_more(tmp)
     return Path(path)
 
 

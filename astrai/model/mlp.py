@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from astrai.model.lora import project
+
 
 class SwiGLU(nn.Module):
     def __init__(self, dim: int, hidden: int) -> None:
@@ -15,6 +17,7 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # F.linear on the layers' weights: no nn.Module call per projection (block.py)
-        gate = F.linear(x, self.gate_proj.weight)
-        return F.linear(F.silu(gate) * F.linear(x, self.up_proj.weight), self.down_proj.weight)
+        # F.linear on the layers' weights: no nn.Module call per projection (block.py),
+        # unless a layer carries a LoRA adapter (lora.py)
+        gate = project(x, self.gate_proj)
+        return project(F.silu(gate) * project(x, self.up_proj), self.down_proj)

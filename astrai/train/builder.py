@@ -54,6 +54,9 @@ class Prepared:
     strategy_cls: type[Strategy]
     checkpoint_types: tuple[type[torch.nn.Module], ...]
     """Module classes whose activations are recomputed (empty: no checkpointing)."""
+    adapter: Path | None = None
+    """A PEFT adapter directory whose LoRA weights the run continues (--adapter, or the
+    checkpoint's adapter/ on resume); None with --lora-rank: fresh adapters."""
 
 
 def run_paths(config: TrainConfig) -> RunPaths:
@@ -73,7 +76,7 @@ def sampler_for(data: TrainData, config: TrainConfig, rank: int, world_size: int
 
 
 def prepare(config: TrainConfig, data: TrainData, *, world_size: int | None = None,
-            source: ModelSource | None = None) -> Prepared:
+            source: ModelSource | None = None, adapter: Path | None = None) -> Prepared:
     """Check the run makes sense; raise a one-line AstraiError if not. `world_size`:
     None = the launcher's WORLD_SIZE, or nnodes x nprocs before launching."""
     if world_size is None:
@@ -104,8 +107,30 @@ def prepare(config: TrainConfig, data: TrainData, *, world_size: int | None = No
             f"(batch_size {config.batch_size} x grad_accum_steps {config.grad_accum_steps} x "
             f"{world_size} processes); lower them or add data"
         )
+    adapter = adapter or (Path(config.adapter) if config.adapter else None)
+    if adapter is not None:
+        from astrai.model.adapter import read_adapter_spec
+
+        read_adapter_spec(adapter)  # a bad adapter directory fails before anything is written
     return Prepared(config, data, source, plan, device, precision, strategy_cls,
-                    types if config.gradient_checkpointing else ())
+                    types if config.gradient_checkpointing else (), adapter)
+
+
+def with_adapters(model: torch.nn.Module, config: TrainConfig, adapter: Path | None
+                  ) -> torch.nn.Module:
+    """LoRA runs: freeze the model and add adapters (fresh, or `adapter`'s weights). The
+    optimizer then sees only the trainable parameters (astrai.train.optim), so this is the
+    one place a run chooses what it trains. A reward model's new score head stays trainable."""
+    keep = ("score_head.",)
+    if adapter is not None:
+        from astrai.model.adapter import load_adapter
+
+        load_adapter(model, adapter, seed=config.seed, train_also=keep)
+    elif config.lora_spec is not None:
+        from astrai.model.lora import apply_lora
+
+        apply_lora(model, config.lora_spec, seed=config.seed, train_also=keep)
+    return model
 
 
 def schedule_options(config: TrainConfig) -> dict[str, Any]:
@@ -132,6 +157,7 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
         # compiled in place before the executor wraps it (compile, then shard); the strategy
         # may first change the module (reward: a scalar head on the hidden states)
         model = p.strategy_cls.prepare_model(p.source.model_fn(), config)
+        model = with_adapters(model, config, p.adapter)
         return apply_compile(model, config.compile, backend=config.compile_backend)
 
     def optimizer_fn(model):

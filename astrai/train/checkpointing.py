@@ -5,6 +5,8 @@
     RUN_DIR/checkpoints/step_N/        astrai checkpoint (model.safetensors, tokenizer, meta.json
                                        with the train config, optimizer.pt, scheduler.pt,
                                        trainer_state.pt)
+    RUN_DIR/checkpoints/step_N/adapter/  LoRA runs: adapter_config.json + adapter_model.safetensors
+                                       (PEFT's format); model.safetensors holds the frozen base
     RUN_DIR/latest                     name of the newest complete checkpoint
 
 A checkpoint directory appears only by an atomic rename (astrai.model.checkpoint), so every
@@ -17,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +30,8 @@ from astrai.model.checkpoint import CONFIG, META, WEIGHTS, load_extra, read_meta
 if TYPE_CHECKING:
     from astrai.train.context import TrainContext
 
+ADAPTER_DIR = "adapter"
+"""Inside a LoRA run's checkpoint: the PEFT adapter directory."""
 STEP_DIR = re.compile(r"^step_(\d+)$")
 REQUIRED = (CONFIG, WEIGHTS, META, "optimizer.pt", "scheduler.pt", "trainer_state.pt")
 
@@ -106,6 +111,24 @@ def trainer_state_payload(ctx: TrainContext, callbacks: list[Any]) -> dict[str, 
     }
 
 
+def split_adapter(ctx: TrainContext, weights: dict[str, Any]
+                  ) -> tuple[dict[str, Any], Callable[[Path], None] | None]:
+    """A LoRA run's checkpoint: the frozen base (and a reward head) in model.safetensors, as
+    any checkpoint, and the adapter in PEFT's format in `adapter/` (what PeftModel loads,
+    and what resume puts back on the base)."""
+    from astrai.model.lora import is_lora_key
+
+    spec = getattr(ctx.executor.unwrap(), "lora_spec", None)
+    if spec is None:
+        return weights, None
+    from astrai.model.adapter import write_adapter
+
+    adapter = {k: v for k, v in weights.items() if is_lora_key(k)}
+    base = {k: v for k, v in weights.items() if not is_lora_key(k)}
+    return base, lambda tmp: write_adapter(tmp / ADAPTER_DIR, None, spec, ctx.config.model,
+                                           state=adapter)
+
+
 def save_training_checkpoint(ctx: TrainContext, callbacks: list[Any]) -> Path | None:
     """Write checkpoints/step_N for the committed state. Every rank calls it (gathering a
     sharded state is collective); rank 0 writes."""
@@ -120,10 +143,12 @@ def save_training_checkpoint(ctx: TrainContext, callbacks: list[Any]) -> Path | 
             "strategy": ctx.config.strategy, **ctx.meta, "train_config": ctx.config.to_dict(),
         }
         path = ctx.paths.ckpt_dir / step_dir_name(s.step)
+        weights, write_adapter = split_adapter(ctx, weights)
         save_checkpoint(
             path, weights, ctx.model_config, tokenizer_dir=ctx.tokenizer_dir, meta=meta,
             extras={"optimizer": optimizer, "scheduler": ctx.scheduler.state_dict(),
                     "trainer_state": trainer_state_payload(ctx, callbacks)},
+            write_more=write_adapter,
         )
         write_pointer(ctx.paths.run_dir, path)
         prune(ctx.paths.ckpt_dir, ctx.config.keep_last)

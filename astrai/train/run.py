@@ -28,6 +28,7 @@ from astrai.train.builder import Prepared, build_context, prepare, run_paths
 from astrai.train.callbacks import Callback, default_callbacks
 from astrai.train.callbacks.tensorboard import require_tensorboard
 from astrai.train.checkpointing import (
+    ADAPTER_DIR,
     clean_leftovers,
     latest_checkpoint,
     list_checkpoints,
@@ -83,7 +84,7 @@ def absolute_paths(config: TrainConfig) -> TrainConfig:
     """The config with its filesystem paths made absolute, so the copy saved with the run
     (and `astrai resume`) works from any working directory."""
     update = {}
-    for key in ("data", "eval_data", "out", "ckpt_dir"):
+    for key in ("data", "eval_data", "out", "ckpt_dir", "adapter"):
         value = getattr(config, key)
         if value:
             update[key] = str(Path(value).resolve())
@@ -228,7 +229,9 @@ def resume(run_dir: str | Path, *, reward: Sequence[str] | None = None,
         return model.train()
 
     source = ModelSource(model_config, model_fn, "checkpoint", f"checkpoint {ckpt}")
-    prepared: Prepared = prepare(config, data, source=source)
+    adapter = ckpt / ADAPTER_DIR  # a LoRA run: its adapter goes back on the stored base
+    prepared: Prepared = prepare(config, data, source=source,
+                                 adapter=adapter if adapter.is_dir() else None)
     if meta.get("total_steps") not in (None, prepared.plan.total_steps):
         raise DataError(
             f"{ckpt}: the run had {meta['total_steps']} total steps but {config.data} now "

@@ -3,6 +3,8 @@
 Default: the initial policy, i.e. `--model` resolved again exactly as the run resolved it
 (a preset is rebuilt with the run's seed, a checkpoint is loaded again), so a resumed run
 gets the same reference without storing it. `--ref-model DIR` names another checkpoint.
+A LoRA run's reference is its own base: the policy with adapters disabled (PolicyBase,
+TRL's choice with PEFT), so no second copy of the model exists.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ def reference_factory(inputs: StrategyInputs) -> Callable[[], nn.Module]:
     from astrai.train.model_source import resolve_model
 
     config, data = inputs.config, inputs.data
+    if config.lora and not config.ref_model:
+        return PolicyBase
     spec = config.ref_model or config.model
     overrides = {} if config.ref_model else config.model_overrides
     what = "ref_model" if config.ref_model else "reference (the initial --model)"
@@ -37,8 +41,29 @@ def reference_factory(inputs: StrategyInputs) -> Callable[[], nn.Module]:
     return build
 
 
-def freeze(model: nn.Module, like: nn.Module) -> nn.Module:
-    """`model` in eval mode without gradients, on the device and dtype of `like`'s weights."""
+class PolicyBase:
+    """The reference of a LoRA run: the policy itself with its adapters disabled (the
+    frozen base it started from), so no second copy of the model exists. `freeze` binds
+    it to the policy."""
+
+    def __init__(self) -> None:
+        self.policy: nn.Module | None = None
+
+    def __call__(self, *args, **kwargs):
+        from astrai.model.lora import adapters_disabled
+        from astrai.train.executor import unwrap
+
+        model = unwrap(self.policy)
+        with torch.no_grad(), adapters_disabled(model):
+            return model(*args, **kwargs)
+
+
+def freeze(model: nn.Module | PolicyBase, like: nn.Module) -> nn.Module | PolicyBase:
+    """`model` in eval mode without gradients, on the device and dtype of `like`'s weights
+    (a PolicyBase is bound to the policy `like` instead)."""
+    if isinstance(model, PolicyBase):
+        model.policy = like
+        return model
     p = next(like.parameters())
     model = model.to(device=p.device, dtype=p.dtype)
     model.eval().requires_grad_(False)
