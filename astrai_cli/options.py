@@ -44,5 +44,9 @@ Dtype = Annotated[str, typer.Option(
     "--dtype", help="auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16.")]
 Backend = Annotated[str | None, typer.Option(
     "--backend", help="Attention backend: torch_native | flash | cuda (default: automatic).")]
+Adapter = Annotated[Path | None, typer.Option(
+    "--adapter", metavar="DIR", help="A PEFT LoRA adapter directory (adapter_config.json + "
+    "adapter_model.safetensors) merged into the weights; default: a LoRA checkpoint's own "
+    "adapter/.")]
 MaxContext = Annotated[int | None, typer.Option(
     "--max-context", help="Context length (default: the model's max_seq_len).")]

@@ -24,9 +24,12 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def load_model(path: str | Path, *, device: str | torch.device = "auto",
-               dtype: str | torch.dtype | None = None) -> torch.nn.Module:
+               dtype: str | torch.dtype | None = None,
+               adapter: str | Path | None = None) -> torch.nn.Module:
     """An eval-mode Transformer from an astrai checkpoint or a HF Llama / Qwen2 / Mistral
-    directory (`astrai.model.hf.load_pretrained`)."""
+    directory (`astrai.model.hf.load_pretrained`), with a LoRA adapter merged in: `adapter`
+    (a PEFT directory) or, for a LoRA run's checkpoint, its own `adapter/`."""
+    from astrai.model.adapter import find_adapter, merge_adapter
     from astrai.model.hf import load_pretrained
 
     dev = resolve_device(device)
@@ -34,7 +37,10 @@ def load_model(path: str | Path, *, device: str | torch.device = "auto",
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory; point to an astrai "
                               "checkpoint or a HF model directory")
+    adapter = find_adapter(path, adapter)
     model, _, _ = load_pretrained(path, device=dev, dtype=resolve_dtype(dtype, dev))
+    if adapter is not None:
+        merge_adapter(model, adapter)
     return model.eval()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,16 +50,35 @@ class InspectReport:
 
 
 def inspect_weights(paths: list[str | Path], config: InspectConfig | None = None,
-                    progress: Progress | None = None) -> InspectReport:
-    """Scan each checkpoint; with two or more, also find entries stuck across them."""
+                    progress: Progress | None = None,
+                    adapter: str | Path | None = None) -> InspectReport:
+    """Scan each checkpoint; with two or more, also find entries stuck across them.
+    `adapter`: a PEFT LoRA directory merged into each checkpoint's weights, in their stored
+    dtype, before the scan (what a merged export would hold)."""
     cfg = config or InspectConfig()
     if not paths:
         raise CheckpointError("inspect-weights: pass at least one checkpoint")
+    if adapter is not None:
+        with tempfile.TemporaryDirectory(prefix="astrai-merged-") as tmp:
+            merged = [merged_weights(p, adapter, Path(tmp) / f"{i}.safetensors")
+                      for i, p in enumerate(paths)]
+            return inspect_weights(merged, cfg, progress)
     sources = [open_source(p) for p in paths]
     scans = [scan_checkpoint(s, cfg, progress) for s in sources]
     stuck = diff_checkpoints(sources, cfg, progress) if len(sources) > 1 else None
     found = findings(scans, stuck, cfg)
     return InspectReport(cfg, scans, stuck, found, verdict(found))
+
+
+def merged_weights(path: str | Path, adapter: str | Path, out: Path) -> Path:
+    """Write `path`'s weights with `adapter` merged (stored dtype kept) to `out`."""
+    from astrai.model.adapter import merge_adapter
+    from astrai.model.checkpoint import save_weights
+    from astrai.model.hf import load_pretrained
+
+    model, _, _ = load_pretrained(path, dtype=None)
+    save_weights(merge_adapter(model, adapter).state_dict(), out)
+    return out
 
 
 # -- JSON ----------------------------------------------------------------------------------

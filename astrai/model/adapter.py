@@ -169,3 +169,23 @@ def load_adapter(model: nn.Module, path: str | Path, *, seed: int = 0,
         for k, v in state.items():
             params[k].copy_(v.to(torch.float32))
     return spec
+
+
+def find_adapter(checkpoint: str | Path, adapter: str | Path | None = None) -> Path | None:
+    """The adapter to put on `checkpoint`: `adapter` when given (checked), else the
+    checkpoint's own `adapter/` (a LoRA run's training checkpoint), else None."""
+    if adapter is not None:
+        read_adapter_spec(adapter)
+        return Path(adapter)
+    own = Path(checkpoint) / "adapter"
+    return own if is_adapter_dir(own) else None
+
+
+def merge_adapter(model: nn.Module, adapter: str | Path) -> nn.Module:
+    """`model` with the adapter folded into its weights (W + s·B A): a plain model that
+    serves at the base's speed. In place; returns the model."""
+    from astrai.model.lora import merge_lora
+
+    training = model.training
+    load_adapter(model, adapter)
+    return merge_lora(model).train(training).requires_grad_(False)

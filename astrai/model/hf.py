@@ -191,10 +191,17 @@ def _with_max_len(model: Transformer, config: ModelConfig, max_seq_len: int) -> 
 # -- export -------------------------------------------------------------------------------
 
 def export_hf(checkpoint: str | Path, out_dir: str | Path, *, dtype: torch.dtype | None = None,
-              overwrite: bool = False) -> Path:
+              overwrite: bool = False, merge_lora: bool = False,
+              adapter: str | Path | None = None) -> Path:
     """Write a HF-format directory (config.json, model.safetensors, generation_config.json and
     the tokenizer files) that transformers' AutoModelForCausalLM.from_pretrained loads.
-    Written atomically; an existing `out_dir` is replaced only with `overwrite`."""
+    Written atomically; an existing `out_dir` is replaced only with `overwrite`.
+
+    LoRA: the adapter is `adapter` or the checkpoint's own `adapter/`. `merge_lora` folds it
+    into the weights (W + s·B A, PEFT's merge_and_unload); otherwise the base is written and
+    the adapter copied to OUT_DIR/adapter for PeftModel.from_pretrained."""
+    from astrai.model.adapter import find_adapter, merge_adapter
+
     checkpoint, out_dir = Path(checkpoint), Path(out_dir)
     config, info = read_config(checkpoint)
     dtype_name = None if dtype is None else _dtype_name(dtype)
@@ -203,7 +210,13 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, dtype: torch.dtype
         raise CheckpointError(f"{out_dir}: is the checkpoint itself; choose another OUT_DIR")
     if out_dir.exists() and not overwrite and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise CheckpointError(f"{out_dir}: already exists; choose another path or pass --overwrite")
+    lora = find_adapter(checkpoint, adapter)
+    if merge_lora and lora is None:
+        raise CheckpointError(f"{checkpoint}: no LoRA adapter to merge (no adapter/ inside); "
+                              "pass --adapter DIR or drop --merge-lora")
     model, config, _ = load_pretrained(checkpoint, dtype=dtype)
+    if merge_lora:
+        merge_adapter(model, lora)
     state = {astrai_to_hf_name(k): v for k, v in model.state_dict().items()}
     dtype_name = dtype_name or _dtype_name(next(iter(state.values())).dtype)
     hf_config = config_to_hf(config, dtype_name, family=info.get("model_type"))
@@ -223,6 +236,8 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, dtype: torch.dtype
                 shutil.copy2(checkpoint / name, tmp / name)
         if (tmp / "tokenizer.json").is_file():
             _tokenizer_json_authoritative(tmp / "tokenizer_config.json")
+        if lora is not None and not merge_lora:
+            shutil.copytree(lora, tmp / "adapter")
     return out_dir
 
 

@@ -36,6 +36,9 @@ class ServeConfig:
     """auto | cpu | cuda | cuda:N."""
     dtype: str | None = None
     """Model dtype: None (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16."""
+    adapter: str | None = None
+    """A PEFT LoRA adapter directory merged into the weights; None = the checkpoint's own
+    adapter/ when it is a LoRA run's checkpoint."""
     backend: str | None = None
     """Attention backend: torch_native | flash | cuda; None = automatic."""
     seed: int = 0

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from astrai_cli.options import (
+    Adapter,
     Backend,
     Device,
     Dtype,
@@ -196,6 +197,7 @@ def register(app: typer.Typer) -> None:
             "--seed", help="Sampling seed (reproducible replies).")] = None,
         device: Device = "auto",
         dtype: Dtype = "auto",
+        adapter: Adapter = None,
         backend: Backend = None,
         max_context: MaxContext = None,
         history_file: Annotated[Path | None, typer.Option(
@@ -221,7 +223,8 @@ def register(app: typer.Typer) -> None:
         session = open_chat(checkpoint, params=params, system=system,
                             template=not no_template, chat_template=chat_template,
                             device=device, dtype=dtype,
-                            backend=backend, max_context=max_context, seed=seed or 0)
+                            backend=backend, max_context=max_context, seed=seed or 0,
+                            adapter=adapter)
         if text is not None:
             reply = session.reply(text)
             if reply.notice:

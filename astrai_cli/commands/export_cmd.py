@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from astrai_cli.options import checkpoint_path
+from astrai_cli.options import Adapter, checkpoint_path
 
 
 class ExportFormat(str, Enum):
@@ -38,6 +38,10 @@ def register(app: typer.Typer) -> None:
         ] = ExportDtype.auto,
         overwrite: Annotated[bool, typer.Option(
             "--overwrite", help="Replace an existing OUT_DIR.")] = False,
+        merge_lora: Annotated[bool, typer.Option(
+            "--merge-lora", help="Fold the LoRA adapter (--adapter, or the checkpoint's "
+            "adapter/) into the weights: full merged weights, no adapter needed.")] = False,
+        adapter: Adapter = None,
     ) -> None:
         """Export a checkpoint to Hugging Face format (AutoModelForCausalLM.from_pretrained)."""
         import torch  # lazily: `astrai --help` stays fast
@@ -46,6 +50,7 @@ def register(app: typer.Typer) -> None:
 
         torch_dtype = None if dtype is ExportDtype.auto else getattr(torch, dtype.value)
         checkpoint = checkpoint_path(checkpoint)
-        out = export_hf(checkpoint, out_dir, dtype=torch_dtype, overwrite=overwrite)
+        out = export_hf(checkpoint, out_dir, dtype=torch_dtype, overwrite=overwrite,
+                        merge_lora=merge_lora, adapter=adapter)
         files = ", ".join(sorted(p.name for p in out.iterdir()))
         Console(highlight=False).print(f"exported {checkpoint} → {out} ({fmt.value}): {files}")

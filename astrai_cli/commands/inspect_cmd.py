@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from astrai_cli.options import checkpoint_path
+from astrai_cli.options import Adapter, checkpoint_path
 
 _STYLE = {"healthy": "bold green", "suspected": "bold yellow", "found": "bold red"}
 
@@ -276,6 +276,7 @@ def register(app: typer.Typer) -> None:
         batch: Annotated[int, typer.Option(
             "--batch", min=1, help="--variance: rows of random tokens.")] = 1,
         seed: Annotated[int, typer.Option("--seed", help="--variance: RNG seed.")] = 0,
+        adapter: Adapter = None,
         plot: Annotated[Path | None, typer.Option(
             "--plot", metavar="FILE.png",
             help="Also draw the lock-in picture (.png or .svg): per-layer x per-matrix "
@@ -317,7 +318,7 @@ def register(app: typer.Typer) -> None:
         )
         with _progress() as progress:
             report = inspect_weights([str(checkpoint_path(c)) for c in checkpoints], cfg,
-                                     progress=progress)
+                                     progress=progress, adapter=adapter)
         if plot is not None:
             from astrai.viz.figure import save_figure
             from astrai.viz.lockin import lockin_figure

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from astrai_cli.options import (
+    Adapter,
     Backend,
     Device,
     Dtype,
@@ -154,6 +155,7 @@ def register(app: typer.Typer) -> None:
         device: Device = "auto",
         threads: Annotated[str | None, threads_option()] = None,
         dtype: Dtype = "auto",
+        adapter: Adapter = None,
         page_size: Annotated[int, typer.Option("--page-size", help="KV page size.")] = 16,
         max_kv_tokens: Annotated[int, typer.Option(
             "--max-kv-tokens", help="Token slots in the KV pool.")] = 32768,
@@ -200,6 +202,7 @@ def register(app: typer.Typer) -> None:
             backends=_backends(backend, compare_backends), device=device,
             threads=None if threads is None else use_threads(threads),
             dtype=None if dtype == "auto" else dtype,
+            adapter=None if adapter is None else str(adapter),
             cache=CacheConfig(page_size=page_size, max_kv_tokens=max_kv_tokens,
                               max_requests=max_requests, radix=not no_radix,
                               max_context=max_context),

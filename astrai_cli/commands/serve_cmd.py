@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from astrai_cli.options import (
+    Adapter,
     Backend,
     Device,
     Dtype,
@@ -54,6 +55,7 @@ def register(app: typer.Typer) -> None:
             "Ctrl-C.")] = 30.0,
         device: Device = "auto",
         dtype: Dtype = "auto",
+        adapter: Adapter = None,
         backend: Backend = None,
         max_kv_tokens: Annotated[int, typer.Option(
             "--max-kv-tokens", help="Token slots in the KV pool.")] = 32768,
@@ -76,6 +78,7 @@ def register(app: typer.Typer) -> None:
             served_model_name=served_model_name, max_running=max_running,
             max_queue=max_queue, drain_timeout=drain_timeout, device=device,
             dtype=None if dtype == "auto" else dtype, backend=backend, seed=seed,
+            adapter=None if adapter is None else str(adapter),
             chat_template=None if chat_template is None else str(chat_template),
             cache=CacheConfig(page_size=page_size, max_kv_tokens=max_kv_tokens,
                               max_context=max_context),

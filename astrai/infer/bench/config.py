@@ -54,6 +54,8 @@ class BenchConfig:
     """auto | cpu | cuda | cuda:N."""
     dtype: str | None = None
     """Model dtype: auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16."""
+    adapter: str | None = None
+    """A PEFT LoRA adapter directory merged into the checkpoint's weights."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     """The KV pool (page size, pool tokens, rows, radix sharing)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -45,14 +45,14 @@ class Target:
 
 
 def load_target(target: str, device: str = "auto", dtype: str | None = None,
-                seed: int = 0) -> Target:
+                seed: int = 0, adapter: str | None = None) -> Target:
     """A checkpoint directory, or a preset with random weights and a trained tiny tokenizer."""
     from astrai.infer.loading import load_model, load_tokenizer, resolve_device, resolve_dtype
     from astrai.model.presets import PRESETS
 
     path = Path(target)
     if path.is_dir():
-        model = load_model(path, device=device, dtype=dtype)
+        model = load_model(path, device=device, dtype=dtype, adapter=adapter)
         tok = load_tokenizer(path)
         info = {"kind": "checkpoint", "path": str(path),
                 "tokenizer": "checkpoint" if tok is not None else None}
@@ -164,7 +164,8 @@ def serve_bench(config: BenchConfig, progress: Any = None) -> BenchReport:
 def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
     from astrai.infer.engine import Engine
 
-    target = load_target(config.target, config.device, config.dtype, config.seed)
+    target = load_target(config.target, config.device, config.dtype, config.seed,
+                         adapter=config.adapter)
     name, requests = build_workload(config, target)
     max_context = config.cache.context_len(target.model.config.max_seq_len)
     check_fits(requests, max_context)
