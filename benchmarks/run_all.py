@@ -270,12 +270,35 @@ def parse_kernels_json(path: Path) -> list[Row]:
     return rows
 
 
+def parse_lora(out: str) -> list[Row]:
+    rows = []
+    for m in re.finditer(r"(\S+): (trainable parameters|optimizer state) LoRA " + NUM
+                         + r"(?: B)? \| full " + NUM + r"(?: B)? \| ratio ([\d.]+)", out):
+        unit = " B" if m[2] == "optimizer state" else ""
+        target = "2%" if m[2] == "trainable parameters" else "3%"
+        rows.append(Row("lora", f"{m[1]}: {m[2]}, LoRA vs full fine-tuning",
+                        _fmt(_f(m[3])) + unit, _fmt(_f(m[4])) + unit, m[5],
+                        f"< 1 smaller (target <= {target})"))
+    for m in re.finditer(r"(\S+): step time LoRA ([\d.]+) s \| full ([\d.]+) s \| ratio "
+                         r"([\d.]+)", out):
+        rows.append(Row("lora", f"{m[1]}: step time, LoRA vs full fine-tuning",
+                        f"{m[2]} s", f"{m[3]} s", m[4], "<= 1 faster"))
+    for m in re.finditer(r"(\S+): astrai LoRA " + NUM + r" tok/s \| HF\+PEFT " + NUM
+                         + r" tok/s \| ratio astrai/HF\+PEFT = ([\d.]+)", out):
+        rows.append(Row("lora", f"{m[1]}: LoRA tokens/s vs HF transformers + PEFT",
+                        _fmt(_f(m[2]), "tok/s"), _fmt(_f(m[3]), "tok/s"), m[4],
+                        ">= 1 faster"))
+    return rows
+
+
 BENCHES = [
     Bench("preprocess", "preprocess.py", ["--repeat", "3", "--runs", "2", "--vocab-size", "4096"],
           parse_preprocess, "HF tokenizers encode_batch"),
     Bench("training", "train_throughput.py",
           ["--presets", "tiny", "--rounds", "2", "--batch", "4", "--seq", "256"],
           parse_train, "HF transformers LlamaForCausalLM, plain loop"),
+    Bench("lora", "lora.py", ["--preset", "small", "--steps", "4"], parse_lora,
+          "full fine-tuning; HF transformers + PEFT loop"),
     Bench("precision", "train_precision.py",
           ["--presets", "tiny", "small", "--steps", "6", "--rounds", "2"], parse_precision,
           "the same Trainer in fp32", cpu_flags=("amx_bf16",)),

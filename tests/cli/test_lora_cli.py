@@ -78,7 +78,7 @@ def test_chat_with_an_adapter(setup):
 
 
 def test_export_merge_lora_writes_merged_hf_weights(setup, tmp_path):
-    base, adapter, lora_ckpt, merged, _ = setup
+    base, _, lora_ckpt, merged, _ = setup
     r = runner.invoke(app, ["export", str(lora_ckpt), str(tmp_path / "m"), "--merge-lora"])
     assert r.exit_code == 0, r.output
     hf, _, info = load_pretrained(tmp_path / "m")
@@ -108,7 +108,7 @@ def test_serve_engine_merges_the_adapter(setup):
     from astrai.serve.config import ServeConfig
     from astrai.serve.server import load_engine
 
-    base, adapter, _, merged, tok = setup
+    base, adapter, _, merged, _ = setup
     engine = load_engine(ServeConfig(model_path=str(base), adapter=str(adapter),
                                      device="cpu"))
     x = torch.randint(0, 50, (1, 5))

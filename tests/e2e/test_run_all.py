@@ -176,3 +176,18 @@ def test_list_names_every_script():
     for s in scripts:
         assert (ROOT / "benchmarks" / s).is_file(), s
     assert {"preprocess.py", "train_throughput.py", "inference.py", "kernels.py"} <= scripts
+
+
+LORA = """small rank 8 all-linear, batch 4 x 256, 1 threads, 4 timed steps per run
+small: trainable parameters LoRA 155,648 | full 7,342,336 | ratio 0.0212
+small: optimizer state LoRA 1,245,184 B | full 58,738,688 B | ratio 0.0212
+small: step time LoRA 0.471 s | full 0.639 s | ratio 0.73 (LoRA/full, each over its run's HF+PEFT steps)
+small: astrai LoRA 1,086 tok/s | HF+PEFT 953 tok/s | ratio astrai/HF+PEFT = 1.14 (median of per-step ratios)
+"""
+
+
+def test_lora_parser():
+    rows = RA.parse_lora(LORA)
+    assert [(r.astrai, r.peer, r.ratio) for r in rows] == [
+        ("155,648", "7,342,336", "0.0212"), ("1,245,184 B", "58,738,688 B", "0.0212"),
+        ("0.471 s", "0.639 s", "0.73"), ("1,086 tok/s", "953 tok/s", "1.14")]
