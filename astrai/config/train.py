@@ -188,8 +188,10 @@ class TrainConfig(AlignmentOptions):
         return self
 
     def _check_lora(self) -> None:
+        # set to something else than the default (a saved config lists every field)
         given = [f for f in ("lora_alpha", "lora_dropout", "lora_targets")
-                 if f in self.model_fields_set]
+                 if getattr(self, f) != type(self).model_fields[f].get_default(
+                     call_default_factory=True)]
         if self.adapter and (self.lora_rank or given):
             raise ValueError("adapter: the adapter directory fixes rank, alpha and targets; "
                              "drop the --lora-* options or --adapter")
