@@ -12,7 +12,6 @@ Format"). Only the columns the spec reads are decoded.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,8 +113,34 @@ def check_units(units: Sequence[Unit], spec: PreprocessSpec) -> None:
                             "rename the column or set the spec's sections/text field")
 
 
+READ_BYTES = 1 << 20  # compressed bytes read at once from a .zst file
+
+
+def _zstd_lines(raw: Any) -> Iterator[bytes]:
+    """Lines of a zstd file of one or more frames; a truncated last frame is an error (a
+    stream reader would end quietly, losing the records of the cut frame)."""
+    import zstandard
+
+    dctx = zstandard.ZstdDecompressor()
+    dobj, rest, started = dctx.decompressobj(), b"", False
+    while block := raw.read(READ_BYTES):
+        while block:
+            started = True
+            rest += dobj.decompress(block)
+            block = dobj.unused_data if dobj.eof else b""
+            if dobj.eof:
+                dobj, started = dctx.decompressobj(), bool(block)
+        *lines, rest = rest.split(b"\n")
+        for line in lines:
+            yield line + b"\n"
+    if started and not dobj.eof:
+        raise EOFError("the last zstd frame is cut short")
+    if rest:
+        yield rest
+
+
 def _open_text(path: Path) -> tuple[Any, Any]:
-    """(binary line reader, the raw file whose tell() is the compressed position)."""
+    """(binary line iterable, the raw file whose tell() is the compressed position)."""
     raw = open(path, "rb")  # noqa: SIM115  (closed by the caller)
     name = path.name.lower()
     if name.endswith(".gz"):
@@ -123,10 +148,7 @@ def _open_text(path: Path) -> tuple[Any, Any]:
 
         return gzip.GzipFile(fileobj=raw), raw
     if name.endswith(ZSTD_SUFFIXES):
-        import zstandard
-
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-        return io.BufferedReader(reader), raw
+        return _zstd_lines(raw), raw
     return raw, raw
 
 
@@ -138,7 +160,7 @@ def iter_jsonl(unit: Unit) -> Iterator[tuple[int, bytes, int]]:
     path = unit.path
     try:
         f, raw = _open_text(path)
-        with raw, f:
+        with raw:
             for n, line in enumerate(f, 1):
                 if n == 1 and line.startswith(UTF8_BOM):
                     line = line[len(UTF8_BOM):]
@@ -146,6 +168,15 @@ def iter_jsonl(unit: Unit) -> Iterator[tuple[int, bytes, int]]:
                     yield n, line, raw.tell()
     except (OSError, EOFError, zstandard.ZstdError) as e:
         raise DataError(f"{path}: cannot be read ({e}); is it a complete file?") from e
+
+
+def _drop_nulls(value: Any) -> Any:
+    """A record without its null cells (and null struct fields in lists of messages)."""
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        return [_drop_nulls(v) for v in value]
+    return value
 
 
 def iter_parquet(unit: Unit, spec: PreprocessSpec) -> Iterator[tuple[str, dict, int]]:
@@ -169,8 +200,7 @@ def iter_parquet(unit: Unit, spec: PreprocessSpec) -> Iterator[tuple[str, dict, 
             for rec in batch.to_pylist():
                 row += 1
                 done += 1
-                yield f"row {row}", {k: v for k, v in rec.items() if v is not None}, (
-                    unit.size * done // total)
+                yield f"row {row}", _drop_nulls(rec), unit.size * done // total
     except (OSError, pa.ArrowException) as e:  # ArrowInvalid on corrupt pages
         raise DataError(f"{unit.path}: corrupt Parquet data ({str(e).splitlines()[0]}); "
                         "re-export the file") from None
