@@ -26,7 +26,7 @@ from astrai.data.packing import Packer, split_spans, truncate_span
 from astrai.data.sources import check_units, corpus_files, file_units, shard_units
 from astrai.data.store import ShardWriter
 from astrai.data.tokenizer import Tokenizer
-from astrai.data.workers import Encoders, iter_chunks
+from astrai.data.workers import CHUNK_BYTES, Encoders, default_workers, iter_chunks
 from astrai.errors import ConfigError, DataError
 from astrai.tempdir import remove_abandoned, sibling_tempdir
 
@@ -239,12 +239,13 @@ def _split_units(spec: PreprocessSpec, shard: tuple[int, int] | None) -> dict[st
     return units
 
 
-def build_dataset(spec: PreprocessSpec, *, workers: int = 1, on_error: str = "fail",
+def build_dataset(spec: PreprocessSpec, *, workers: int | None = 1, on_error: str = "fail",
                   progress: ProgressFn | None = None,
                   shard: tuple[int, int] | None = None) -> BuildResult:
     """Run the spec; return the summary. Raises ConfigError / DataError on bad input, leaving
-    the output directory untouched. `shard` (I, N): build only shard I of N of the inputs
-    (`astrai preprocess merge` joins the N datasets)."""
+    the output directory untouched. `workers` None: the cores, fewer for a small input
+    (the dataset is the same for any count). `shard` (I, N): build only shard I of N of the
+    inputs (`astrai preprocess merge` joins the N datasets)."""
     t0 = time.perf_counter()
     if on_error not in ("fail", "skip"):
         raise ConfigError(f"--on-error '{on_error}': choose fail or skip")
@@ -261,6 +262,9 @@ def build_dataset(spec: PreprocessSpec, *, workers: int = 1, on_error: str = "fa
     remove_abandoned(out)  # the temporary directories of killed runs
     held = contextlib.ExitStack()  # the lock on the temporary directory, until the end
     tmp = _start_output(out, held)
+    if workers is None:  # a process per chunk at most: small inputs skip the pool start
+        size = sum(u.size for units in splits.values() for u in units)
+        workers = min(default_workers(), 1 + size // CHUNK_BYTES)
     encoders = Encoders(spec, tok, Path(spec.tokenizer), max(1, workers))
     startup = time.perf_counter() - t0
     t1 = time.perf_counter()

@@ -63,11 +63,11 @@ def _eta(ev: dict) -> str:
 
 
 class _PlainProgress:
-    """Progress as plain lines on stderr (logs, Slurm output files): the first chunk, then
-    at most one line every PLAIN_EVERY_S seconds."""
+    """Progress as plain lines on stderr (logs, Slurm output files): one line every
+    PLAIN_EVERY_S seconds at most, none for a run shorter than that."""
 
     def __init__(self, kind: str) -> None:
-        self.kind, self.last = kind, -PLAIN_EVERY_S
+        self.kind, self.last = kind, time.monotonic()
 
     def __call__(self, ev: dict) -> None:
         now = time.monotonic()
@@ -173,16 +173,14 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(spec_schema(), indent=2))
             return
         from astrai.data.builder import build_dataset, parse_shard
-        from astrai.data.workers import default_workers
 
         part = parse_shard(shard) if shard is not None else None
         extra = [f"chat_template={chat_template}"] if chat_template is not None else []
         cfg = load_spec(spec, [*(overrides or []), *extra])
-        n = workers or default_workers()
         err = Console(stderr=True)
 
         def run(progress=None):
-            return build_dataset(cfg, workers=n, on_error=on_error.value, progress=progress,
+            return build_dataset(cfg, workers=workers, on_error=on_error.value, progress=progress,
                                  shard=part)
 
         if as_json:

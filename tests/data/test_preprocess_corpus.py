@@ -98,7 +98,8 @@ def test_directory_input_and_parquet_nulls(spec_for, tmp_path):
     assert "b.parquet:row 11: missing field 'text'" in res.errors[0]
 
 
-def test_workers_1_and_2_are_byte_identical(spec_for, tmp_path):
+def test_workers_1_and_2_are_byte_identical(spec_for, tmp_path, monkeypatch):
+    monkeypatch.setattr("astrai.data.workers.CHUNK_LINES", 16)  # many chunks in flight
     p = _parquet(tmp_path / "c.parquet", _chats(300), row_group_size=40)
     files = []
     for w in (1, 2):
