@@ -10,7 +10,6 @@ failed run never leaves a dataset that looks complete.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from astrai.atomic import replace_dir
 from astrai.config.preprocess import PreprocessSpec
 from astrai.data.encode import RecordEncoder
 from astrai.data.manifest import MANIFEST, write_manifest
@@ -327,7 +327,7 @@ def build_dataset(spec: PreprocessSpec, *, workers: int | None = 1, on_error: st
                        dtypes=dtypes_for(spec, token_dtype, offline),
                        stats=all_stats, offline_grpo=offline,
                        shard={"index": shard[0], "count": shard[1]} if shard else None)
-        _replace(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -399,12 +399,3 @@ def _start_output(out: Path, held: contextlib.ExitStack) -> Path:
         raise ConfigError(f"output: cannot create {out} ({e.strerror or e}); choose a "
                           "writable location") from None
 
-
-def _replace(tmp: Path, out: Path) -> None:
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)

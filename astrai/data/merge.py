@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from astrai.data.builder import SplitStats, _replace, _start_output, check_output
+from astrai.atomic import replace_dir
+from astrai.data.builder import SplitStats, _start_output, check_output
 from astrai.data.manifest import MANIFEST, TOKENIZER_DIR, read_manifest
 from astrai.errors import DataError
 from astrai.tempdir import remove_abandoned
@@ -142,7 +143,7 @@ def merge_datasets(dirs: Sequence[str | Path], out: str | Path, *,
                     "merged_from": [{"path": str(d.resolve()), "shard": m.get("shard")}
                                     for d, m in zip(dirs, manifests, strict=True)]}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        _replace(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
