@@ -9,8 +9,6 @@ failed run never leaves a dataset that looks complete.
 
 from __future__ import annotations
 
-import contextlib
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -18,17 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
-from astrai.atomic import replace_dir
 from astrai.config.preprocess import PreprocessSpec
 from astrai.data.encode import RecordEncoder
 from astrai.data.manifest import MANIFEST, write_manifest
+from astrai.data.output import check_output, dataset_output  # noqa: F401  (re-exported)
 from astrai.data.packing import Packer, split_spans, truncate_span
 from astrai.data.sources import check_units, corpus_files, file_units, shard_units
 from astrai.data.store import ShardWriter
 from astrai.data.tokenizer import Tokenizer
 from astrai.data.workers import CHUNK_BYTES, Encoders, default_workers, iter_chunks
 from astrai.errors import ConfigError, DataError
-from astrai.tempdir import remove_abandoned, sibling_tempdir
 
 MAX_LISTED_ERRORS = 5
 UINT16_VOCAB = 1 << 16  # ids 0..65535 fit in uint16
@@ -257,83 +254,75 @@ def build_dataset(spec: PreprocessSpec, *, workers: int | None = 1, on_error: st
     RecordEncoder(spec, tok)  # applies spec.chat_template; no template for chat data: fail now
     splits = _split_units(spec, shard)
     token_dtype = token_dtype_for(tok.vocab_size)
-    check_output(out, spec.overwrite, [u.path for units in splits.values() for u in units]
-                 + [Path(spec.tokenizer)])
-    remove_abandoned(out)  # the temporary directories of killed runs
-    held = contextlib.ExitStack()  # the lock on the temporary directory, until the end
-    tmp = _start_output(out, held)
     if workers is None:  # a process per chunk at most: small inputs skip the pool start
         size = sum(u.size for units in splits.values() for u in units)
         workers = min(default_workers(), 1 + size // CHUNK_BYTES)
-    encoders = Encoders(spec, tok, Path(spec.tokenizer), max(1, workers))
-    startup = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    errors: list[str] = []
-    all_stats: dict[str, SplitStats] = {}
-    groups: dict = {}  # grpo: the first record's mode and group size, which all must share
-    try:
-        for split, units in splits.items():
-            files = list(dict.fromkeys(u.path for u in units))
-            total = sum(u.size for u in units)
-            stats = all_stats[split] = SplitStats()
-            sink = _Sink(tmp, split, spec, token_dtype, stats, groups)
-            packer = Packer(spec.packing.mode or "none", spec.row_len, spec.packing.buffer,
-                            spec.packing.min_piece)
-            limit = spec.max_records if split == "train" else None
-            for results, done in encoders.map(iter_chunks(units, spec, limit)):
-                for res in results:
-                    stats.records_read += 1
-                    status, where = res[0], res[1]
-                    if status == "error":
-                        stats.malformed += 1
-                        if len(errors) < 10_000:
-                            errors.append(res[2])
-                        continue
-                    if status == "filtered":
-                        stats.filtered_short += res[2] == "short"
-                        stats.filtered_long += res[2] == "long"
-                        continue
-                    if errors and on_error == "fail":
-                        continue  # the run fails; keep scanning only to list more bad lines
-                    payload = res[2]
-                    bad = _grpo_mismatch(payload, groups) if spec.kind == "grpo" else None
-                    if bad:
-                        stats.malformed += 1
-                        errors.append(f"{where}: {bad}")
-                        continue
-                    stats.records_kept += 1
-                    if spec.kind in ("pretrain", "sft"):
-                        for doc in _docs(spec, payload, stats):
-                            for row in packer.add(doc):
-                                sink.add(row)
-                    else:
-                        sink.add(_truncate_pair(spec, payload, stats))
-                if errors and on_error == "fail" and len(errors) >= MAX_LISTED_ERRORS:
-                    break
-                if progress:
-                    progress({"split": split, "records": stats.records_read,
-                              "tokens": stats.tokens, "elapsed": time.perf_counter() - t1,
-                              "bytes_done": done, "bytes_total": total})
-            if errors and on_error == "fail":
-                raise DataError(_error_summary(errors))
-            for row in packer.finish():
-                sink.add(row)
-            sink.close()
-            _check_split(split, files, stats)
-        elapsed = time.perf_counter() - t1
-        tok.save(tmp / "tokenizer")
-        offline = groups.get("mode") == "offline"
-        write_manifest(tmp / MANIFEST, spec=spec, tok=tok, token_dtype=token_dtype,
-                       dtypes=dtypes_for(spec, token_dtype, offline),
-                       stats=all_stats, offline_grpo=offline,
-                       shard={"index": shard[0], "count": shard[1]} if shard else None)
-        replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        encoders.close()
-        held.close()
+    inputs = [u.path for units in splits.values() for u in units] + [Path(spec.tokenizer)]
+    with dataset_output(out, spec.overwrite, inputs) as tmp:
+        encoders = Encoders(spec, tok, Path(spec.tokenizer), max(1, workers))
+        startup = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        errors: list[str] = []
+        all_stats: dict[str, SplitStats] = {}
+        groups: dict = {}  # grpo: the first record's mode and group size, which all must share
+        try:
+            for split, units in splits.items():
+                files = list(dict.fromkeys(u.path for u in units))
+                total = sum(u.size for u in units)
+                stats = all_stats[split] = SplitStats()
+                sink = _Sink(tmp, split, spec, token_dtype, stats, groups)
+                packer = Packer(spec.packing.mode or "none", spec.row_len, spec.packing.buffer,
+                                spec.packing.min_piece)
+                limit = spec.max_records if split == "train" else None
+                for results, done in encoders.map(iter_chunks(units, spec, limit)):
+                    for res in results:
+                        stats.records_read += 1
+                        status, where = res[0], res[1]
+                        if status == "error":
+                            stats.malformed += 1
+                            if len(errors) < 10_000:
+                                errors.append(res[2])
+                            continue
+                        if status == "filtered":
+                            stats.filtered_short += res[2] == "short"
+                            stats.filtered_long += res[2] == "long"
+                            continue
+                        if errors and on_error == "fail":
+                            continue  # the run fails; keep scanning only to list more bad lines
+                        payload = res[2]
+                        bad = _grpo_mismatch(payload, groups) if spec.kind == "grpo" else None
+                        if bad:
+                            stats.malformed += 1
+                            errors.append(f"{where}: {bad}")
+                            continue
+                        stats.records_kept += 1
+                        if spec.kind in ("pretrain", "sft"):
+                            for doc in _docs(spec, payload, stats):
+                                for row in packer.add(doc):
+                                    sink.add(row)
+                        else:
+                            sink.add(_truncate_pair(spec, payload, stats))
+                    if errors and on_error == "fail" and len(errors) >= MAX_LISTED_ERRORS:
+                        break
+                    if progress:
+                        progress({"split": split, "records": stats.records_read,
+                                  "tokens": stats.tokens, "elapsed": time.perf_counter() - t1,
+                                  "bytes_done": done, "bytes_total": total})
+                if errors and on_error == "fail":
+                    raise DataError(_error_summary(errors))
+                for row in packer.finish():
+                    sink.add(row)
+                sink.close()
+                _check_split(split, files, stats)
+            elapsed = time.perf_counter() - t1
+            tok.save(tmp / "tokenizer")
+            offline = groups.get("mode") == "offline"
+            write_manifest(tmp / MANIFEST, spec=spec, tok=tok, token_dtype=token_dtype,
+                           dtypes=dtypes_for(spec, token_dtype, offline),
+                           stats=all_stats, offline_grpo=offline,
+                           shard={"index": shard[0], "count": shard[1]} if shard else None)
+        finally:
+            encoders.close()
     return BuildResult(str(out), spec.kind, spec.format, all_stats, errors, elapsed, startup)
 
 
@@ -369,33 +358,3 @@ def _check_split(split: str, files: list[Path], stats: SplitStats) -> None:
             f"{split}: no record kept of {stats.records_read} read ({stats.filtered_short} "
             f"shorter than filters.min_chars, {stats.filtered_long} longer than "
             f"filters.max_chars, {stats.malformed} malformed); adjust the filters or inputs")
-
-
-def check_output(out: Path, overwrite: bool, inputs: list[Path]) -> None:
-    """`overwrite` replaces only a dataset astrai wrote (a directory with its manifest) that
-    holds none of this run's inputs; anything else named as output is refused."""
-    if not out.exists() and not out.is_symlink():
-        return
-    if not overwrite:
-        raise ConfigError(f"output: {out} already exists; remove it, choose another output, "
-                          "or pass --set overwrite=true")
-    if not out.is_dir() or not (out / MANIFEST).is_file():
-        raise ConfigError(f"output: {out} exists and is not an astrai dataset (no {MANIFEST}); "
-                          "overwrite only replaces datasets, so remove it yourself or choose "
-                          "another output")
-    root = out.resolve()
-    for f in inputs:
-        if f.resolve().is_relative_to(root):
-            raise ConfigError(f"output: {out} holds the input {f}; overwriting it would delete "
-                              "the input, so choose another output")
-
-
-def _start_output(out: Path, held: contextlib.ExitStack) -> Path:
-    """The temporary directory beside `out`, locked until `held` closes; a one-line
-    ConfigError when it cannot be created (read-only, no permission, a parent is a file)."""
-    try:
-        return held.enter_context(sibling_tempdir(out))
-    except OSError as e:
-        raise ConfigError(f"output: cannot create {out} ({e.strerror or e}); choose a "
-                          "writable location") from None
-

@@ -9,7 +9,6 @@ manifest listing the shards in order with their summed counts, and a copy of the
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -19,11 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from astrai.atomic import replace_dir
-from astrai.data.builder import SplitStats, _start_output, check_output
+from astrai.data.builder import SplitStats
 from astrai.data.manifest import MANIFEST, TOKENIZER_DIR, read_manifest
+from astrai.data.output import dataset_output
 from astrai.errors import DataError
-from astrai.tempdir import remove_abandoned
 
 # Manifest fields every merged shard must share (what the data means, and how to read it).
 SAME = ("kind", "grpo_mode", "format", "keys", "token_dtype", "has_loss_mask", "position_ids",
@@ -107,13 +105,9 @@ def merge_datasets(dirs: Sequence[str | Path], out: str | Path, *,
     _check_compatible(dirs, manifests)
     order = _order(dirs, manifests)
     dirs, manifests = [dirs[k] for k in order], [manifests[k] for k in order]
-    check_output(out, overwrite, dirs)
-    remove_abandoned(out)
-    held = contextlib.ExitStack()
-    tmp = _start_output(out, held)
     linked = copied = 0
     splits: dict[str, dict] = {}
-    try:
+    with dataset_output(out, overwrite, dirs) as tmp:
         for d, m in zip(dirs, manifests, strict=True):
             for name, s in m["splits"].items():
                 acc = splits.setdefault(name, {**dict.fromkeys(COUNTS, 0), "shards": []})
@@ -131,7 +125,8 @@ def merge_datasets(dirs: Sequence[str | Path], out: str | Path, *,
                     for a, b in files:
                         ok = _link(a, b)
                         linked, copied = linked + ok, copied + (not ok)
-                    acc["shards"].append({**sh, "path": rel, "from": str(d.resolve() / sh["path"])})
+                    acc["shards"].append({**sh, "path": rel,
+                                          "from": str(d.resolve() / sh["path"])})
         for acc in splits.values():
             acc["packing_efficiency"] = (acc["tokens"] / acc["capacity"] if acc["capacity"]
                                          else None)
@@ -143,10 +138,4 @@ def merge_datasets(dirs: Sequence[str | Path], out: str | Path, *,
                     "merged_from": [{"path": str(d.resolve()), "shard": m.get("shard")}
                                     for d, m in zip(dirs, manifests, strict=True)]}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        held.close()
     return MergeResult(str(out), [str(d) for d in dirs], splits, linked, copied)
