@@ -144,7 +144,7 @@ def test_three_shards_merged_equal_the_unsharded_build(parts, spec_for, tmp_path
     assert len(open_dataset(tmp_path / "merged")) == whole.splits["train"].samples
 
 
-def test_merged_dataset_trains_like_the_unsharded_one(spec_for, tmp_path):
+def test_merged_dataset_trains_like_the_unsharded_one(spec_for, tmp_path, one_thread):
     """Training reads the samples, so the same samples in the same order train the same."""
     recs = _paragraphs(30)
     inputs = [_jsonl(tmp_path / f"{i}.jsonl", recs[i * 10:(i + 1) * 10]) for i in range(3)]
@@ -162,6 +162,17 @@ def test_merged_dataset_trains_like_the_unsharded_one(spec_for, tmp_path):
     batch_b = b.collate([b[i] for i in range(len(b))])
     for k in batch_a:
         assert np.array_equal(batch_a[k].numpy(), batch_b[k].numpy()), k
+    from astrai.config.train import TrainConfig
+    from astrai.train import train
+
+    tiny = {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "head_dim": 16,
+            "ffn_dim": 64}
+    losses = [train(TrainConfig(
+        strategy="seq", model="tiny", model_overrides=tiny, data=str(tmp_path / d),
+        out=str(tmp_path / f"run-{d}"), batch_size=4, max_steps=3, max_lr=1e-2,
+        warmup_steps=1, ckpt_interval=0, peak_tflops=1.0, device="cpu", seed=0)).final_loss
+        for d in ("whole", "merged")]
+    assert losses[0] is not None and losses[0] == losses[1]
 
 
 def test_parquet_is_streamed_by_record_batch(spec_for, tmp_path, monkeypatch):
