@@ -197,10 +197,14 @@ def iter_parquet(unit: Unit, spec: PreprocessSpec) -> Iterator[tuple[str, dict, 
     try:
         for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=groups,
                                      columns=columns, use_threads=False):
-            for rec in batch.to_pylist():
+            names = batch.schema.names
+            cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]  # columnar
+            for values in zip(*cols, strict=True):
                 row += 1
                 done += 1
-                yield f"row {row}", _drop_nulls(rec), unit.size * done // total
+                rec = {k: _drop_nulls(v) if isinstance(v, list) else v
+                       for k, v in zip(names, values, strict=True) if v is not None}
+                yield f"row {row}", rec, unit.size * done // total
     except (OSError, pa.ArrowException) as e:  # ArrowInvalid on corrupt pages
         raise DataError(f"{unit.path}: corrupt Parquet data ({str(e).splitlines()[0]}); "
                         "re-export the file") from None
