@@ -59,7 +59,8 @@ def _parquet(path: Path) -> Any:
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(path)
+        # no pre-buffering: it would read ahead the column chunks of every row group asked for
+        return pq.ParquetFile(path, pre_buffer=False)
     except (OSError, pa.ArrowException) as e:  # ArrowInvalid for a bad footer
         raise DataError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]}); "
                         "re-export it, or remove it from the inputs") from None
@@ -195,8 +196,11 @@ def iter_parquet(unit: Unit, spec: PreprocessSpec) -> Iterator[tuple[str, dict, 
     total = max(1, sum(meta.row_group(g).num_rows for g in groups))
     done = 0
     try:
-        for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=groups,
-                                     columns=columns, use_threads=False):
+        # one row group per call: given them all, the reader holds on to more (peak RSS on
+        # a 30x corpus: 1.13x the 1x one this way, 1.56x asking for all groups at once)
+        batches = (b for g in groups for b in pf.iter_batches(
+            batch_size=BATCH_ROWS, row_groups=[g], columns=columns, use_threads=False))
+        for batch in batches:
             names = batch.schema.names
             cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]  # columnar
             for values in zip(*cols, strict=True):
