@@ -101,8 +101,9 @@ def _run_with_bar(cfg, run, err: Console):
 
 def merge_command(
     dirs: Annotated[list[Path], typer.Argument(
-        help="Dataset directories to join (the N outputs of `--shard I/N` runs).")],
-    out: Annotated[Path, typer.Option("--out", help="The merged dataset directory.")],
+        metavar="DIR...", help="Dataset directories to join (the N outputs of `--shard I/N` runs).")],
+    out: Annotated[Path, typer.Option("--out", metavar="DIR",
+                                      help="The merged dataset directory.")],
     overwrite: Annotated[bool, typer.Option(
         "--overwrite", help="Replace --out when it is an astrai dataset.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")
