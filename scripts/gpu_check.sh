@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared run for a lent GPU (issue 10): build the CUDA kernels with the machine's nvcc,
+# One prepared run for a lent GPU: build the CUDA kernels with the machine's nvcc,
 # run the GPU tests, the kernel benchmarks and short end-to-end checks, and write a summary.
 # It keeps going past failures; each step's exit code and time land in $OUT/summary.txt.
 #

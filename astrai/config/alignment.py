@@ -1,17 +1,17 @@
 """Options of the preference and RL strategies (dpo, grpo, reward, online-grpo, online-dpo).
 
 `TrainConfig` inherits these fields, so they are flat train options like the others: a
-config file key `beta: 0.2` and the flag `--beta 0.2` set the same field. Defaults follow
-seeds/training.md ("DPO", "GRPO", "Online Rollout"): beta 0.1 with reduction "sum",
+config file key `beta: 0.2` and the flag `--beta 0.2` set the same field. Defaults
+(docs/alignment.md): beta 0.1 with reduction "sum" (the DPO paper's sequence log-prob),
 group_size 4, clip_eps 0.2, kl_coef 0.01; the GRPO advantage and aggregation options
-follow TRL's GRPOConfig (scale_rewards "group", loss_type "dapo"), see docs/alignment.md.
+follow TRL's GRPOConfig (scale_rewards "group", loss_type "dapo").
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from astrai.config.numbers import NoBoolNumbers
 
@@ -20,6 +20,8 @@ DPOLossType = Literal["sigmoid", "ipo", "hinge"]
 
 class AlignmentOptions(NoBoolNumbers, BaseModel):
     """Fields shared by TrainConfig for dpo / grpo / reward / online-* runs."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     # -- reference policy (dpo, grpo KL, online-*) ------------------------------------------
     ref_model: str | None = None

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from astrai.config.numbers import NoBoolNumbers
+from astrai.config.pairs import parse_pair
 from astrai.errors import ConfigError
 
 Kind = Literal["pretrain", "sft", "dpo", "grpo"]
@@ -143,7 +144,7 @@ class PreprocessSpec(_Strict):
 
     @property
     def has_loss_mask(self) -> bool:
-        """seeds/internals.md "text config detection": all-train, no template -> no mask."""
+        """A text spec with no template and no sections trains on every token (no mask)."""
         secs = self.resolved_sections
         return any(s.template or s.action != "train" for s in secs)
 
@@ -162,14 +163,8 @@ def _format_error(e: ValidationError, source: str) -> str:
 
 def parse_override(item: str) -> tuple[list[str], Any]:
     """`key.sub=value` -> (["key", "sub"], value); value parsed as JSON when it is JSON."""
-    if "=" not in item:
-        raise ConfigError(f"--set '{item}': expected key=value (e.g. --set packing.mode=bfd)")
-    key, raw = item.split("=", 1)
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return [k for k in key.strip().split(".") if k], value
+    key, value = parse_pair(item, "--set", "packing.mode=bfd")
+    return [k for k in key.split(".") if k], value
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:

@@ -21,13 +21,14 @@ ScheduleType = Literal["cosine", "sgdr", "wsd"]
 
 
 class TrainConfig(AlignmentOptions):
-    """One training run (seeds/training.md "Training CLI" plus the options users expect).
+    """One training run (docs/train.md lists every option).
 
     The dpo / grpo / reward / online-* options are inherited from AlignmentOptions
     (astrai/config/alignment.py).
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                              use_attribute_docstrings=True)
 
     # -- what to train -------------------------------------------------------------------
     strategy: str = "seq"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from astrai.atomic import replace_dir
 from astrai.config.preprocess import PreprocessSpec
 from astrai.data.encode import RecordEncoder
 from astrai.data.manifest import MANIFEST, write_manifest
@@ -375,7 +376,7 @@ def build_dataset(spec: PreprocessSpec, *, workers: int = 1, on_error: str = "fa
         write_manifest(tmp / MANIFEST, spec=spec, tok=tok, token_dtype=token_dtype,
                        dtypes=dtypes_for(spec, token_dtype, offline),
                        stats=all_stats, offline_grpo=offline)
-        _replace(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -447,12 +448,3 @@ def _start_output(out: Path, held: contextlib.ExitStack) -> Path:
         raise ConfigError(f"output: cannot create {out} ({e.strerror or e}); choose a "
                           "writable location") from None
 
-
-def _replace(tmp: Path, out: Path) -> None:
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)

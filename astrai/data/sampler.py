@@ -20,7 +20,7 @@ from astrai.errors import CheckpointError, ConfigError
 
 
 class RDSampler(Sampler[int]):
-    """Resumable distributed sampler (seeds/training.md "TrainContextBuilder")."""
+    """Resumable distributed sampler (exact resume: docs/resume.md)."""
 
     def __init__(self, length: int, seed: int = 0, rank: int = 0, world_size: int = 1,
                  shuffle: bool = True, drop_last: bool = False) -> None:

@@ -2,7 +2,7 @@
 
 * h5  -> `shard_00000.h5`: per key a flat chunked dataset `<key>` and `<key>.offsets`
   (int64, n+1). `H5Store` reads a shard into memory, optionally into shared memory so
-  DataLoader workers share one copy (seeds/paper-bf16-lockin.tex, Storage Backends).
+  DataLoader workers share one copy (docs/formats.md).
 * bin -> `shard_00000/<key>.bin` (raw values) + `<key>.idx` (raw int64 offsets, n+1).
   `MmapStore` maps them with np.memmap: zero copy, shared through the OS page cache.
 

@@ -17,7 +17,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class CacheConfig:
-    """Shape and policy of the KV pool (seeds/internals.md "Cache Architecture")."""
+    """Shape and policy of the KV pool (docs/engine.md)."""
 
     mode: Literal["paged", "contiguous"] = "paged"
     """paged: slots handed out page by page on demand (radix sharing possible);

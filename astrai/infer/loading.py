@@ -7,18 +7,9 @@ from typing import Any
 
 import torch
 
+from astrai.device import resolve_device
 from astrai.errors import CheckpointError, ConfigError
 from astrai.infer.config import DTYPES
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """'auto' = cuda when present, else cpu."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(device)
-    except RuntimeError:
-        raise ConfigError(f"device '{device}': use auto, cpu, cuda or cuda:N") from None
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:

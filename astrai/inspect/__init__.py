@@ -1,5 +1,5 @@
 """Checkpoint numerics: BF16 lock-in, overflow, the ULP dead zone, stuck weights, residual
-variance (seeds/paper-bf16-lockin.tex).
+variance (docs/bf16-lockin.md).
 
     inspect_weights(paths, InspectConfig(...)) -> InspectReport      `astrai inspect-weights`
     residual_variance(preset_or_checkpoint) -> VarianceReport        `... --variance`

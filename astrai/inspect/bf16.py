@@ -1,4 +1,4 @@
-"""BF16 arithmetic behind lock-in (seeds/paper-bf16-lockin.tex §"Stage 3: BF16 dead zone").
+"""BF16 arithmetic behind lock-in (docs/bf16-lockin.md, "Stage 3: BF16 dead zone").
 
 BF16 keeps 8 significand bits (7 stored), so the spacing of representable values (ULP) at
 a magnitude |w| in [2^e, 2^(e+1)) is 2^(e-7): 2^-7 = 0.0078125 at w = 1.0. With
@@ -12,6 +12,9 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+# The exponent-histogram layout is defined beside the census that fills it.
+from astrai.inspect.chunks import EXP_BINS, EXP_OFFSET, Scratch  # noqa: F401 - re-exported
 
 BF16_MANTISSA_BITS = 7
 """Stored significand bits of bfloat16."""
@@ -77,19 +80,12 @@ def dead_zone_threshold(lr: float) -> float:
     return 2.0 ** dead_zone_min_binade(lr)
 
 
-EXP_OFFSET = 1100
-"""Offset that keeps frexp exponents of any float (fp64 included) non-negative as bin indices."""
-EXP_BINS = 2200
-
-
 def exponent_histogram(x: torch.Tensor) -> torch.Tensor:
     """Counts of normal finite entries per binade: bin EXP_OFFSET + floor(log2|x|).
 
     Read straight from the exponent bits (no float conversion), so one cheap pass per tensor
     gives the dead-zone fraction for any learning rate. Zeros and subnormals are left out:
     no learning rate above 2^-134 is under half their spacing."""
-    from astrai.inspect.chunks import Scratch
-
     x = x.detach().reshape(-1)
     return Scratch(x.numel(), x.dtype).exponent_census(x)[0]
 

@@ -11,7 +11,9 @@ import math
 
 import torch
 
-from astrai.inspect.bf16 import EXP_BINS, EXP_OFFSET
+EXP_OFFSET = 1100
+"""Offset that keeps frexp exponents of any float (fp64 included) non-negative as bin indices."""
+EXP_BINS = 2200
 
 _FIELDS = {  # (int view, exponent shift, exponent mask, bias) of each float layout
     torch.bfloat16: (torch.int16, 7, 0xFF, 127), torch.float16: (torch.int16, 10, 0x1F, 15),

@@ -2,7 +2,7 @@
 
 `check_lockin` applies the checkpoint inspection to in-memory parameters (any device; a
 tensor is read in row chunks, never copied whole). `LockInGuard` is a callback with the
-trainer's hook names (seeds/training.md "Callback Lifecycle" plus on_step_end) that works on
+trainer's hook names (astrai.train.callbacks.base) that works on
 any context object with `.model` (an nn.Module), a step counter (`.step` or `.state.step`)
 and optionally `.lr`, `.step_metrics` (a dict merged into metrics.jsonl) and `.logger`
 (info / warning). It

@@ -1,7 +1,7 @@
 """Findings grouped across layers, as in the paper's Table 2 ("W_k rows 6-7 in layers 1-23").
 
 One tensor at a time says little; lock-in shows as the *same* rows of the same parameter kind
-locking in many layers (seeds/paper-bf16-lockin.tex §Observation). A pattern gathers one
+locking in many layers (docs/bf16-lockin.md). A pattern gathers one
 parameter kind and one locked value over every layer where it appears.
 """
 

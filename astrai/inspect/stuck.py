@@ -1,7 +1,7 @@
 """Stuck weights: entries bit-identical across checkpoints of one run while their tensor moved.
 
-A locked weight cannot move (its updates are under half a BF16 ULP, seeds/paper-bf16-lockin.tex
-§Stage 3), so between two checkpoints it stays bit-identical while its neighbours change.
+A locked weight cannot move (its updates are under half a BF16 ULP, docs/bf16-lockin.md
+"Stage 3"), so between two checkpoints it stays bit-identical while its neighbours change.
 Entries are compared bit for bit (NaN == NaN, +0 != -0), chunk by chunk across all files.
 """
 

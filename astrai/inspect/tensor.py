@@ -1,6 +1,6 @@
 """Numerics of one tensor, read in row chunks: statistics, locked values, overflow, dead zone.
 
-Locked values (seeds/paper-bf16-lockin.tex §Observation: weights "locked at exactly 1.0" in
+Locked values (docs/bf16-lockin.md: weights "locked at exactly 1.0" in
 the same rows) are entries sitting exactly on one value that
   * lies far outside the tensor's spread: |v - median| >= lock_min_z * 1.4826 * MAD, and
   * recurs far more often than that spread explains: count >= lock_min_count and

@@ -12,12 +12,9 @@ leaves a half checkpoint that looks complete.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +23,11 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from astrai import __version__
+from astrai.atomic import atomic_dir
 from astrai.errors import CheckpointError
 from astrai.model.config import ModelConfig
 from astrai.model.transformer import Transformer
-from astrai.tempdir import follow_umask, sibling_tempdir
+from astrai.tempdir import follow_umask
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -37,23 +35,6 @@ META = "meta.json"
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
 )
-
-
-@contextlib.contextmanager
-def atomic_dir(final: str | Path, *, overwrite: bool = True) -> Iterator[Path]:
-    """Yield a temporary directory beside `final`; rename it into place only on success."""
-    final = Path(final)
-    with sibling_tempdir(final) as tmp:  # permissions of the umask, deleted on an error
-        yield tmp
-        if final.exists():
-            if not overwrite:
-                raise CheckpointError(f"{final}: already exists; choose another path")
-            old = final.with_name(f".{final.name}.old-{os.getpid()}")
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
 
 
 def save_weights(state_dict: dict[str, torch.Tensor], path: str | Path) -> None:

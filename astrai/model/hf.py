@@ -20,12 +20,12 @@ from typing import Any
 import torch
 
 from astrai import __version__
+from astrai.atomic import atomic_dir
 from astrai.errors import CheckpointError, UnsupportedModelError
 from astrai.model.checkpoint import (
     CONFIG,
     TOKENIZER_FILES,
     WEIGHTS,
-    atomic_dir,
     check_state_dict,
     load_checkpoint,
     read_safetensors,

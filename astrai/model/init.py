@@ -1,4 +1,4 @@
-"""Residual-scaled initialisation (GPT-2; seeds/paper-bf16-lockin.tex §Initialization).
+"""Residual-scaled initialisation (GPT-2; docs/bf16-lockin.md).
 
 W_o and W_down ~ N(0, std / sqrt(2L)); every other linear and embedding weight ~ N(0, std);
 biases 0; norm gains 1.

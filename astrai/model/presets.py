@@ -21,7 +21,7 @@ PRESETS: dict[str, dict] = {
         "vocab_size": 32000, "dim": 768, "n_layers": 12, "n_heads": 12, "n_kv_heads": 12,
         "ffn_dim": 2304, "max_seq_len": 2048, "tie_embeddings": True,
     },
-    # The paper's 1.2B model (seeds/paper-bf16-lockin.tex, Table 1).
+    # The 1.2B model of the BF16 lock-in case study (docs/bf16-lockin.md).
     "1.2b": {
         "vocab_size": 100000, "dim": 1536, "n_layers": 24, "n_heads": 24, "n_kv_heads": 4,
         "head_dim": 64, "ffn_dim": 6912, "max_seq_len": 2048, "norm_eps": 1e-5,

@@ -114,8 +114,8 @@ class _TrainEvents(Callback):
         self.emit(StageEvent("train", "update", ctx.state.step, ctx.total_steps))
 
     def on_optimizer_step(self, ctx) -> None:
-        # The trainer validates inside the last step's on_step_end (metrics callback), so
-        # the last step's optimizer hook is where training ends and validation begins.
+        # The trainer validates after the last step's update and before its on_step_end,
+        # so the last step's optimizer hook is where training ends and validation begins.
         if ctx.state.step + 1 >= ctx.total_steps:
             self.emit(StageEvent("train", "end", ctx.total_steps, ctx.total_steps,
                                  f"loss {ctx.step_loss:.3f}"))
@@ -186,17 +186,18 @@ def run_quickstart(config: QuickstartConfig, on_event: EventFn | None = None
 
 
 def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult:
+    from astrai.atomic import write_json_atomic
     from astrai.config.preprocess import load_spec
     from astrai.config.train import TrainConfig
     from astrai.data.bpe import SpecialTokens, train_tokenizer
     from astrai.data.builder import build_dataset
     from astrai.data.chat import CHAT_MARKERS
-    from astrai.infer.loading import resolve_device
+    from astrai.device import resolve_device
     from astrai.model.stats import param_counts
     from astrai.train.data import open_train_data
     from astrai.train.model_source import resolve_model
     from astrai.train.plan import windows_per_epoch
-    from astrai.train.run import train, write_json_atomic
+    from astrai.train.run import train
 
     t0 = time.perf_counter()
     stage_s: dict[str, float] = {}

@@ -6,14 +6,14 @@ Entry points: `train(config)`, `resume(run_dir)`, `plan_run(config)` (astrai.tra
 from astrai.config.train import TrainConfig, load_train_config
 from astrai.train.callbacks import Callback, default_callbacks
 from astrai.train.context import TrainContext, TrainerState
-from astrai.train.executor import EXECUTORS, Executor, ExecutorFactory, NoneExecutor
+from astrai.train.executor import EXECUTORS, Executor, NoneExecutor
 from astrai.train.run import TrainSummary, plan_run, resume, train
-from astrai.train.strategies import STRATEGIES, Strategy, StrategyFactory
+from astrai.train.strategies import STRATEGIES, Strategy
 from astrai.train.trainer import NonFiniteError, Trainer
 
 __all__ = [
-    "EXECUTORS", "STRATEGIES", "Callback", "Executor", "ExecutorFactory", "NonFiniteError",
-    "NoneExecutor", "Strategy", "StrategyFactory", "TrainConfig", "TrainContext", "TrainSummary",
+    "EXECUTORS", "STRATEGIES", "Callback", "Executor", "NonFiniteError", "NoneExecutor",
+    "Strategy", "TrainConfig", "TrainContext", "TrainSummary",
     "Trainer", "TrainerState", "default_callbacks", "load_train_config", "plan_run", "resume",
     "train",
 ]

@@ -1,7 +1,7 @@
 """AdamW whose moments keep their own dtype, independent of the parameters' dtype.
 
 torch.optim.AdamW stores exp_avg / exp_avg_sq in the parameter's dtype, so bf16 weights
-get bf16 moments — the configuration the BF16 lock-in study (seeds/paper-bf16-lockin.tex,
+get bf16 moments — the configuration the BF16 lock-in study (docs/bf16-lockin.md,
 "Solution") advises against. This variant keeps the moments in `state_dtype` (fp32 by
 default), computes the whole update in fp32, and rounds only the final weight write to the
 parameter dtype. With fp32 parameters and fp32 moments it is the same algorithm as

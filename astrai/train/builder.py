@@ -1,4 +1,9 @@
-"""Assemble a TrainContext from a TrainConfig (seeds/training.md "TrainContextBuilder").
+"""Assemble a TrainContext from a TrainConfig, in two stages:
+
+    prepare(config, data) -> Prepared      validate; resolve strategy, device, precision
+                                            and the plan once; build and write nothing
+    build_context(prepared) -> TrainContext create executor, model, optimizer, scheduler,
+                                            strategy from what `Prepared` resolved
 
 Order matters: validate everything (data kind, vocabulary, lengths, steps) before any file
 is written; weights are loaded before the model is wrapped; the executor creates and wraps
@@ -15,29 +20,40 @@ from typing import Any
 import torch
 
 from astrai.config.train import TrainConfig
+from astrai.device import resolve_device
 from astrai.errors import ConfigError, DataError
-from astrai.train.compile import apply_compile, checkpoint_module_types
+from astrai.train.compile import (
+    apply_activation_checkpointing,
+    apply_compile,
+    checkpoint_module_types,
+)
 from astrai.train.context import RunPaths, TrainContext, TrainerState
 from astrai.train.data import TrainData
-from astrai.train.executor import ExecutorFactory
+from astrai.train.executor import EXECUTORS
 from astrai.train.executors.process_group import check_parallel, expected_world_size
 from astrai.train.model_source import ModelSource, resolve_model
 from astrai.train.optim import build_adamw
-from astrai.train.plan import TrainPlan, make_plan, total_steps, warmup_steps, windows_per_epoch
-from astrai.train.precision import resolve_device, resolve_precision
-from astrai.train.schedule import SchedulerFactory
-from astrai.train.strategies import STRATEGIES, StrategyFactory
+from astrai.train.plan import TrainPlan, make_plan
+from astrai.train.precision import Precision, resolve_precision
+from astrai.train.schedule import SCHEDULERS
+from astrai.train.strategies import STRATEGIES, Strategy, StrategyInputs
 
 
 @dataclass
 class Prepared:
-    """Everything validated, nothing built or written yet."""
+    """Everything validated and resolved once; nothing built or written yet."""
 
     config: TrainConfig
     data: TrainData
     source: ModelSource
+    """Where the weights come from (preset, checkpoint, HF directory)."""
     plan: TrainPlan
+    """World size, windows per epoch, total and warmup steps (what --dry-run prints)."""
     device: torch.device
+    precision: Precision
+    strategy_cls: type[Strategy]
+    checkpoint_types: tuple[type[torch.nn.Module], ...]
+    """Module classes whose activations are recomputed (empty: no checkpointing)."""
 
 
 def run_paths(config: TrainConfig) -> RunPaths:
@@ -71,7 +87,7 @@ def prepare(config: TrainConfig, data: TrainData, *, world_size: int | None = No
         )
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device, config.optimizer_state_dtype)
-    checkpoint_module_types(config.gradient_checkpointing_modules)
+    types = checkpoint_module_types(config.gradient_checkpointing_modules)
     check_parallel(config, world_size, device)
     if source is None:
         config.require("model")
@@ -79,17 +95,23 @@ def prepare(config: TrainConfig, data: TrainData, *, world_size: int | None = No
                                seed=config.seed, overrides=config.model_overrides,
                                tokenizer_fingerprint=data.fingerprint)
     n = len(data.dataset)
-    wpe = windows_per_epoch(n, config.batch_size, config.grad_accum_steps, world_size)
-    if wpe == 0:
+    plan = make_plan(config=config, model_config=source.config, model_desc=source.desc,
+                     dataset_kind=data.kind, dataset_len=n, seq_len=data.seq_len,
+                     world_size=world_size, device=str(device), precision=precision.name)
+    if plan.windows_per_epoch == 0:
         raise DataError(
             f"data: {data.path} has {n} samples, fewer than one optimizer step needs "
             f"(batch_size {config.batch_size} x grad_accum_steps {config.grad_accum_steps} x "
             f"{world_size} processes); lower them or add data"
         )
-    plan = make_plan(config=config, model_config=source.config, model_desc=source.desc,
-                     dataset_kind=data.kind, dataset_len=n, seq_len=data.seq_len,
-                     world_size=world_size, device=str(device), precision=precision.name)
-    return Prepared(config, data, source, plan, device)
+    return Prepared(config, data, source, plan, device, precision, strategy_cls,
+                    types if config.gradient_checkpointing else ())
+
+
+def schedule_options(config: TrainConfig) -> dict[str, Any]:
+    """The options of the chosen schedule that the config sets (each takes only its own)."""
+    return {"sgdr": {"cycle_steps": config.sgdr_cycle_steps},
+            "wsd": {"decay_ratio": config.wsd_decay_ratio}}.get(config.schedule, {})
 
 
 def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
@@ -97,46 +119,41 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
     """Create executor, model, optimizer, scheduler, strategy; restore `resume` state
     ({"optimizer", "scheduler", "trainer_state"}) when given. Returns the context and the
     saved callback states (by callback name) to hand to the run's callbacks."""
-    config, data = p.config, p.data
+    config, data, plan = p.config, p.data, p.plan
     torch.manual_seed(config.seed)
-    precision = resolve_precision(config.precision, p.device, config.optimizer_state_dtype)
-    executor = ExecutorFactory.create(
-        config.parallel, grad_accum_steps=config.grad_accum_steps, device=p.device,
-        precision=precision, **config.executor_kwargs,
-    )
-    total = total_steps(len(data.dataset), config.batch_size, config.grad_accum_steps,
-                        executor.world_size, config.epochs, config.max_steps)
-    warmup = warmup_steps(total, config.warmup_ratio, config.warmup_steps)
-
-    def optimizer_fn(model):
-        return build_adamw(model, lr=config.max_lr, weight_decay=config.weight_decay,
-                           betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
-                           state_dtype=precision.state_dtype)
-
-    strategy_cls = STRATEGIES.get(config.strategy)
+    executor = EXECUTORS.get(config.parallel)(device=p.device, precision=p.precision,
+                                              **config.executor_kwargs)
+    if executor.world_size != plan.world_size:
+        raise ConfigError(f"parallel: {executor.world_size} processes joined but the run was "
+                          f"planned for {plan.world_size}; launch it with nnodes x nprocs "
+                          "processes")
 
     def model_fn():
         # compiled in place before the executor wraps it (compile, then shard); the strategy
         # may first change the module (reward: a scalar head on the hidden states)
-        model = strategy_cls.prepare_model(p.source.model_fn(), config)
+        model = p.strategy_cls.prepare_model(p.source.model_fn(), config)
         return apply_compile(model, config.compile, backend=config.compile_backend)
 
-    def scheduler_fn(optimizer):
-        return SchedulerFactory.create(
-            config.schedule, optimizer, total_steps=total, warmup_steps=warmup,
-            min_rate=config.min_lr_value / config.max_lr, cycle_steps=config.sgdr_cycle_steps,
-            decay_ratio=config.wsd_decay_ratio,
-        )
+    def optimizer_fn(model):
+        return build_adamw(model, lr=config.max_lr, weight_decay=config.weight_decay,
+                           betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
+                           state_dtype=p.precision.state_dtype)
 
-    model, optimizer, scheduler = executor.prepare(model_fn, optimizer_fn,
-                                                   scheduler_fn)
+    def scheduler_fn(optimizer):
+        return SCHEDULERS.get(config.schedule)(
+            optimizer, total_steps=plan.total_steps, warmup_steps=plan.warmup_steps,
+            min_rate=config.min_lr_value / config.max_lr, **schedule_options(config))
+
+    model, optimizer, scheduler = executor.prepare(model_fn, optimizer_fn, scheduler_fn)
+    if p.checkpoint_types:
+        apply_activation_checkpointing(model, p.checkpoint_types)
     coef = config.moe_aux_loss_coef
     if coef is None:
         coef = p.source.config.moe_aux_loss_coef
-    strategy = StrategyFactory.create(
-        config.strategy, model, device=p.device, label_smoothing=config.label_smoothing,
-        moe_aux_loss_coef=coef,
-        **{**strategy_cls.setup_kwargs(p), **config.strategy_kwargs},
+    inputs = StrategyInputs(config=config, data=data, device=p.device)
+    strategy = p.strategy_cls(
+        model, device=p.device, label_smoothing=config.label_smoothing, moe_aux_loss_coef=coef,
+        **{**p.strategy_cls.setup_kwargs(inputs), **config.strategy_kwargs},
     )
     byte_lengths = None
     if data.eval_dataset is not None and data.tokenizer_dir is not None:
@@ -147,11 +164,10 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
         config=config, model=model, model_config=p.source.config, optimizer=optimizer,
         scheduler=scheduler, strategy=strategy, executor=executor, train_data=data.dataset,
         sampler=sampler_for(data, config, executor.rank, executor.world_size),
-        collate_fn=data.collate_fn, total_steps=total,
-        windows_per_epoch=windows_per_epoch(len(data.dataset), config.batch_size,
-                                            config.grad_accum_steps, executor.world_size),
-        paths=run_paths(config), seq_len=data.seq_len, tokenizer_dir=data.tokenizer_dir,
-        eval_data=data.eval_dataset, byte_lengths=byte_lengths,
+        collate_fn=data.collate_fn, total_steps=plan.total_steps,
+        windows_per_epoch=plan.windows_per_epoch, paths=run_paths(config),
+        seq_len=data.seq_len, tokenizer_dir=data.tokenizer_dir, eval_data=data.eval_dataset,
+        byte_lengths=byte_lengths,
         meta={"dataset": data.path, "dataset_kind": data.kind, "model_source": p.source.desc,
               "seq_len": data.seq_len, "tokenizer_fingerprint": data.fingerprint},
     )

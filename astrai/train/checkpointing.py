@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from astrai.atomic import write_text_atomic
 from astrai.errors import CheckpointError
 from astrai.model.checkpoint import CONFIG, META, WEIGHTS, load_extra, read_meta, save_checkpoint
 
@@ -47,10 +48,7 @@ def list_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
 
 
 def write_pointer(run_dir: Path, target: Path) -> None:
-    tmp = run_dir / f".latest.tmp-{os.getpid()}"
-    rel = os.path.relpath(target, run_dir)
-    tmp.write_text(rel + "\n")
-    os.replace(tmp, run_dir / "latest")
+    write_text_atomic(run_dir / "latest", os.path.relpath(target, run_dir) + "\n")
 
 
 def remove_checkpoint(path: Path) -> None:

@@ -8,12 +8,16 @@
   FSDP wrapper (torchtitan's order: compile, then shard).
 * `checkpoint_module_types(names)`: the module classes whose activations are recomputed
   in backward (`--gradient-checkpointing`, torch.utils.checkpoint with
-  use_reentrant=False, applied by the gradient-checkpointing callback).
+  use_reentrant=False), and `apply_activation_checkpointing(model, types)` which wraps
+  their forwards; applied by the builder after the executor wrapped the model.
 """
 
 from __future__ import annotations
 
+import functools
+
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from astrai.errors import ConfigError
 from astrai.model.attention import Attention
@@ -51,3 +55,20 @@ def checkpoint_module_types(names: list[str]) -> tuple[type[nn.Module], ...]:
             f"{', '.join(CHECKPOINTABLE)}"
         )
     return tuple(CHECKPOINTABLE[n] for n in names)
+
+
+def _checkpointed(forward, *args, **kwargs):
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def apply_activation_checkpointing(model: nn.Module, module_types: tuple[type[nn.Module], ...]
+                                   ) -> list[nn.Module]:
+    """Wrap the forward of every module of `module_types` (found through any wrapper, e.g.
+    DDP's .module) in torch.utils.checkpoint(use_reentrant=False): its activations are
+    recomputed in backward instead of stored. Returns the wrapped modules."""
+    wrapped = []
+    for module in model.modules():
+        if isinstance(module, module_types) and "forward" not in vars(module):
+            module.forward = functools.partial(_checkpointed, module.forward)
+            wrapped.append(module)
+    return wrapped

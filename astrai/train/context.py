@@ -1,13 +1,15 @@
-"""TrainContext: everything the loop and its callbacks share, passed explicitly.
+"""TrainContext: what the trainer shows its observing callbacks, passed explicitly.
 
 `TrainerState` is the committed state at the last optimizer-step boundary: it is what a
 checkpoint's trainer_state.pt stores, so a resumed run starts exactly at that boundary.
-The rest of the context is live, per-step bookkeeping.
+The rest of the context is the run's parts (read-only to callbacks) and the figures of the
+current micro-batch and step, which the trainer writes and callbacks read.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,11 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from astrai.config.train import TrainConfig
 from astrai.model.config import ModelConfig
 from astrai.train.executor import Executor
-from astrai.train.optim import AccumOptimizer, AccumScheduler
+from astrai.train.schedule import LRScheduler
 from astrai.train.strategies.base import Strategy
 
 
@@ -90,72 +93,90 @@ class RunPaths:
 
 @dataclass
 class TrainContext:
+    # -- the run (built once by astrai.train.builder; callbacks read, never replace) -----
     config: TrainConfig
+    """The run's resolved config (saved in every checkpoint's meta.json)."""
     model: nn.Module
     """The (possibly wrapped) model being trained."""
     model_config: ModelConfig
-    optimizer: AccumOptimizer
-    scheduler: AccumScheduler
+    optimizer: torch.optim.Optimizer
+    scheduler: LRScheduler
     strategy: Strategy
+    """Turns a batch into its loss (the trainer knows no loss)."""
     executor: Executor
-    train_data: Any
-    """The training Dataset."""
+    """Device, precision, wrapping, collectives (none | ddp | fsdp)."""
+    train_data: Dataset
+    """The training samples: dicts of 1-D tensors."""
     sampler: Any
-    """Resumable sampler: set_epoch(e), __iter__, __len__ (this rank's share)."""
-    collate_fn: Any
+    """Resumable sampler: set_epoch(e), __iter__, __len__, state_dict(consumed=...),
+    load_state_dict (this rank's share; astrai.data.sampler.RDSampler by default)."""
+    collate_fn: Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]]
     total_steps: int
+    """Optimizer steps of the whole run."""
     windows_per_epoch: int
+    """Optimizer steps in one epoch on each rank (leftover micro-batches are not run)."""
     paths: RunPaths
+    """Where the run writes (metrics.jsonl, checkpoints/)."""
     seq_len: int = 0
     """Tokens per row fed to the model (for FLOPs per token)."""
     tokenizer_dir: Path | None = None
-    eval_data: Any = None
+    """Copied into every checkpoint, so chat can open it."""
+    eval_data: Dataset | None = None
+    """Held-out samples for validation (None: no validation)."""
     byte_lengths: torch.Tensor | None = None
     """[V] UTF-8 bytes per token id, for bits per byte."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Extra facts saved in each checkpoint's meta.json (dataset, model source, ...)."""
     state: TrainerState = field(default_factory=TrainerState)
-    callbacks: list[Any] = field(default_factory=list)
-    """The run's callbacks in order (set by the Trainer)."""
+    """The committed counters at the last step boundary."""
 
-    # -- live, per micro-batch ----------------------------------------------------------------
+    # -- the current micro-batch (on_batch_begin / on_batch_end) -------------------------
     batch: dict[str, torch.Tensor] | None = None
+    """The micro-batch on its device."""
     loss: float = 0.0
     """This micro-batch's contribution to the step loss (already window-normalised)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """This micro-batch's strategy metrics."""
     window_batches: int = 0
-    window_samples: int = 0
-    window_tokens: int = 0
-    window_units: int = 0
-    normalizer: float = 1.0
+    """Micro-batches of the current window run so far (grad_accum_steps at the step)."""
     window_start: float = 0.0
     """perf_counter() when the current window began (data loading included)."""
 
-    # -- live, per optimizer step ----------------------------------------------------------
+    # -- the current step (on_optimizer_step / on_step_end) ------------------------------
+    step_time: float = 0.0
+    """Seconds the step took: its window's data, forward, backward and update (validation
+    and checkpoint writing excluded)."""
+    window_tokens: int = 0
+    """Input tokens of the step over all ranks (padding included)."""
+    window_units: int = 0
+    """Loss units (tokens, pairs, prompts) of the step on this rank."""
     step_loss: float = 0.0
     """Loss of the current step: the window's mean over its loss units."""
     step_metrics: dict[str, float] = field(default_factory=dict)
+    """The strategy's metrics, unit-weighted over the window; observers may add figures
+    here in on_optimizer_step or on_step_end, and record writers log them."""
     grad_norm: float | None = None
+    """Global L2 norm of the step's gradients before clipping."""
     lr: float = 0.0
     """Learning rate used by the current step."""
     skip_step: bool = False
-    """Set when the step's loss/gradient is not finite and skipping is allowed."""
+    """True when the step's loss/gradient was not finite and skipping is allowed."""
     last_eval: dict[str, float] = field(default_factory=dict)
-    in_update: bool = False
-    """True while optimizer.step() runs: weights may be half-updated, do not save."""
+    """The latest validation figures (val_loss, val_ppl, val_bpb)."""
+    evaluated: bool = False
+    """True at on_step_end when this step ran validation (last_eval is this step's)."""
+
+    # -- the run's end ---------------------------------------------------------------------
     completed: bool = False
+    """True once the run reached total_steps without a stop request."""
     stop_reason: str | None = None
-    """Set by a callback to end training at this step boundary (preemption)."""
+    """Set by a callback to end training at this step boundary, with a checkpoint of it."""
     errors: list[str] = field(default_factory=list)
+    """Warnings for the summary (skipped steps, failing on_error hooks)."""
     boundary_rng: dict[str, Any] | None = None
     """RNG states at the last step boundary (saved with the committed TrainerState)."""
     boundary_sampler: dict[str, Any] | None = None
     """Sampler position at the last step boundary."""
-
-    @property
-    def consumed_samples(self) -> int:
-        return self.state.consumed_samples + self.window_samples
 
     @property
     def is_main(self) -> bool:

@@ -3,12 +3,11 @@
 The trainer talks to the model only through an executor (DESIGN.md "Executor"), so
 data/fully-sharded parallelism plug in beside `none` without touching the loop:
 
-    executor = ExecutorFactory.create("none", grad_accum_steps=4, device=dev, precision=p)
+    executor = EXECUTORS.get("none")(device=dev, precision=p)
     model, optimizer, scheduler = executor.prepare(model_fn, optimizer_fn, scheduler_fn)
-    with executor.accumulate(model):      # advances GradientState; no_sync off-window
+    with executor.grad_sync(model, last_micro_batch):   # no_sync on all but the last
         executor.backward(loss)
-    if executor.sync_gradients:
-        norm = executor.clip_grad_norm(max_norm)
+    norm = executor.clip_grad_norm(max_norm)
 
 A subclass overrides `_wrap` (DDP / fully_shard), `_no_sync`, `clip_grad_norm` (global
 norm), the state-dict methods (gather to rank 0) and the collective helpers.
@@ -23,14 +22,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from astrai.errors import ConfigError
-from astrai.train.optim import AccumOptimizer, AccumScheduler, GradientState
 from astrai.train.precision import Precision
-from astrai.train.registry import Registry
+from astrai.train.registry import Registry, reject_unknown
 
 ModelFn = Callable[[], nn.Module]
 OptimizerFn = Callable[[nn.Module], torch.optim.Optimizer]
 SchedulerFn = Callable[[torch.optim.Optimizer], Any]
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module inside a DDP wrapper (.module); FSDP2's fully_shard and an unwrapped
+    model are returned as they are."""
+    return getattr(model, "module", model)
 
 
 class Executor:
@@ -38,65 +41,47 @@ class Executor:
 
     name = "base"
 
-    def __init__(self, *, grad_accum_steps: int = 1, device: torch.device | str = "cpu",
-                 precision: Precision | None = None, **kwargs: Any) -> None:
-        if kwargs:
-            raise ConfigError(
-                f"executor '{self.name}': unknown option(s) {', '.join(sorted(kwargs))}"
-            )
-        self.gradient_state = GradientState(grad_accum_steps)
+    def __init__(self, *, device: torch.device | str = "cpu", precision: Precision | None = None,
+                 **options: Any) -> None:
+        reject_unknown("executor", self.name, options)
         self.device = torch.device(device)
         self.precision = precision or Precision()
         self.model: nn.Module | None = None
 
     # -- topology -------------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return 0
-
-    @property
-    def world_size(self) -> int:
-        return 1
+    rank: int = 0
+    """This process's rank (a distributed executor sets it from the launcher)."""
+    world_size: int = 1
+    """Processes in the run."""
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
-    @property
-    def grad_accum_steps(self) -> int:
-        return self.gradient_state.grad_accum_steps
-
-    @property
-    def sync_gradients(self) -> bool:
-        return self.gradient_state.sync_gradients
-
     # -- set-up ---------------------------------------------------------------------------
     def prepare(self, model_fn: ModelFn, optimizer_fn: OptimizerFn,
-                scheduler_fn: SchedulerFn) -> tuple[nn.Module, AccumOptimizer, AccumScheduler]:
+                scheduler_fn: SchedulerFn) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
         """Create the model, wrap it, then build optimizer and scheduler over the wrapped
         parameters (so a sharded wrapper's parameters are the ones optimised)."""
         model = model_fn().to(device=self.device, dtype=self.precision.param_dtype)
         self.model = self._wrap(model)
         optimizer = optimizer_fn(self.model)
         scheduler = scheduler_fn(optimizer)
-        return (self.model, AccumOptimizer(optimizer, self.gradient_state),
-                AccumScheduler(scheduler, self.gradient_state))
+        return self.model, optimizer, scheduler
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         return model
 
     def unwrap(self, model: nn.Module | None = None) -> nn.Module:
         """The plain model under any wrapper (for state dicts and evaluation)."""
-        model = model if model is not None else self.model
-        return getattr(model, "module", model)
+        return unwrap(model if model is not None else self.model)
 
     # -- the step ---------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def accumulate(self, model: nn.Module):
-        self.gradient_state.advance()  # before forward: the last micro-step knows it syncs
-        ctx = contextlib.nullcontext() if self.sync_gradients else self._no_sync(model)
-        with ctx:
-            yield
+    def grad_sync(self, model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+        """Around one micro-batch's forward and backward: with sync=False (every micro-batch
+        of a window but the last) gradients accumulate locally, without the cross-rank
+        reduction; the last one reduces the whole window's gradients once."""
+        return contextlib.nullcontext() if sync else self._no_sync(model)
 
     def _no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # one process: nothing to skip
@@ -129,10 +114,10 @@ class Executor:
         """Full state dict (on rank 0; {} elsewhere), tensors on CPU."""
         return {k: v.detach().cpu() for k, v in self.unwrap().state_dict().items()}
 
-    def optimizer_state_dict(self, optimizer: AccumOptimizer) -> dict:
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict:
         return optimizer.state_dict()
 
-    def load_optimizer_state_dict(self, optimizer: AccumOptimizer, state: dict) -> None:
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         optimizer.load_state_dict(state)
 
     # -- collectives (identity with one process) --------------------------------------------
@@ -159,10 +144,3 @@ EXECUTORS: Registry[Executor] = Registry("parallel", {
     "fsdp": "astrai.train.executors.fsdp:FSDPExecutor",
 })
 
-
-class ExecutorFactory:
-    """`ExecutorFactory.create(parallel_mode, grad_accum_steps=..., **kwargs)` (seeds)."""
-
-    @staticmethod
-    def create(name: str, **kwargs: Any) -> Executor:
-        return EXECUTORS.get(name)(**kwargs)

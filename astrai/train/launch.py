@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import astrai.errors
+from astrai.atomic import write_json_atomic
 from astrai.config.train import TrainConfig
 from astrai.errors import AstraiError, ConfigError
 from astrai.train.executors.process_group import dist_env
@@ -257,10 +258,8 @@ def _die_with_parent() -> None:
 
 
 def _write(result_dir: str, kind: str, obj: dict, rank: int) -> None:
-    path = Path(result_dir) / f"{kind}-{rank}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)  # the parent never reads half a file
+    # the parent never reads half a file
+    write_json_atomic(Path(result_dir) / f"{kind}-{rank}.json", obj, indent=None)
 
 
 def _read(result_dir: str, kind: str) -> dict | None:

@@ -1,4 +1,4 @@
-"""Token losses as pure functions (seeds/training.md "Strategies", formulas L_PT and L_SFT).
+"""Token losses as pure functions (docs/train.md: pretraining and SFT).
 
 They return *sums* over the tokens that carry loss plus the count of those tokens, so the
 caller can normalise over a whole accumulation window (accumulation == one big batch).

@@ -1,10 +1,4 @@
-"""AdamW with decay on matrices only, and the gradient-accumulation wrappers.
-
-Gradient accumulation (seeds/internals.md "Gradient Accumulation Mechanics") has three parts:
-`GradientState` counts micro-steps and raises `sync_gradients` every `grad_accum_steps`;
-the executor's `accumulate()` advances it (and skips gradient sync on other micro-steps);
-`AccumOptimizer` / `AccumScheduler` forward step() and zero_grad() only on sync micro-steps.
-"""
+"""AdamW with weight decay on matrices only."""
 
 from __future__ import annotations
 
@@ -50,74 +44,3 @@ def build_adamw(model: nn.Module, *, lr: float, weight_decay: float, betas: tupl
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
 
-
-class GradientState:
-    """Micro-step counter: sync fires on every grad_accum_steps-th micro-batch.
-
-    The counter is advanced at the start of `accumulate()`, before the forward pass, so the
-    forward/backward of the last micro-batch of a window already knows it will sync.
-    """
-
-    def __init__(self, grad_accum_steps: int) -> None:
-        self.grad_accum_steps = grad_accum_steps
-        self.micro_step = 0
-
-    def advance(self) -> None:
-        self.micro_step += 1
-
-    @property
-    def sync_gradients(self) -> bool:
-        return self.micro_step % self.grad_accum_steps == 0
-
-    def reset(self) -> None:
-        """Start a fresh window (epoch end): leftover micro-batches never leak forward."""
-        self.micro_step = 0
-
-
-class AccumOptimizer:
-    """Forwards step()/zero_grad() to the real optimizer only on sync micro-steps."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, state: GradientState) -> None:
-        self.optimizer, self.gradient_state = optimizer, state
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    def step(self) -> None:
-        if self.gradient_state.sync_gradients:
-            self.optimizer.step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.gradient_state.sync_gradients:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def force_zero_grad(self) -> None:
-        """Drop every accumulated gradient whatever the window (epoch end, skipped step)."""
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def state_dict(self) -> dict:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state)
-
-
-class AccumScheduler:
-    """Forwards step() to the real scheduler only on sync micro-steps."""
-
-    def __init__(self, scheduler: Any, state: GradientState) -> None:
-        self.scheduler, self.gradient_state = scheduler, state
-
-    def step(self) -> None:
-        if self.gradient_state.sync_gradients:
-            self.scheduler.step()
-
-    def get_last_lr(self) -> list[float]:
-        return self.scheduler.get_last_lr()
-
-    def state_dict(self) -> dict:
-        return self.scheduler.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.scheduler.load_state_dict(state)

@@ -1,6 +1,6 @@
 """The numbers of a run, as pure functions: total steps, effective batch, memory estimate.
 
-Total optimizer steps (seeds/internals.md "Total optimizer steps"):
+Total optimizer steps (docs/train.md):
 
     samples_per_replica = ceil(dataset_len / nprocs)
     batches_per_replica = ceil(samples_per_replica / batch_per_device)
@@ -26,7 +26,7 @@ def windows_per_epoch(dataset_len: int, batch_size: int, grad_accum_steps: int,
 
 def total_steps(dataset_len: int, batch_size: int, grad_accum_steps: int, world_size: int,
                 epochs: int, max_steps: int | None = None) -> int:
-    """max_steps when given (epochs then continue as needed), else the seeds' formula."""
+    """max_steps when given (epochs then continue as needed), else the formula above."""
     if max_steps is not None:
         return max_steps
     return windows_per_epoch(dataset_len, batch_size, grad_accum_steps, world_size) * epochs

@@ -6,7 +6,7 @@
     bf16-true    bf16 weights, activations and gradients; no autocast.
 
 Optimizer moments are fp32 unless `--optimizer-state-dtype bf16`. The BF16 lock-in case
-study (seeds/paper-bf16-lockin.tex, "Stage 3: BF16 dead zone" and "Solution") traces part
+study (docs/bf16-lockin.md, "Stage 3: BF16 dead zone" and "Solution") traces part
 of the failure to bf16 AdamW moments that "lose precision at large magnitudes" and
 recommends fp32 moments: so with bf16-true weights the moments stay fp32 and the update is
 computed in fp32 (astrai.train.adamw), and only the final weight write rounds to bf16.
@@ -64,24 +64,6 @@ class BF16True(Precision):
 PRECISIONS: dict[str, type[Precision]] = {
     "fp32": Precision, "bf16-mixed": BF16Mixed, "bf16-true": BF16True,
 }
-
-
-def register_precision(cls: type[Precision]) -> type[Precision]:
-    PRECISIONS[cls.name] = cls
-    return cls
-
-
-def resolve_device(device: str) -> torch.device:
-    """`auto` = cuda when present, else cpu."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ConfigError(f"device: '{device}' is not a device; use auto, cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device: '{device}' requested but CUDA is not available; use cpu or auto")
-    return dev
 
 
 def auto_precision(device: torch.device) -> str:

@@ -35,11 +35,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from astrai.train.callbacks.base import Callback
-from astrai.train.callbacks.checkpoint import CheckpointCallback
-from astrai.train.checkpointing import save_training_checkpoint
 
 if TYPE_CHECKING:
     from astrai.train.context import TrainContext
@@ -52,8 +51,9 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class PreemptionGuard:
     """Catches SIGTERM/SIGINT between install() and uninstall() (main thread only)."""
 
-    def __init__(self, signals: tuple[int, ...] = SIGNALS, grace_s: float = 1.0) -> None:
-        self.signals, self.grace_s = tuple(signals), grace_s
+    def __init__(self, signals: tuple[int, ...] = SIGNALS, grace_s: float = 1.0, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.signals, self.grace_s, self.clock = tuple(signals), grace_s, clock
         self.signum: int | None = None
         """The first signal received (None: none yet)."""
         self._first = 0.0
@@ -127,7 +127,7 @@ class PreemptionGuard:
     def notify(self, signum: int) -> None:
         """Record one signal: the first asks for a stop; a later one exits now."""
         with self._lock:
-            now = time.monotonic()
+            now = self.clock()
             if self.signum is None:
                 self.signum, self._first = signum, now
             elif now - self._first >= self.grace_s:
@@ -135,10 +135,8 @@ class PreemptionGuard:
 
 
 class PreemptionCallback(Callback):
-    """Stops training at the step boundary after a signal, with a checkpoint of that step.
-
-    Registered after the checkpoint and metrics callbacks, so the step's record is written
-    and an interval checkpoint of the same step is reused, not written twice."""
+    """Asks the trainer to stop at the step boundary after a signal (ctx.stop_reason); the
+    trainer then writes a checkpoint of that step unless it has one already."""
 
     name = "preemption"
 
@@ -173,11 +171,6 @@ class PreemptionCallback(Callback):
         stop = self._agreed(ctx)  # collective: every rank calls it at every step
         if not stop or ctx.done:
             return
-        ckpt = next((cb for cb in ctx.callbacks if isinstance(cb, CheckpointCallback)), None)
-        if ckpt is None or ckpt.last_saved != ctx.state.step:
-            save_training_checkpoint(ctx, ctx.callbacks)
-            if ckpt is not None:
-                ckpt.last_saved = ctx.state.step
         sig = self.guard.signum
         ctx.stop_reason = (f"preempted by {signal.Signals(sig).name}" if sig is not None
                            else "preempted by a signal to another rank")

@@ -1,26 +1,31 @@
-"""Name -> class tables whose entries may be lazy "module:Class" paths.
+"""Name -> class tables a user picks from by name (--strategy, --parallel, --schedule).
 
-Lazy entries let later rooms add an executor or strategy with one line in a table, without
-import-time registration side effects and without importing torch.distributed (or a
-rollout engine) for runs that do not use it.
+Entries may be lazy "module:Class" paths, so choosing `none` never imports torch.distributed
+and choosing `seq` never imports a rollout engine. Every class built from a table rejects
+options it does not take through `reject_unknown`, so a misspelt key fails the same way
+whichever table it went to.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Generic, TypeVar
+from collections.abc import Mapping
+from typing import Any, Generic, TypeVar
 
 from astrai.errors import ConfigError
 
 T = TypeVar("T")
 
 
+def reject_unknown(what: str, name: str, options: Mapping[str, Any]) -> None:
+    """ConfigError naming the options a table entry does not take (nothing when empty)."""
+    if options:
+        raise ConfigError(f"{what} '{name}': unknown option(s) {', '.join(sorted(options))}")
+
+
 class Registry(Generic[T]):
     def __init__(self, what: str, entries: dict[str, type[T] | str]) -> None:
         self.what, self.entries = what, dict(entries)
-
-    def register(self, name: str, entry: type[T] | str) -> None:
-        self.entries[name] = entry
 
     def names(self) -> list[str]:
         return list(self.entries)

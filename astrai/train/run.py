@@ -11,7 +11,6 @@ leaves no run directory behind.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from astrai.atomic import write_json_atomic
 from astrai.config.train import TrainConfig
 from astrai.errors import CheckpointError, ConfigError, DataError
 from astrai.model.checkpoint import load_checkpoint
@@ -107,13 +107,6 @@ def _check_new_run_dir(paths: RunPaths) -> None:
             f"out: {d} already exists and is not empty; continue it with `astrai resume {d}` "
             "or choose another --out"
         )
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write `obj` as indented JSON so that a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def _execute(ctx: TrainContext, callbacks: list[Callback], states: dict[str, Any],

@@ -1,4 +1,4 @@
-"""Learning-rate schedules (seeds/training.md "LR Schedulers").
+"""Learning-rate schedules: cosine, SGDR and warmup-stable-decay.
 
 Each schedule is a pure function `rate(step) -> multiplier of max_lr`, where `step` is the
 0-based index of the optimizer step about to be taken; the scheduler object only counts steps
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from astrai.train.registry import Registry
+from astrai.train.registry import Registry, reject_unknown
 
 RateFn = Callable[[int], float]
 
@@ -95,7 +95,8 @@ class CosineScheduler(LRScheduler):
     name = "cosine"
 
     def __init__(self, optimizer, *, total_steps: int, warmup_steps: int, min_rate: float,
-                 **_: object) -> None:
+                 **options: object) -> None:
+        reject_unknown("schedule", self.name, options)
         total, warmup, m = _rates(total_steps, warmup_steps, min_rate)
         super().__init__(optimizer, lambda s: cosine_rate(s, warmup=warmup, total=total, min_rate=m))
 
@@ -104,7 +105,8 @@ class SGDRScheduler(LRScheduler):
     name = "sgdr"
 
     def __init__(self, optimizer, *, total_steps: int, warmup_steps: int, min_rate: float,
-                 cycle_steps: int | None = None, t_mult: int = 2, **_: object) -> None:
+                 cycle_steps: int | None = None, t_mult: int = 2, **options: object) -> None:
+        reject_unknown("schedule", self.name, options)
         total, warmup, m = _rates(total_steps, warmup_steps, min_rate)
         # Default: three cycles (1 + 2 + 4 = 7 units) fill the run after warmup.
         cycle = cycle_steps or max(1, (total - warmup) // (1 + t_mult + t_mult**2))
@@ -117,7 +119,8 @@ class WSDScheduler(LRScheduler):
     name = "wsd"
 
     def __init__(self, optimizer, *, total_steps: int, warmup_steps: int, min_rate: float,
-                 decay_ratio: float = 0.2, **_: object) -> None:
+                 decay_ratio: float = 0.2, **options: object) -> None:
+        reject_unknown("schedule", self.name, options)
         total, warmup, m = _rates(total_steps, warmup_steps, min_rate)
         decay = max(1, min(total - warmup, round(decay_ratio * total)))
         super().__init__(
@@ -129,10 +132,3 @@ SCHEDULERS: Registry[LRScheduler] = Registry("schedule", {
     "cosine": CosineScheduler, "sgdr": SGDRScheduler, "wsd": WSDScheduler,
 })
 
-
-class SchedulerFactory:
-    """`SchedulerFactory.create(type, optimizer, **kwargs)` (seeds/training.md)."""
-
-    @staticmethod
-    def create(schedule_type: str, optimizer: torch.optim.Optimizer, **kwargs) -> LRScheduler:
-        return SCHEDULERS.get(schedule_type)(optimizer, **kwargs)

@@ -1,17 +1,24 @@
-"""The training loop (seeds/internals.md "Training Loop Internals"), with two precisions:
+"""The training loop. `Trainer.step` is one optimizer step, written out in one place as
+nanoGPT's train.py writes it:
+
+    micro-batches of the window (no_sync on all but the last) -> clip -> finite check
+    -> optimizer step -> schedule -> zero grads -> commit -> eval and checkpoint at their
+    intervals
+
+Two precisions:
 
 * The loss of every micro-batch is normalised by the number of loss units (tokens) in the
   whole accumulation window, not by grad_accum_steps, so a window of micro-batches gives the
   gradient of one big batch even when micro-batches carry different numbers of loss tokens.
   The trainer therefore reads a window ahead: it fetches the window's micro-batches, counts
   their units, then runs forward/backward on each.
-* An epoch holds `windows_per_epoch` = (this rank's batches // grad_accum_steps) windows
-  (seeds' total-steps formula); the leftover micro-batches of an epoch are never run, and
-  the window state is reset at every epoch end, so nothing leaks into the next epoch.
+* An epoch holds `windows_per_epoch` = (this rank's batches // grad_accum_steps) windows;
+  the leftover micro-batches of an epoch are never read into a window, so nothing of them
+  reaches a gradient.
 
-Per micro-batch: on_batch_begin → strategy → backward → on_batch_end. Per window, after its
-last micro-batch: on_optimizer_step (clipping) → finiteness check → optimizer.step() →
-strategy.on_optimizer_step() → zero_grad → scheduler.step() → commit the step → on_step_end.
+Callbacks only observe (astrai.train.callbacks.base lists when each hook runs); the trainer
+decides everything a step computes and when validation and checkpoints happen, so the order
+in which callbacks are registered does not matter.
 """
 
 from __future__ import annotations
@@ -19,13 +26,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from astrai.errors import AstraiError
 from astrai.train.callbacks.base import Callback, CallbackList
+from astrai.train.checkpointing import save_training_checkpoint
 from astrai.train.context import TrainContext, rng_state
+from astrai.train.evaluate import evaluate
+
+Batch = dict[str, torch.Tensor]
 
 
 class NonFiniteError(AstraiError):
@@ -35,8 +47,11 @@ class NonFiniteError(AstraiError):
 class Trainer:
     def __init__(self, ctx: TrainContext, callbacks: list[Callback]) -> None:
         self.ctx = ctx
-        ctx.callbacks = list(callbacks)
-        self.callbacks = CallbackList(ctx.callbacks)
+        self.callbacks = CallbackList(callbacks)
+        self.last_saved: int | None = ctx.state.step if ctx.state.step > 0 else None
+        """Step of the newest checkpoint this run has (a resumed run starts from one)."""
+        self.saved: list[Path] = []
+        self._updating = False  # inside optimizer.step(): the weights may be half-updated
 
     # -- the run ------------------------------------------------------------------------------
     def train(self) -> TrainContext:
@@ -49,30 +64,111 @@ class Trainer:
             while not ctx.done and ctx.stop_reason is None:
                 self._run_epoch()
             ctx.completed = ctx.stop_reason is None
+            if ctx.completed and self.last_saved != ctx.state.step:
+                self.save()
         except BaseException as e:
             cbs.on_error(ctx, e)
+            self._save_last_good(e)
             raise
         finally:
             cbs.call("on_train_end", ctx)
         return ctx
 
     def _run_epoch(self) -> None:
-        ctx, cbs, s = self.ctx, self.callbacks, self.ctx.state
-        accum = ctx.executor.grad_accum_steps
+        ctx, s = self.ctx, self.ctx.state
+        accum = ctx.config.grad_accum_steps
         if s.epoch_batches // accum < ctx.windows_per_epoch:
             ctx.sampler.set_epoch(s.epoch)
-            cbs.call("on_epoch_begin", ctx)
+            self.callbacks.call("on_epoch_begin", ctx)
             for window in self._windows():
-                self._run_window(window)
+                self.step(window)
                 if ctx.done or ctx.stop_reason is not None:
                     break
         if s.epoch_batches // accum >= ctx.windows_per_epoch:
-            # Epoch end: drop any partial window so it never leaks into the next epoch.
-            ctx.executor.gradient_state.reset()
-            ctx.optimizer.force_zero_grad()
-            cbs.call("on_epoch_end", ctx)
+            self.callbacks.call("on_epoch_end", ctx)
             s.epoch += 1
             s.epoch_batches = 0
+
+    # -- one optimizer step --------------------------------------------------------------------
+    def step(self, window: list[Batch]) -> None:
+        ctx, cbs, ex, strategy, cfg = (self.ctx, self.callbacks, self.ctx.executor,
+                                       self.ctx.strategy, self.ctx.config)
+        units = [strategy.loss_units(b) for b in window]
+        normalizer = ex.window_normalizer(sum(units))
+        ctx.window_units, ctx.window_batches, ctx.window_tokens = sum(units), 0, 0
+        samples, loss_sum, metric_sums = 0, 0.0, {}
+        for i, (batch, n) in enumerate(zip(window, units)):
+            ctx.batch = batch = strategy.to_device(batch)
+            cbs.call("on_batch_begin", ctx)
+            with ex.grad_sync(ctx.model, sync=i == len(window) - 1):
+                with ex.autocast():
+                    out = strategy(batch, normalizer)
+                ex.backward(out["loss"])
+            ctx.loss, ctx.metrics = float(out["loss"].detach()), out["metrics"]
+            ctx.window_batches += 1
+            samples += strategy.batch_samples(batch) * ex.world_size
+            ctx.window_tokens += strategy.batch_tokens(batch) * ex.world_size
+            loss_sum += ctx.loss
+            for k, v in ctx.metrics.items():
+                metric_sums[k] = metric_sums.get(k, 0.0) + v * n
+            cbs.call("on_batch_end", ctx)
+        ctx.step_loss = ex.all_reduce_sum(loss_sum) / ex.world_size
+        ctx.step_metrics = {k: v / max(1, ctx.window_units) for k, v in metric_sums.items()}
+        ctx.lr = float(ctx.scheduler.get_last_lr()[0])
+        ctx.grad_norm = float(ex.clip_grad_norm(cfg.max_grad_norm))
+        cbs.call("on_optimizer_step", ctx)
+        ctx.skip_step = self._nonfinite_skip()
+        if not ctx.skip_step:
+            self._updating = True
+            ctx.optimizer.step()
+            self._updating = False
+            strategy.on_optimizer_step()
+        ctx.optimizer.zero_grad(set_to_none=True)
+        ctx.scheduler.step()
+        self._commit(samples)
+        ctx.evaluated = ctx.eval_data is not None and self._due(cfg.eval_interval)
+        if ctx.evaluated:
+            ctx.last_eval = evaluate(ctx, cfg.eval_max_batches)
+        cbs.call("on_step_end", ctx)
+        due = self._due(cfg.ckpt_interval) or ctx.stop_reason is not None
+        if due and self.last_saved != ctx.state.step:
+            self.save()
+
+    def _due(self, interval: int) -> bool:
+        """At the last step, and every `interval` steps (0 = only at the last)."""
+        step = self.ctx.state.step
+        return self.ctx.done or (interval > 0 and step % interval == 0)
+
+    def _commit(self, samples: int) -> None:
+        """Advance the committed state: what a checkpoint of this step stores."""
+        ctx, s = self.ctx, self.ctx.state
+        ctx.step_time = time.perf_counter() - ctx.window_start
+        s.step += 1
+        s.epoch_batches += ctx.window_batches
+        s.consumed_samples += samples
+        s.consumed_tokens += ctx.window_tokens
+        s.skipped_steps += int(ctx.skip_step)
+        ctx.boundary_rng = rng_state()
+        ctx.boundary_sampler = sampler_state(ctx)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save(self) -> None:
+        """checkpoints/step_N of the committed state (collective: every rank calls it)."""
+        path = save_training_checkpoint(self.ctx, list(self.callbacks))
+        self.last_saved = self.ctx.state.step
+        if path is not None:
+            self.saved.append(path)
+
+    def _save_last_good(self, error: BaseException) -> None:
+        """After an error: save the committed state unless the weights may be half-updated
+        (an error inside optimizer.step()) or it is saved already."""
+        ctx = self.ctx
+        if self._updating or ctx.state.step == 0 or ctx.state.step == self.last_saved:
+            return
+        try:
+            self.save()
+        except Exception as e:  # noqa: BLE001 - reported; the original error propagates
+            ctx.errors.append(f"checkpoint after {type(error).__name__}: {e}")
 
     # -- data -------------------------------------------------------------------------------------
     def _loader(self) -> DataLoader:
@@ -87,9 +183,9 @@ class Trainer:
             pin_memory=ctx.executor.device.type == "cuda",
         )
 
-    def _windows(self) -> Iterator[list[dict[str, torch.Tensor]]]:
+    def _windows(self) -> Iterator[list[Batch]]:
         ctx = self.ctx
-        accum = ctx.executor.grad_accum_steps
+        accum = ctx.config.grad_accum_steps
         remaining = ctx.windows_per_epoch - ctx.state.epoch_batches // accum
         it = iter(self._loader())
         for _ in range(remaining):
@@ -102,68 +198,13 @@ class Trainer:
                 window.append(batch)
             yield window
 
-    # -- one optimizer step ------------------------------------------------------------------------
-    def _run_window(self, window: list[dict[str, torch.Tensor]]) -> None:
-        ctx, cbs, ex, strategy = self.ctx, self.callbacks, self.ctx.executor, self.ctx.strategy
-        units = [strategy.loss_units(b) for b in window]
-        ctx.window_units = sum(units)
-        ctx.normalizer = ex.window_normalizer(ctx.window_units)
-        ctx.window_batches = ctx.window_samples = ctx.window_tokens = 0
-        loss_sum, metric_sums = 0.0, {}
-        for batch, n in zip(window, units):
-            batch = strategy.to_device(batch)
-            ctx.batch = batch
-            with ex.accumulate(ctx.model):
-                cbs.call("on_batch_begin", ctx)
-                with ex.autocast():
-                    out = strategy(batch, ctx.normalizer)
-                ctx.loss = float(out["loss"].detach())
-                ctx.metrics = out["metrics"]
-                ex.backward(out["loss"])
-                B = strategy.batch_samples(batch)
-                ctx.window_batches += 1
-                ctx.window_samples += B * ex.world_size
-                ctx.window_tokens += strategy.batch_tokens(batch) * ex.world_size
-                loss_sum += ctx.loss
-                for k, v in ctx.metrics.items():
-                    metric_sums[k] = metric_sums.get(k, 0.0) + v * n
-                cbs.call("on_batch_end", ctx)
-                if ex.sync_gradients:
-                    ctx.step_loss = ex.all_reduce_sum(loss_sum) / ex.world_size
-                    ctx.step_metrics = {k: v / max(1, ctx.window_units)
-                                        for k, v in metric_sums.items()}
-                    self._optimizer_step()
-
-    def _optimizer_step(self) -> None:
-        ctx, cbs, s = self.ctx, self.callbacks, self.ctx.state
-        ctx.lr = float(ctx.scheduler.get_last_lr()[0])
-        cbs.call("on_optimizer_step", ctx)
-        ctx.skip_step = self._nonfinite_skip()
-        ctx.in_update = True
-        if not ctx.skip_step:
-            ctx.optimizer.step()
-            ctx.strategy.on_optimizer_step()
-        ctx.optimizer.zero_grad()
-        ctx.scheduler.step()
-        ctx.in_update = False
-        # Commit: the state a checkpoint of this step stores.
-        s.step += 1
-        s.epoch_batches += ctx.window_batches
-        s.consumed_samples += ctx.window_samples
-        s.consumed_tokens += ctx.window_tokens
-        s.skipped_steps += int(ctx.skip_step)
-        ctx.window_samples = 0
-        ctx.boundary_rng = rng_state()
-        ctx.boundary_sampler = sampler_state(ctx)
-        cbs.call("on_step_end", ctx)
-
+    # -- the finite check -----------------------------------------------------------------------
     def _nonfinite_skip(self) -> bool:
         """False when loss and gradient norm are finite; True to skip this step (allowed by
         --skip-nonfinite); otherwise NonFiniteError. Runs before optimizer.step(), so
         nothing non-finite reaches the weights or a checkpoint."""
         ctx = self.ctx
-        norm_ok = ctx.grad_norm is None or math.isfinite(ctx.grad_norm)
-        if math.isfinite(ctx.step_loss) and norm_ok:
+        if math.isfinite(ctx.step_loss) and math.isfinite(ctx.grad_norm):
             return False
         step = ctx.state.step + 1
         bad = first_nonfinite_grad(ctx.executor.unwrap(ctx.model))

@@ -83,8 +83,8 @@ def register(app: typer.Typer) -> None:
         threads: Annotated[str | None, threads_option()] = None,
     ) -> None:
         """Bits per byte / perplexity on held-out data, or lm-evaluation-harness tasks."""
+        from astrai.atomic import write_json_atomic
         from astrai.errors import ConfigError
-        from astrai.train.run import write_json_atomic
 
         if (data is None) == (tasks is None):
             raise ConfigError("give --data FILE.jsonl (bits per byte, perplexity) or --tasks "

@@ -128,18 +128,9 @@ def render(res: dict[str, Any], console: Console) -> None:
 
 
 def _pairs(items: list[str] | None) -> dict[str, Any]:
-    from astrai.errors import ConfigError
+    from astrai.config.pairs import parse_pairs
 
-    out: dict[str, Any] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ConfigError(f"--model-overrides '{item}': expected key=value (e.g. n_layers=2)")
-        k, v = item.split("=", 1)
-        try:
-            out[k.strip()] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k.strip()] = v
-    return out
+    return parse_pairs(items, "--model-overrides", "n_layers=2")
 
 
 def register(app: typer.Typer) -> None:

@@ -208,9 +208,8 @@ def register(app: typer.Typer) -> None:
         )
         report = _run(config).to_dict()
         if out is not None:
-            from astrai.train.run import write_json_atomic
+            from astrai.atomic import write_json_atomic
 
-            out.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(out, report)
         if as_json:
             typer.echo(json.dumps(report, indent=2))

@@ -7,11 +7,8 @@ drift apart. Precedence: field defaults < `--config FILE` < flags given on the c
 
 from __future__ import annotations
 
-import ast
 import inspect
-import itertools
 import json
-import textwrap
 import types
 import typing
 from pathlib import Path
@@ -23,7 +20,7 @@ from rich.table import Table
 
 from astrai_cli.options import checkpoint_path, threads_option, use_threads
 
-# Extra spellings for the seeds' training CLI (seeds/training.md "Training CLI").
+# Extra spellings, as some training launchers name these options.
 ALIASES = {
     "strategy": ["--train-type"], "data": ["--data-root-path"], "model": ["--param-path"],
     "batch_size": ["--batch-per-device"], "seed": ["--random-seed"],
@@ -36,20 +33,10 @@ MAIN = {"strategy", "data", "model", "out", "batch_size", "grad_accum_steps", "e
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a pydantic model and its bases (torchtitan-style)."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError, SyntaxError):
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for node, nxt in itertools.pairwise(body):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                    and isinstance(nxt.value.value, str)):
-                docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
+    """The docstring under each field of a pydantic model (torchtitan-style), which pydantic
+    keeps as the field's description (`use_attribute_docstrings`)."""
+    return {name: " ".join((f.description or "").split())
+            for name, f in cls.model_fields.items()}
 
 
 def _kind(annotation: Any) -> tuple[str, Any]:
@@ -70,26 +57,6 @@ def _kind(annotation: Any) -> tuple[str, Any]:
     if annotation in (int, float, str):
         return "scalar", annotation
     return "scalar", str
-
-
-def _parse_value(raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
-
-
-def _parse_pairs(name: str, items: list[str]) -> dict[str, Any]:
-    from astrai.errors import ConfigError
-
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"--{name.replace('_', '-')} '{item}': expected key=value "
-                              "(e.g. n_layers=2)")
-        k, v = item.split("=", 1)
-        out[k.strip()] = _parse_value(v)
-    return out
 
 
 def value_completer(name: str, annotation: Any) -> Any:
@@ -158,7 +125,11 @@ def overrides_from(values: dict[str, Any], kinds: dict[str, str]) -> dict[str, A
     for name, value in values.items():
         if value is None or (kinds[name] in ("list", "dict") and not value):
             continue
-        out[name] = _parse_pairs(name, value) if kinds[name] == "dict" else value
+        if kinds[name] == "dict":
+            from astrai.config.pairs import parse_pairs
+
+            value = parse_pairs(value, "--" + name.replace("_", "-"), "n_layers=2")
+        out[name] = value
     return out
 
 

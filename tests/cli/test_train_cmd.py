@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -140,24 +139,48 @@ def _argv(data, out, steps, ckpt):
             "--ckpt-interval", str(ckpt), "--max-lr", "3e-3"]
 
 
+# `astrai train` as the console script runs it, plus one observer that holds the run inside
+# step N + 1 (after checkpoint step_N was written) and says so: the test kills it there,
+# whatever the machine's speed.
+HOLD = """
+import sys, threading
+import astrai.train.run as run
+from astrai.train.callbacks import Callback
+n = int(sys.argv[1])
+
+class Hold(Callback):
+    name = "hold"
+    def on_batch_begin(self, ctx):
+        if ctx.state.step == n:
+            print("holding", flush=True)
+            threading.Event().wait()
+
+defaults = run.default_callbacks
+run.default_callbacks = lambda *a, **k: [*defaults(*a, **k), Hold()]
+sys.argv = ["astrai", *sys.argv[2:]]
+from astrai_cli.main import main
+main()
+"""
+
+
 def test_kill9_then_astrai_resume_is_bit_identical(datasets, tmp_path):
-    """Issue 4 reliability (a) end to end: `astrai train` killed with SIGKILL after step N,
-    then `astrai resume RUN_DIR`, ends with the same model.safetensors bytes as a straight
-    run to 2N, and metrics.jsonl has each step exactly once."""
+    """`astrai train` killed with SIGKILL after step N, then `astrai resume RUN_DIR`, ends
+    with the same model.safetensors bytes as a straight run to 2N, and metrics.jsonl has
+    each step exactly once."""
     N = 3
     straight = tmp_path / "straight"
     assert invoke(*_argv(datasets["sft"], straight, 2 * N, N)).exit_code == 0
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "astrai_cli.main",
-                             *_argv(datasets["sft"], out, 2 * N, N)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(N),
+                             *map(str, _argv(datasets["sft"], out, 2 * N, N))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    step_n = out / "checkpoints" / f"step_{N}"
-    deadline = time.time() + 120
-    while not step_n.is_dir() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
+    for line in proc.stdout:  # ends at EOF should the run die first
+        if line.startswith("holding"):
+            break
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.wait(timeout=60)
+    step_n = out / "checkpoints" / f"step_{N}"
     assert proc.returncode == -signal.SIGKILL
     assert step_n.is_dir() and not (out / "checkpoints" / f"step_{2 * N}").exists()
     r = invoke("resume", out, "--json")

@@ -12,7 +12,7 @@ from astrai.model import ForwardContext, build_model, get_preset
 from astrai.train import train
 from astrai.train.callbacks import ProgressCallback
 from astrai.train.data import open_train_data
-from astrai.train.strategies import StrategyFactory
+from astrai.train.strategies import STRATEGIES
 
 from .conftest import TINY, VOCAB, collate, make_data, sft_samples
 
@@ -73,8 +73,8 @@ def test_seq_doc_mask_uses_documents_and_positions():
     m = build_model(get_preset("tiny", vocab_size=VOCAB, **TINY), seed=0)
     batch = collate(sft_samples(2, 16))
     batch.pop("loss_mask")
-    plain = StrategyFactory.create("seq", m)(batch)["loss"]
-    masked = StrategyFactory.create("seq", m, doc_mask=True)(batch)["loss"]
+    plain = STRATEGIES.get("seq")(m)(batch)["loss"]
+    masked = STRATEGIES.get("seq")(m, doc_mask=True)(batch)["loss"]
     ctx = ForwardContext(positions=batch["position_ids"], doc_ids=batch["doc_ids"])
     logits = m(batch["input_ids"], ctx).logits
     want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["target_ids"].flatten())

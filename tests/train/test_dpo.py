@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from astrai.errors import ConfigError, DataError
-from astrai.train.strategies import StrategyFactory
+from astrai.train.strategies import STRATEGIES
 from astrai.train.strategies.dpo import DPOStrategy, dpo_losses
 
 from .align_util import collate_pairs, perturbed, preference_samples, tiny_model
@@ -44,7 +44,7 @@ def test_dpo_loss_and_metrics_match_hand_loop():
     policy, beta = tiny_model(), 0.1
     ref = perturbed(policy)
     batch = collate_pairs(preference_samples(5))
-    strat = StrategyFactory.create("dpo", policy, beta=beta, reference=ref)
+    strat = STRATEGIES.get("dpo")(policy, beta=beta, reference=ref)
     out = strat(batch)
     with torch.no_grad():
         losses, cr, rr = hand_dpo(policy, ref, batch, beta)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from astrai.train.strategies import StrategyFactory
+from astrai.train.strategies import STRATEGIES
 from astrai.train.strategies.grpo import GRPOStrategy, group_advantages, grpo_token_loss
 from astrai.train.strategies.logprobs import join_prompt_response
 
@@ -122,7 +122,7 @@ def test_strategy_loss_matches_naive_per_sequence_loop():
     policy = tiny_model()
     ref = perturbed(policy)
     batch = group_batch()
-    strat = StrategyFactory.create("grpo", policy, reference=ref, clip_eps=0.2, kl_coef=0.05,
+    strat = STRATEGIES.get("grpo")(policy, reference=ref, clip_eps=0.2, kl_coef=0.05,
                                    pad_id=PAD)
     out = strat(batch)
     with torch.no_grad():

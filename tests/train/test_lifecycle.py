@@ -1,4 +1,4 @@
-"""The callback lifecycle of seeds/training.md (plus on_step_end), in order."""
+"""The callback lifecycle of the AstrAI training guide (plus on_step_end), in order."""
 
 from pathlib import Path
 
@@ -62,17 +62,44 @@ def test_no_train_end_when_train_begin_fails(tiny_config):
     assert rec.events == ["on_train_begin"]
 
 
-def test_default_callbacks_order_and_clipping_always_registered(tiny_config):
+def test_registration_order_does_not_change_the_run(tiny_config, tmp_path):
+    """Callbacks only observe: the default set reversed gives the same metrics records and
+    the same final weights."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
     from astrai.train.callbacks import default_callbacks
+    from astrai.train.run import run_paths
 
-    def ours(cfg, **kw):  # other rooms may add their own callbacks (e.g. preemption)
-        mine = {"gradient_checkpointing", "metrics", "checkpoint", "progress",
-                "gradient_clipping"}
-        return [c.name for c in default_callbacks(cfg, **kw) if c.name in mine]
+    runs = []
+    for reverse in (False, True):
+        cfg = tiny_config(out=str(tmp_path / f"run{int(reverse)}"), guard_bf16=True, guard_every=2,
+                          eval_interval=2)
+        cbs = default_callbacks(cfg)
+        if reverse:
+            cbs = cbs[::-1]
+        s = _train_with(cfg, cbs)
+        recs = [json.loads(x) for x in run_paths(cfg).metrics.read_text().splitlines()]
+        for r in recs:
+            for k in ("tokens_per_s", "mfu", "memory_mb", "elapsed_s"):
+                r.pop(k)
+        runs.append((recs, load_file(str(Path(s.checkpoint) / "model.safetensors"))))
+    assert runs[0][0] == runs[1][0]
+    assert any("lockin/locked" in r for r in runs[1][0])  # the guard's figures were logged
+    for k, v in runs[0][1].items():
+        assert (v == runs[1][1][k]).all()
 
-    assert ours(tiny_config(max_grad_norm=0)) == ["metrics", "checkpoint", "gradient_clipping"]
-    assert ours(tiny_config(gradient_checkpointing=True), progress=True) == [
-        "gradient_checkpointing", "metrics", "checkpoint", "progress", "gradient_clipping"]
+
+def _train_with(cfg, callbacks):
+    """train() with exactly these callbacks in this order (the defaults replaced)."""
+    from unittest import mock
+
+    from astrai.train import run
+
+    with mock.patch.object(run, "default_callbacks", lambda *a, **k: callbacks):
+        return run.train(cfg, data=make_data(n=16, eval_n=4))
 
 
 def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_run_dir(tiny_config):

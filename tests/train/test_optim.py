@@ -5,8 +5,9 @@ import torch
 
 from astrai.errors import ConfigError
 from astrai.model import build_model, get_preset
-from astrai.train.callbacks import GradientCheckpointingCallback
-from astrai.train.executor import ExecutorFactory
+from astrai.model.block import DecoderBlock
+from astrai.train.compile import apply_activation_checkpointing
+from astrai.train.executor import EXECUTORS
 from astrai.train.optim import decay_param_groups
 
 from .conftest import TINY, VOCAB, collate, pretrain_samples
@@ -34,28 +35,20 @@ def test_gradient_checkpointing_same_gradients():
     grads = []
     for ckpt in (False, True):
         m = build_model(cfg, seed=0)
-        cb = GradientCheckpointingCallback()
-
-        class Ctx:
-            model = m
-
         if ckpt:
-            cb.on_train_begin(Ctx)
-            assert len(cb.wrapped) == cfg.n_layers
+            assert len(apply_activation_checkpointing(m, (DecoderBlock,))) == cfg.n_layers
         logits = m(batch["input_ids"]).logits
         torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["target_ids"].flatten()
                                           ).backward()
         grads.append({n: p.grad for n, p in m.named_parameters()})
-        cb.on_train_end(Ctx)
-        assert "forward" not in vars(m.layers[0])
     for n in grads[0]:
         torch.testing.assert_close(grads[1][n], grads[0][n])
 
 
 def test_executor_registry():
-    ex = ExecutorFactory.create("none", grad_accum_steps=2)
-    assert ex.world_size == 1 and ex.is_main and ex.grad_accum_steps == 2
+    ex = EXECUTORS.get("none")()
+    assert ex.world_size == 1 and ex.is_main
     with pytest.raises(ConfigError, match="unknown 'tpu'"):
-        ExecutorFactory.create("tpu")
-    with pytest.raises(ConfigError, match="unknown option"):
-        ExecutorFactory.create("none", bucket_mb=25)
+        EXECUTORS.get("tpu")
+    with pytest.raises(ConfigError, match=r"executor 'none': unknown option\(s\) bucket_mb"):
+        EXECUTORS.get("none")(bucket_mb=25)

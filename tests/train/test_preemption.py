@@ -1,6 +1,10 @@
-"""Preemption (issue 5, item 5 and reliability (c)): SIGTERM/SIGINT save a checkpoint at
-the next step boundary and exit with EXIT_PREEMPTED; resume continues exactly; a second
-signal exits at once and leaves the last complete checkpoint intact."""
+"""Preemption: SIGTERM/SIGINT save a checkpoint at the next step boundary and exit with
+EXIT_PREEMPTED; resume continues exactly; a second signal exits at once and leaves the last
+complete checkpoint intact.
+
+The child processes report what they reached on stdout ("step N", "signal", "saving") and
+wait for the parent's next move where needed, so no outcome depends on how fast a loaded
+machine runs them."""
 
 from __future__ import annotations
 
@@ -26,26 +30,39 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
 
 SCRIPT = """
-import pathlib, sys, time
+import pathlib, sys, threading, time
 sys.path.insert(0, {repo!r})
 import astrai.train.checkpointing as ck
+import astrai.train.preemption as pre
 from astrai.train import train
 from astrai.train.callbacks import Callback
 from astrai.train.preemption import EXIT_PREEMPTED
 from tests.train.conftest import make_config, make_data
 
-out, delay, slow_save = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+out, wait_signal, slow_save = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+seen = threading.Event()
+
+real_notify = pre.PreemptionGuard.notify
+def notify(self, signum):
+    # the parent sends a second signal only after reading "signal": a real second one
+    self.grace_s = 0.0
+    real_notify(self, signum)
+    seen.set()
+    print("signal", flush=True)
+pre.PreemptionGuard.notify = notify
 
 class Report(Callback):
     name = "report"
     def on_step_end(self, ctx):
         print("step", ctx.state.step, flush=True)
-        time.sleep(delay)
+    def on_batch_begin(self, ctx):  # inside step 2: the signal is seen at its end
+        if wait_signal and ctx.state.step == 1:
+            assert seen.wait(120), "no signal came"
 
 class SlowPickle:
     def __reduce__(self):
         print("saving", flush=True)
-        time.sleep(30)
+        time.sleep(600)
         return (int, ())
 
 real_save = ck.save_checkpoint
@@ -62,9 +79,10 @@ sys.exit(EXIT_PREEMPTED if summary.preempted else 0)
 """
 
 
-def start(out, delay=0.0, slow_save=-1):
+def start(out, wait_signal=False, slow_save=-1):
     code = SCRIPT.format(repo=str(REPO), steps=STEPS)
-    return subprocess.Popen([sys.executable, "-c", code, str(out), str(delay), str(slow_save)],
+    return subprocess.Popen([sys.executable, "-c", code, str(out), str(int(wait_signal)),
+                             str(slow_save)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
 
@@ -80,14 +98,15 @@ def config(out):
 
 
 def test_guard_first_signal_requests_second_exits(monkeypatch):
-    exits = []
+    exits, now = [], [100.0]
     monkeypatch.setattr(os, "_exit", exits.append)
-    g = PreemptionGuard(grace_s=0.2)
+    g = PreemptionGuard(grace_s=0.2, clock=lambda: now[0])
     g.notify(signal.SIGTERM)
     assert g.requested and g.signum == signal.SIGTERM and not exits
+    now[0] += 0.19
     g.notify(signal.SIGINT)  # within the grace period: the same event delivered twice
     assert not exits
-    time.sleep(0.25)
+    now[0] += 0.01
     g.notify(signal.SIGINT)
     assert exits == [128 + signal.SIGINT]
 
@@ -98,9 +117,8 @@ def test_guard_restores_handlers():
     assert g.install()
     assert signal.getsignal(signal.SIGTERM) is not before
     os.kill(os.getpid(), signal.SIGTERM)  # caught: the flag, not the default action
-    for _ in range(100):
-        if g.requested:
-            break
+    deadline = time.monotonic() + 60
+    while not g.requested and time.monotonic() < deadline:
         time.sleep(0.01)
     g.uninstall()
     assert g.requested and signal.getsignal(signal.SIGTERM) is before
@@ -110,7 +128,7 @@ def test_guard_restores_handlers():
                                  pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_signal_saves_at_step_boundary_then_resume_is_exact(sig, tmp_path):
     straight = train(config(tmp_path / "straight"), data=make_data("pretrain", n=32))
-    proc = start(tmp_path / "cut", delay=0.5)
+    proc = start(tmp_path / "cut", wait_signal=True)  # step 2 waits for the signal
     wait_for(proc, "step 1")
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=300)
@@ -118,7 +136,7 @@ def test_signal_saves_at_step_boundary_then_resume_is_exact(sig, tmp_path):
     run = tmp_path / "cut" / "run"
     saved = [s for s, _ in list_checkpoints(run / "checkpoints")]
     stop = saved[-1]
-    assert 1 < stop < STEPS and f"done {stop} True" in out  # stopped at the next boundary
+    assert stop == 2 and f"done {stop} True" in out  # stopped at the next boundary
     assert [s for s in range(1, stop + 1) if s % 2 == 0 or s == stop] == saved[-len(saved):]
     s = resume(run, data=make_data("pretrain", n=32))
     assert s.resumed_from.endswith(f"step_{stop}") and s.steps == STEPS and not s.preempted
@@ -128,15 +146,13 @@ def test_signal_saves_at_step_boundary_then_resume_is_exact(sig, tmp_path):
 
 
 def test_second_signal_exits_at_once_and_keeps_last_checkpoint(tmp_path):
-    proc = start(tmp_path / "run2", slow_save=4)  # writing step_4 takes 30 s
+    proc = start(tmp_path / "run2", slow_save=4)  # writing step_4 takes 10 minutes
     wait_for(proc, "saving")
     proc.send_signal(signal.SIGTERM)
-    time.sleep(1.5)  # past the grace period: a real second signal
-    t = time.monotonic()
+    wait_for(proc, "signal")  # the first one was taken (a stop request)
     proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=60)
+    proc.communicate(timeout=120)  # far less than the write: it did not wait for it
     assert proc.returncode == 128 + signal.SIGTERM
-    assert time.monotonic() - t < 10  # not after the 30 s write
     ckpts = list_checkpoints(tmp_path / "run2" / "run" / "checkpoints")
     assert [s for s, _ in ckpts] == [2]  # step_4 never appeared half-written
     _, _, meta = load_checkpoint(ckpts[-1][1])

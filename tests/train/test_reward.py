@@ -19,7 +19,7 @@ from astrai.train.rewards import (
     parse_number,
     regex_reward,
 )
-from astrai.train.strategies import StrategyFactory
+from astrai.train.strategies import STRATEGIES
 from astrai.train.strategies.reward import RewardStrategy, bradley_terry_loss
 
 from .align_util import collate_pairs, preference_samples, tiny_model
@@ -54,7 +54,7 @@ def test_score_is_the_head_on_the_last_scored_hidden_state():
 def test_reward_strategy_loss_metrics_and_learning():
     rm = reward_model()
     batch = collate_pairs(preference_samples(6, seed=4))
-    strat = StrategyFactory.create("reward", rm)
+    strat = STRATEGIES.get("reward")(rm)
     out = strat(batch)
     sc, sr, _ = strat.scores(batch)
     want = bradley_terry_loss(sc, sr).mean()

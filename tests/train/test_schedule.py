@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from astrai.errors import ConfigError
-from astrai.train.schedule import SchedulerFactory, cosine_rate, sgdr_rate, wsd_rate
+from astrai.train.schedule import SCHEDULERS, cosine_rate, sgdr_rate, wsd_rate
 
 
 def cos_closed(s, W, N, m):
@@ -59,7 +59,7 @@ def _opt(lr=1.0):
 def test_scheduler_sets_lr_and_resumes(kind):
     opt = _opt(0.5)
     kw = {"total_steps": 50, "warmup_steps": 5, "min_rate": 0.1}
-    sched = SchedulerFactory.create(kind, opt, **kw)
+    sched = SCHEDULERS.get(kind)(opt, **kw)
     lrs = []
     for _ in range(30):
         lrs.append(opt.param_groups[0]["lr"])
@@ -67,11 +67,19 @@ def test_scheduler_sets_lr_and_resumes(kind):
     assert lrs[0] == pytest.approx(0.5 / 5)
     state = sched.state_dict()
     opt2 = _opt(0.5)
-    sched2 = SchedulerFactory.create(kind, opt2, **kw)
+    sched2 = SCHEDULERS.get(kind)(opt2, **kw)
     sched2.load_state_dict(state)
     assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
 
 
 def test_unknown_schedule():
     with pytest.raises(ConfigError, match="unknown 'linear'"):
-        SchedulerFactory.create("linear", _opt(), total_steps=1, warmup_steps=0, min_rate=0)
+        SCHEDULERS.get("linear")
+
+
+@pytest.mark.parametrize("kind", ["cosine", "sgdr", "wsd"])
+def test_schedulers_reject_unknown_options(kind):
+    # cosine takes no decay_ratio; a misspelt key never passes silently
+    with pytest.raises(ConfigError, match=rf"schedule '{kind}': unknown option\(s\) decay_ration"):
+        SCHEDULERS.get(kind)(_opt(), total_steps=1, warmup_steps=0, min_rate=0,
+                             decay_ration=0.1)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from astrai.model import ForwardContext, build_model, get_preset
-from astrai.train.strategies import StrategyFactory
+from astrai.train.strategies import STRATEGIES
 
 from .conftest import TINY, VOCAB, collate, pretrain_samples, sft_samples
 
@@ -35,7 +35,7 @@ def test_seq_matches_naive_loop(eps):
     m = model()
     batch = collate(pretrain_samples(3, 12))
     batch["target_ids"][0, -3:] = -100  # some positions without loss
-    strat = StrategyFactory.create("seq", m, label_smoothing=eps)
+    strat = STRATEGIES.get("seq")(m, label_smoothing=eps)
     out = strat(batch)
     logits = m(batch["input_ids"]).logits
     want, n = naive_ce(logits.detach(), batch["target_ids"], eps)
@@ -49,7 +49,7 @@ def test_sft_masked_ce_matches_naive_loop(eps):
     m = model()
     batch = collate(sft_samples(3, 16))
     batch["target_ids"] = batch["input_ids"].roll(-1, 1)  # mask only through loss_mask
-    strat = StrategyFactory.create("sft", m, label_smoothing=eps)
+    strat = STRATEGIES.get("sft")(m, label_smoothing=eps)
     out = strat(batch)
     ctx = ForwardContext(positions=batch["position_ids"], doc_ids=batch["doc_ids"])
     logits = m(batch["input_ids"], ctx).logits.detach()
@@ -78,7 +78,7 @@ def test_sft_packed_row_equals_documents_alone():
 def test_window_normalizer_scales_loss():
     m = model()
     batch = collate(pretrain_samples(2, 8))
-    strat = StrategyFactory.create("seq", m)
+    strat = STRATEGIES.get("seq")(m)
     plain = strat(batch)["loss"]
     units = strat.loss_units(batch)
     scaled = strat(batch, normalizer=4 * units)["loss"]
@@ -89,7 +89,7 @@ def test_moe_aux_loss_added_and_logged_weighted_and_unweighted():
     m = model(n_experts=4, moe_top_k=2)
     batch = collate(pretrain_samples(2, 8))
     coef = 0.5
-    out = StrategyFactory.create("seq", m, moe_aux_loss_coef=coef)(batch)
+    out = STRATEGIES.get("seq")(m, moe_aux_loss_coef=coef)(batch)
     ce = out["metrics"]["seq_loss"]
     aux = out["metrics"]["moe_aux_loss"]
     assert aux == pytest.approx(float(m(batch["input_ids"]).aux_loss.detach()))
@@ -102,6 +102,6 @@ def test_unknown_strategy_and_kwargs():
     from astrai.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown 'ppo'"):
-        StrategyFactory.create("ppo", model())
-    with pytest.raises(ConfigError, match="unknown strategy_kwargs beta"):
-        StrategyFactory.create("sft", model(), beta=0.1)
+        STRATEGIES.get("ppo")(model())
+    with pytest.raises(ConfigError, match=r"strategy 'sft': unknown option\(s\) beta"):
+        STRATEGIES.get("sft")(model(), beta=0.1)

@@ -1,4 +1,4 @@
-"""Attention backends for the inference path and their selection (seeds/internals.md)."""
+"""Attention backends for the inference path and their selection (docs/engine.md)."""
 
 from astrai.infer.backends.base import BackendUnsupported, InferenceBackend, write_kv
 from astrai.infer.backends.registry import (

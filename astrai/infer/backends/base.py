@@ -1,4 +1,4 @@
-"""What an inference attention backend is (seeds/internals.md "Attention Backend").
+"""What an inference attention backend is (docs/engine.md).
 
 A backend implements the model's `AttentionBackend.attend(q, k, v, layer, ctx)` for the
 inference path: `ctx.cache` is the step's `KVCache` record, q [1, N, H, D] and k, v

@@ -1,5 +1,4 @@
-"""CudaBackend: astrai's own paged-attention kernels (csrc/, seeds/internals.md "Attention
-Backend").
+"""CudaBackend: astrai's own paged-attention kernels (csrc/, docs/kernels.md).
 
 Per layer it writes the step's k/v at `out_cache_loc`, then
   * a pure decode step (every request brings one token) runs `paged_decode`: page size 1,

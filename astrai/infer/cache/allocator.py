@@ -1,4 +1,4 @@
-"""Page allocator with reference counts (seeds/internals.md "Cache Architecture").
+"""Page allocator with reference counts (docs/engine.md).
 
 A page is `page_size` consecutive token slots (slots p*P .. p*P+P-1). In contiguous mode a
 page is a whole request row (P = max_context), so one allocation per request covers its

@@ -1,4 +1,4 @@
-"""RadixCache: exact, page-aligned prefix sharing (seeds/internals.md "Cache Architecture").
+"""RadixCache: exact, page-aligned prefix sharing (docs/engine.md).
 
 A trie whose every edge is exactly one page of token ids (SGLang's radix tree at page
 granularity). Walking edges from the root keeps the parent-prefix context: a page is found

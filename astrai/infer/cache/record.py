@@ -1,7 +1,7 @@
 """The per-step KV-cache record handed to every attention layer (`ForwardContext.cache`).
 
-Built once per step, shared by all layers (seeds/internals.md: kv_indptr is "computed once
-per step and shared across layers"). Attention backends read the fields directly.
+Built once per step, shared by all layers (kv_indptr is computed once per step and shared
+across layers, as FlashInfer's plan/run split does). Attention backends read the fields directly.
 
 The step is a ragged batch of B requests flattened to N query tokens: request b brings
 qo_len_b new tokens at positions kv_len_b - qo_len_b .. kv_len_b - 1, and query i of it

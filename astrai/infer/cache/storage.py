@@ -1,4 +1,4 @@
-"""KVStorage: the flat token-level K and V buffers (seeds/internals.md "Cache Architecture").
+"""KVStorage: the flat token-level K and V buffers (docs/engine.md).
 
 k and v are [L, S, K, D]: layer, token slot, kv head, head dim. A layer's attention uses
 `k[layer]` ([S, K, D]); which slots belong to which request is the business of

@@ -1,23 +1,30 @@
-"""Callback lifecycle (seeds/training.md "Callback Lifecycle"), plus `on_step_end`.
+"""Callbacks observe the training loop; the trainer (astrai.train.trainer) owns the step.
 
     on_train_begin
       on_epoch_begin
-        on_batch_begin / on_batch_end           every micro-batch
-        on_optimizer_step                        every window, before optimizer.step()
-        on_step_end                              every window, after optimizer, scheduler
-                                                 and the step counter advanced
+        on_batch_begin / on_batch_end           every micro-batch, around its forward and
+                                                backward (ctx.batch, ctx.loss, ctx.metrics)
+        on_optimizer_step                       every step: the window's gradients are
+                                                complete and clipped (ctx.grad_norm is the
+                                                pre-clip norm); before optimizer.step()
+        on_step_end                             every step, after optimizer, scheduler and
+                                                counters advanced and validation ran when
+                                                due (ctx.evaluated); before the trainer
+                                                writes a checkpoint of this step
       on_epoch_end
     on_error                                     an exception escaped the loop
     on_train_end                                 in `finally`, once on_train_begin completed
 
-`on_step_end` is our addition: the seeds' loop only has hooks before the optimizer step, and
-a checkpoint named step_N must hold the weights after step N (issue 4). Checkpoints and
-metrics records are written there, so they see this step's weights, grad norm and lr.
+A callback reads the context and writes its own outputs (a file, a bar, a sink); it may add
+figures to `ctx.step_metrics` and may set `ctx.stop_reason` to end the run at this step
+boundary. Callbacks that write the step's record (`writes_record = True`: metrics JSONL and
+other sinks) are called after all others at each hook, so they see every figure added to
+that step, whatever the order of registration.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from astrai.train.context import TrainContext
@@ -32,6 +39,8 @@ class Callback:
     """Override the hooks you need; every hook receives the live TrainContext."""
 
     name = "callback"
+    writes_record: ClassVar[bool] = False
+    """True for record writers: called after the other callbacks at every hook."""
 
     def on_train_begin(self, ctx: TrainContext) -> None: ...
     def on_epoch_begin(self, ctx: TrainContext) -> None: ...
@@ -51,10 +60,12 @@ class Callback:
 
 
 class CallbackList:
-    """Calls a hook on every callback, in registration order."""
+    """Calls a hook on every callback: observers first, then record writers."""
 
     def __init__(self, callbacks: list[Callback]) -> None:
-        self.callbacks = list(callbacks)
+        cbs = list(callbacks)
+        self.callbacks = ([c for c in cbs if not getattr(c, "writes_record", False)]
+                          + [c for c in cbs if getattr(c, "writes_record", False)])
 
     def __iter__(self):
         return iter(self.callbacks)
@@ -64,8 +75,8 @@ class CallbackList:
             getattr(cb, hook)(ctx)
 
     def on_error(self, ctx: TrainContext, error: BaseException) -> None:
-        # Every callback gets its chance (save the last good state, flush metrics) even if
-        # an earlier one fails; the original error is what propagates.
+        # Every callback gets its chance (flush metrics) even if an earlier one fails; the
+        # original error is what propagates.
         for cb in self.callbacks:
             try:
                 cb.on_error(ctx, error)

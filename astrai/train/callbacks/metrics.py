@@ -3,8 +3,8 @@
 A record: step, epoch, loss, lr, grad_norm, tokens, loss_tokens, tokens_per_s, mfu,
 memory_mb, consumed_samples, consumed_tokens, elapsed_s, the strategy's metrics
 (token-weighted means over the window: e.g. seq_loss, moe_aux_loss, moe_aux_loss_weighted),
-`skipped` when the step was skipped, and val_loss / val_ppl / val_bpb on validation steps.
-Validation runs every `eval_interval` steps and at the last step, inside the step's record.
+`skipped` when the step was skipped, and val_loss / val_ppl / val_bpb on the steps where
+the trainer validated (every `eval_interval` steps and at the last step).
 
 Records are flushed one by one, so a killed run keeps every line it logged. A resumed run
 first drops the records after its checkpoint's step, so no step appears twice.
@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from astrai.atomic import write_text_atomic
 from astrai.train.callbacks.base import Callback
-from astrai.train.evaluate import evaluate
 from astrai.train.flops import DevicePeak, measure_peak_flops, time_matmul, train_flops_per_token
 
 
@@ -38,9 +38,7 @@ def truncate_after(path: Path, step: int) -> None:
             continue  # a line cut by a kill
         if rec.get("step", 0) <= step:
             keep.append(line)
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(k + "\n" for k in keep))
-    tmp.replace(path)
+    write_text_atomic(path, "".join(k + "\n" for k in keep))
 
 
 def memory_mb(device: torch.device) -> float:
@@ -51,11 +49,10 @@ def memory_mb(device: torch.device) -> float:
 
 class MetricsCallback(Callback):
     name = "metrics"
+    writes_record = True
 
-    def __init__(self, *, log_interval: int = 1, eval_interval: int = 0,
-                 eval_max_batches: int | None = None, peak_tflops: float | None = None) -> None:
-        self.log_interval, self.eval_interval = log_interval, eval_interval
-        self.eval_max_batches = eval_max_batches
+    def __init__(self, *, log_interval: int = 1, peak_tflops: float | None = None) -> None:
+        self.log_interval = log_interval
         self.peak_tflops = peak_tflops
         self.records: list[dict[str, Any]] = []
         self._file = None
@@ -83,9 +80,9 @@ class MetricsCallback(Callback):
 
     def on_step_end(self, ctx) -> None:
         step = ctx.state.step
-        if not (step % self.log_interval == 0 or ctx.done or self._eval_due(ctx)):
+        if not (step % self.log_interval == 0 or ctx.done or ctx.evaluated):
             return
-        step_time = max(1e-9, time.perf_counter() - ctx.window_start)
+        step_time = max(1e-9, ctx.step_time)
         tokens = ctx.window_tokens
         tps = tokens / step_time
         rec: dict[str, Any] = {
@@ -102,15 +99,9 @@ class MetricsCallback(Callback):
         rec.update({k: _clean(v) for k, v in ctx.step_metrics.items()})
         if ctx.skip_step:
             rec["skipped"] = True
-        if self._eval_due(ctx):
-            ctx.last_eval = evaluate(ctx, self.eval_max_batches)
+        if ctx.evaluated:
             rec.update({k: _clean(v) for k, v in ctx.last_eval.items()})
         self._write(ctx, rec)
-
-    def _eval_due(self, ctx) -> bool:
-        if ctx.eval_data is None:
-            return False
-        return ctx.done or (self.eval_interval > 0 and ctx.state.step % self.eval_interval == 0)
 
     def _write(self, ctx, rec: dict[str, Any]) -> None:
         self.records.append(rec)

@@ -67,7 +67,7 @@ class ProgressCallback(Callback):
 
     def on_step_end(self, ctx) -> None:
         now = time.perf_counter()
-        tps = ctx.window_tokens / max(1e-9, now - ctx.window_start)
+        tps = ctx.window_tokens / max(1e-9, ctx.step_time)  # validation not counted
         if self.lines:
             if ctx.done or now - self._last >= self.interval_s:
                 self._last = now

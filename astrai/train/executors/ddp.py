@@ -2,8 +2,7 @@
 
 * Wrapping: torch.nn.parallel.DistributedDataParallel (rank 0's weights are broadcast at
   construction, so every replica starts identical).
-* Accumulation (seeds/internals.md "Gradient Accumulation Mechanics"): non-sync micro-steps
-  run inside `model.no_sync()`, so their gradients accumulate locally and only the last
+* Accumulation: every micro-batch of a window but the last runs inside `model.no_sync()`, so their gradients accumulate locally and only the last
   micro-step of a window all-reduces the gradient buckets.
 * Loss scale: DDP *averages* gradients over ranks, so each rank divides its summed loss by
   (window loss units over all ranks) / world_size; the averaged gradient is then the one of
@@ -22,31 +21,17 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from astrai.train.executor import Executor
-from astrai.train.executors import process_group as pg
-from astrai.train.optim import AccumOptimizer
+from astrai.train.executors.distributed import DistributedExecutor
 
 
-class DDPExecutor(Executor):
+class DDPExecutor(DistributedExecutor):
     name = "ddp"
 
-    def __init__(self, *, grad_accum_steps: int = 1, device: torch.device | str = "cpu",
-                 precision: Any = None, bucket_cap_mb: float = 25.0,
-                 find_unused_parameters: bool | None = None, timeout_s: float = 1800.0,
-                 **kwargs: Any) -> None:
-        self.env, dev, self._owns_group = pg.init_process_group(torch.device(device), timeout_s)
-        super().__init__(grad_accum_steps=grad_accum_steps, device=dev, precision=precision,
-                         **kwargs)
+    def __init__(self, *, bucket_cap_mb: float = 25.0,
+                 find_unused_parameters: bool | None = None, **options: Any) -> None:
+        super().__init__(**options)
         self.bucket_cap_mb = bucket_cap_mb
         self.find_unused_parameters = find_unused_parameters
-
-    @property
-    def rank(self) -> int:
-        return self.env.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.env.world_size
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         find_unused = self.find_unused_parameters
@@ -61,25 +46,12 @@ class DDPExecutor(Executor):
     def _no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         return model.no_sync()
 
-    def window_normalizer(self, loss_units: int) -> float:
-        return max(1.0, self.all_reduce_sum(loss_units)) / self.world_size
-
     # -- checkpoints: full state on rank 0 ---------------------------------------------------
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         return super().model_state_dict() if self.is_main else {}
 
-    def optimizer_state_dict(self, optimizer: AccumOptimizer) -> dict:
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict:
         return _to_cpu(optimizer.state_dict()) if self.is_main else {}
-
-    # -- collectives -------------------------------------------------------------------------
-    def all_reduce_sum(self, value: float) -> float:
-        return pg.all_reduce_sum(value, self.device)
-
-    def barrier(self) -> None:
-        torch.distributed.barrier()
-
-    def close(self) -> None:
-        pg.destroy_process_group(self._owns_group)
 
 
 def _to_cpu(obj: Any) -> Any:

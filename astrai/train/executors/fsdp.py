@@ -4,7 +4,7 @@
   norm, head), so each block's weights are all-gathered just before its forward/backward
   and freed after (torchtitan's layout). Optional CPU offload of the shards (CUDA only).
 * Accumulation: on non-sync micro-steps `set_requires_gradient_sync(False)` (FSDP2's
-  native switch, seeds/internals.md) keeps unsharded gradients local; the last micro-step
+  native switch) keeps unsharded gradients local; the last micro-step
   of a window reduce-scatters them.
 * Loss scale: FSDP2 averages gradients over ranks like DDP, hence the same normalizer.
 * Clipping: gradients are DTensor shards; the norm of the shards is a partial DTensor whose
@@ -33,35 +33,22 @@ from torch.distributed.tensor import DTensor
 
 from astrai.errors import ConfigError
 from astrai.model.block import DecoderBlock
-from astrai.train.executor import Executor
-from astrai.train.executors import process_group as pg
-from astrai.train.optim import AccumOptimizer
+from astrai.train.executors.distributed import DistributedExecutor
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-class FSDPExecutor(Executor):
+class FSDPExecutor(DistributedExecutor):
     name = "fsdp"
 
-    def __init__(self, *, grad_accum_steps: int = 1, device: torch.device | str = "cpu",
-                 precision: Any = None, reshard_after_forward: bool = True,
-                 cpu_offload: bool = False, timeout_s: float = 1800.0, **kwargs: Any) -> None:
-        self.env, dev, self._owns_group = pg.init_process_group(torch.device(device), timeout_s)
-        super().__init__(grad_accum_steps=grad_accum_steps, device=dev, precision=precision,
-                         **kwargs)
-        if cpu_offload and dev.type != "cuda":
+    def __init__(self, *, reshard_after_forward: bool = True, cpu_offload: bool = False,
+                 **options: Any) -> None:
+        super().__init__(**options)
+        if cpu_offload and self.device.type != "cuda":
             raise ConfigError("executor_kwargs.cpu_offload: offloading shards to CPU needs a "
                               "CUDA device; drop cpu_offload or use --device cuda")
         self.reshard_after_forward = reshard_after_forward
         self.cpu_offload = cpu_offload
-
-    @property
-    def rank(self) -> int:
-        return self.env.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.env.world_size
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         offload = CPUOffloadPolicy(pin_memory=True) if self.cpu_offload else OffloadPolicy()
@@ -78,9 +65,6 @@ class FSDPExecutor(Executor):
             model.set_reduce_scatter_unused_params(True)
         return model
 
-    def unwrap(self, model: nn.Module | None = None) -> nn.Module:
-        return model if model is not None else self.model  # fully_shard wraps in place
-
     @contextlib.contextmanager
     def _no_sync(self, model: FSDPModule):
         model.set_requires_gradient_sync(False)  # recurse=True: every sharded block
@@ -88,9 +72,6 @@ class FSDPExecutor(Executor):
             yield
         finally:
             model.set_requires_gradient_sync(True)
-
-    def window_normalizer(self, loss_units: int) -> float:
-        return max(1.0, self.all_reduce_sum(loss_units)) / self.world_size
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -109,31 +90,21 @@ class FSDPExecutor(Executor):
         state = get_model_state_dict(self.model, options=FULL)
         return state if self.is_main else {}
 
-    def optimizer_state_dict(self, optimizer: AccumOptimizer) -> dict:
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict:
         """Collective; rank 0 receives the full state, keyed by parameter index."""
-        state = get_optimizer_state_dict(self.model, optimizer.optimizer, options=FULL)
+        state = get_optimizer_state_dict(self.model, optimizer, options=FULL)
         return fqn_to_index(state, self._param_names(optimizer)) if self.is_main else {}
 
-    def load_optimizer_state_dict(self, optimizer: AccumOptimizer, state: dict) -> None:
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """Every rank passes the full state; each keeps its own shards."""
         full = index_to_fqn(state, self._param_names(optimizer))
-        set_optimizer_state_dict(self.model, optimizer.optimizer, full,
+        set_optimizer_state_dict(self.model, optimizer, full,
                                  options=StateDictOptions(full_state_dict=True))
 
-    def _param_names(self, optimizer: AccumOptimizer) -> list[str]:
+    def _param_names(self, optimizer: torch.optim.Optimizer) -> list[str]:
         """Fully qualified name of each optimizer parameter, in the optimizer's index order."""
         names = {id(p): n for n, p in self.model.named_parameters()}
         return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
-
-    # -- collectives -------------------------------------------------------------------------
-    def all_reduce_sum(self, value: float) -> float:
-        return pg.all_reduce_sum(value, self.device)
-
-    def barrier(self) -> None:
-        torch.distributed.barrier()
-
-    def close(self) -> None:
-        pg.destroy_process_group(self._owns_group)
 
 
 def fqn_to_index(state: dict, names: list[str]) -> dict:

@@ -1,4 +1,4 @@
-"""Which rollout each micro-batch trains on (seeds/training.md "Online Rollout").
+"""Which rollout each micro-batch trains on (online RL, docs/alignment.md).
 
 The trainer asks a strategy for every micro-batch's loss units before running the window,
 so that is where rollouts are made: micro-batch i of the run is slot i % grad_accum_steps of

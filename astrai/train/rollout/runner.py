@@ -1,5 +1,5 @@
-"""RolloutRunner: prompts -> G sampled responses each -> rewards (seeds/training.md
-"Online Rollout").
+"""RolloutRunner: prompts -> G sampled responses each -> rewards (online RL,
+docs/alignment.md).
 
 The runner renders prompts through the tokenizer's chat template (datasets of kind grpo
 already hold rendered prompt ids), generates through the inference engine (paged KV,

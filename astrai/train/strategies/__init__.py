@@ -1,4 +1,4 @@
-"""Strategy registry: `StrategyFactory.create(name, model, device=..., **kwargs)`.
+"""Strategy registry: `STRATEGIES.get(name)(model, device=..., **options)`.
 
 Add a strategy with one line in STRATEGIES: "name": "module.path:Class" (imported only
 when chosen), a subclass of `Strategy`.
@@ -6,12 +6,8 @@ when chosen), a subclass of `Strategy`.
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
-
 from astrai.train.registry import Registry
-from astrai.train.strategies.base import LossOutput, Strategy
+from astrai.train.strategies.base import LossOutput, Strategy, StrategyInputs
 from astrai.train.strategies.seq import SeqStrategy
 from astrai.train.strategies.sft import SFTStrategy
 
@@ -26,10 +22,4 @@ STRATEGIES: Registry[Strategy] = Registry("strategy", {
 })
 
 
-class StrategyFactory:
-    @staticmethod
-    def create(name: str, model: nn.Module, **kwargs: Any) -> Strategy:
-        return STRATEGIES.get(name)(model, **kwargs)
-
-
-__all__ = ["STRATEGIES", "LossOutput", "SFTStrategy", "SeqStrategy", "Strategy", "StrategyFactory"]
+__all__ = ["STRATEGIES", "LossOutput", "SFTStrategy", "SeqStrategy", "Strategy", "StrategyInputs"]

@@ -15,14 +15,31 @@ strategy must say besides its loss:
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, TypedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 
 import torch
 from torch import nn
 
-from astrai.errors import ConfigError
 from astrai.model.context import ForwardContext
 from astrai.train.losses import IGNORE_INDEX, token_nll
+from astrai.train.registry import reject_unknown
+
+if TYPE_CHECKING:
+    from astrai.config.train import TrainConfig
+    from astrai.train.data import TrainData
+
+
+@dataclass(frozen=True)
+class StrategyInputs:
+    """What a strategy may draw from the run when it is built (`Strategy.setup_kwargs`)."""
+
+    config: TrainConfig
+    """The run's resolved config (beta, clip_eps, ref_model, rollout options, ...)."""
+    data: TrainData
+    """The training data: samples, tokenizer directory and fingerprint, collate."""
+    device: torch.device
+    """The device the run trains on."""
 
 
 class LossOutput(TypedDict):
@@ -40,26 +57,22 @@ class Strategy:
 
     def __init__(self, model: nn.Module, *, device: torch.device | str = "cpu",
                  label_smoothing: float = 0.0, moe_aux_loss_coef: float = 0.0,
-                 **kwargs: Any) -> None:
-        if kwargs:
-            raise ConfigError(
-                f"strategy '{self.name}': unknown strategy_kwargs {', '.join(sorted(kwargs))}"
-            )
+                 **options: Any) -> None:
+        reject_unknown("strategy", self.name, options)
         self.model, self.device = model, torch.device(device)
         self.label_smoothing, self.moe_aux_loss_coef = label_smoothing, moe_aux_loss_coef
 
     # -- construction hooks (used by astrai.train.builder) ---------------------------------
     @classmethod
-    def prepare_model(cls, model: nn.Module, config: Any) -> nn.Module:
+    def prepare_model(cls, model: nn.Module, config: TrainConfig | None) -> nn.Module:
         """The module to train, given the one --model describes, before the executor wraps
         it and the optimizer sees its parameters (the reward strategy adds a scalar head)."""
         return model
 
     @classmethod
-    def setup_kwargs(cls, prepared: Any) -> dict[str, Any]:
-        """Keyword arguments for __init__ drawn from the run (`builder.Prepared`: config,
-        data, model source): reference model, tokenizer, rollout options. strategy_kwargs
-        override them."""
+    def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
+        """Keyword arguments for __init__ drawn from the run: reference model, tokenizer,
+        rollout options. strategy_kwargs override them."""
         return {}
 
     # -- batches ------------------------------------------------------------------------

@@ -1,11 +1,12 @@
-"""DPO: preference optimisation against a frozen reference (seeds/training.md "DPO").
+"""DPO: preference optimisation against a frozen reference (Rafailov et al. 2023,
+"Direct Preference Optimization").
 
     h = [log pi(y_w|x) - log pi_ref(y_w|x)] - [log pi(y_l|x) - log pi_ref(y_l|x)]
     sigmoid  L = -log sigmoid(beta h)             (Rafailov et al. 2023, eq. 7)
     ipo      L = (h - 1 / (2 beta))^2             (Azar et al. 2023, eq. 17)
     hinge    L = max(0, 1 - beta h)               (SLiC-HF, Zhao et al. 2023)
 
-A response's log-prob is the *sum* of its token log-probs (the seeds' reduction "sum";
+A response's log-prob is the *sum* of its token log-probs (the DPO paper's; reduction "sum";
 "mean" divides by its length; ipo uses "mean" unless told otherwise, as the IPO paper's
 results and TRL do). With label smoothing eps the sigmoid loss is conservative DPO:
 -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h). The loss is a mean over pairs
@@ -33,7 +34,7 @@ from torch.utils.data import DataLoader
 
 from astrai.errors import ConfigError, DataError
 from astrai.model.reward_head import last_token_index
-from astrai.train.strategies.base import Strategy
+from astrai.train.strategies.base import Strategy, StrategyInputs
 from astrai.train.strategies.logprobs import (
     frozen_copy,
     policy_logprobs,
@@ -139,10 +140,10 @@ class DPOStrategy(Strategy):
         """Precomputed (chosen, rejected) reference log-probs by pair key."""
 
     @classmethod
-    def setup_kwargs(cls, prepared: Any) -> dict[str, Any]:
-        c, data = prepared.config, prepared.data
+    def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
+        c, data = inputs.config, inputs.data
         return {"beta": c.beta, "loss_type": c.dpo_loss, "reduction": c.dpo_reduction_value,
-                "reference_fn": reference_factory(prepared), "precompute_ref": c.precompute_ref,
+                "reference_fn": reference_factory(inputs), "precompute_ref": c.precompute_ref,
                 "precompute_data": ([data.dataset, data.eval_dataset], data.collate_fn,
                                     c.batch_size)}
 

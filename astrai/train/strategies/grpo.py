@@ -1,4 +1,5 @@
-"""GRPO: token-level PPO with group-normalised advantages (seeds/training.md "GRPO").
+"""GRPO: token-level PPO with group-normalised advantages (Shao et al. 2024,
+"DeepSeekMath", section 4).
 
     A_i   = (r_i - mean_g r) / (std_g r + eps)              one scalar per response,
                                                             broadcast over its tokens
@@ -19,7 +20,7 @@ Both choices follow TRL's GRPOTrainer (docs/alignment.md lists the equivalences)
 
 Offline (`grpo`): groups come from the dataset (prompts [B, P], responses [B, G, R], masks,
 rewards [B, G]). old_model is synced with the policy every `sync_interval` optimizer steps
-(seeds: "synced externally between data-generation rounds"); with sync_interval 1 the old
+(as PPO syncs its behaviour policy between data-generation rounds); with sync_interval 1 the old
 policy *is* the current one, so pi_old = pi.detach() and no copy is kept. The online
 variant (`astrai.train.strategies.online`) feeds rollouts through the same loss.
 """
@@ -33,7 +34,7 @@ import torch
 from torch import nn
 
 from astrai.errors import ConfigError, DataError
-from astrai.train.strategies.base import Strategy
+from astrai.train.strategies.base import Strategy, StrategyInputs
 from astrai.train.strategies.logprobs import (
     frozen_copy,
     join_prompt_response,
@@ -141,8 +142,8 @@ class GRPOStrategy(Strategy):
         self.steps_since_sync = 0
 
     @classmethod
-    def setup_kwargs(cls, prepared: Any) -> dict[str, Any]:
-        c, data = prepared.config, prepared.data
+    def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
+        c, data = inputs.config, inputs.data
         if c.precompute_ref:
             raise ConfigError("precompute_ref applies to --strategy dpo only; drop "
                               "--precompute-ref")
@@ -152,7 +153,7 @@ class GRPOStrategy(Strategy):
                             "(online mode); train it with --strategy online-grpo, or build "
                             "offline groups (records with responses and rewards)")
         return {"clip_eps": c.clip_eps, "kl_coef": c.kl_coef, "sync_interval": c.sync_interval,
-                "pad_id": _pad_id(data), "reference_fn": reference_factory(prepared),
+                "pad_id": _pad_id(data), "reference_fn": reference_factory(inputs),
                 "scale_rewards": c.scale_rewards, "loss_type": c.grpo_loss_type,
                 "max_completion_length": data.seq_len}
 
@@ -163,7 +164,7 @@ class GRPOStrategy(Strategy):
         return self._reference
 
     def sync_old_model(self) -> None:
-        """old_model <- policy (the seeds' sync between data-generation rounds)."""
+        """old_model <- policy (a sync between data-generation rounds)."""
         if self.old_model is not None:
             copy_weights(self.old_model, unwrap(self.model))
         self.steps_since_sync = 0

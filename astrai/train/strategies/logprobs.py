@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from astrai.train.executor import unwrap
+
 
 def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """logits [B, T, V], ids [B, T] -> log p(ids[:, t] | ids[:, :t]) for t >= 1, [B, T-1]
@@ -74,11 +76,6 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     ref = copy.deepcopy(unwrap(model))
     ref.eval().requires_grad_(False)
     return ref
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain module inside a DDP wrapper (or the model itself)."""
-    return getattr(model, "module", model)
 
 
 def zero_loss(model: nn.Module) -> torch.Tensor:

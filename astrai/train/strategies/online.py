@@ -1,5 +1,5 @@
 """online-grpo and online-dpo: the GRPO and DPO losses on fresh rollouts of the policy
-(seeds/training.md "Online Rollout").
+(online RL, docs/alignment.md).
 
 Both train on grpo datasets in online mode (rendered prompts + reference answers). A
 RolloutRunner generates `group_size` responses per prompt with the inference engine and
@@ -28,17 +28,18 @@ from torch import nn
 from astrai.errors import ConfigError, DataError
 from astrai.train.rollout.cache import RolloutCache
 from astrai.train.rollout.runner import RolloutConfig, RolloutRunner
+from astrai.train.strategies.base import StrategyInputs
 from astrai.train.strategies.dpo import DPOStrategy, preference_metrics
 from astrai.train.strategies.grpo import GRPOStrategy, _pad_id
 from astrai.train.strategies.logprobs import join_prompt_response, zero_loss
 from astrai.train.strategies.reference import reference_factory
 
 
-def online_setup(prepared: Any) -> dict[str, Any]:
+def online_setup(inputs: StrategyInputs) -> dict[str, Any]:
     """The rollout pieces of an online run: tokenizer, reward, sampling, cadence."""
     from astrai.train.rewards.base import build_reward
 
-    c, data = prepared.config, prepared.data
+    c, data = inputs.config, inputs.data
     if "responses" in data.dataset[0]:
         raise DataError(f"data: {data.path} holds offline response groups; online strategies "
                         "generate their own (use --strategy grpo, or preprocess prompt records "
@@ -51,7 +52,7 @@ def online_setup(prepared: Any) -> dict[str, Any]:
         from astrai.data.tokenizer import Tokenizer
 
         tokenizer = Tokenizer.load(data.tokenizer_dir)
-    reward = build_reward(c.reward or ["exact"], c.reward_weights, device=prepared.device,
+    reward = build_reward(c.reward or ["exact"], c.reward_weights, device=inputs.device,
                           tokenizer_fingerprint=data.fingerprint)
     rollout = RolloutConfig(group_size=c.group_size, max_tokens=c.rollout_max_tokens,
                             temperature=c.rollout_temperature, top_p=c.rollout_top_p,
@@ -60,7 +61,7 @@ def online_setup(prepared: Any) -> dict[str, Any]:
     return {"tokenizer": tokenizer, "reward": reward, "rollout": rollout,
             "rollout_interval": c.rollout_interval, "grad_accum_steps": c.grad_accum_steps,
             "eval_max_tokens": c.eval_max_tokens, "pad_id": _pad_id(data),
-            "reference_fn": reference_factory(prepared)}
+            "reference_fn": reference_factory(inputs)}
 
 
 def _cache(model: nn.Module, tokenizer: Any, reward: Any, rollout: RolloutConfig | None,
@@ -71,23 +72,47 @@ def _cache(model: nn.Module, tokenizer: Any, reward: Any, rollout: RolloutConfig
                         grad_accum_steps=grad_accum_steps, pad_id=pad_id)
 
 
-class OnlineGRPOStrategy(GRPOStrategy):
-    required_keys = ("prompts", "prompt_mask")
+class OnlineRollouts:
+    """What both online strategies do with their rollout cache (`self.rollouts`): build it
+    from the rollout options, validate on fresh rollouts, keep its state in every
+    checkpoint. The other options go on to the GRPO / DPO strategy."""
 
     def __init__(self, model: nn.Module, *, tokenizer: Any = None, reward: Any = None,
                  rollout: RolloutConfig | None = None, runner: RolloutRunner | None = None,
                  rollout_interval: int = 1, grad_accum_steps: int = 1,
-                 eval_max_tokens: int | None = None, pad_id: int = 0, **kwargs: Any) -> None:
-        kwargs.pop("sync_interval", None)  # the rollout cadence decides the syncs
-        super().__init__(model, pad_id=pad_id, sync_interval=1, **kwargs)
+                 eval_max_tokens: int | None = None, pad_id: int = 0, **options: Any) -> None:
+        super().__init__(model, **options)
+        self.pad_id = pad_id
         self.rollouts = _cache(model, tokenizer, reward, rollout, runner, rollout_interval,
                                grad_accum_steps, pad_id)
         self.eval_max_tokens = eval_max_tokens
 
+    @torch.no_grad()
+    def evaluate_batch(self, batch, byte_lengths):
+        return self.rollouts.evaluate(batch, self.eval_max_tokens)
+
+    def eval_summary(self, sums):
+        return RolloutCache.eval_summary(sums)
+
+    def state_dict(self):
+        return {"rollouts": self.rollouts.state_dict()}
+
+    def load_state_dict(self, state):
+        if "rollouts" in state:
+            self.rollouts.load_state_dict(state["rollouts"])
+
+
+class OnlineGRPOStrategy(OnlineRollouts, GRPOStrategy):
+    required_keys = ("prompts", "prompt_mask")
+
+    def __init__(self, model: nn.Module, **options: Any) -> None:
+        options.pop("sync_interval", None)  # the rollout cadence decides the syncs
+        super().__init__(model, sync_interval=1, **options)
+
     @classmethod
-    def setup_kwargs(cls, prepared: Any) -> dict[str, Any]:
-        c = prepared.config
-        return {**online_setup(prepared), "clip_eps": c.clip_eps, "kl_coef": c.kl_coef,
+    def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
+        c = inputs.config
+        return {**online_setup(inputs), "clip_eps": c.clip_eps, "kl_coef": c.kl_coef,
                 "scale_rewards": c.scale_rewards, "loss_type": c.grpo_loss_type,
                 "max_completion_length": c.rollout_max_tokens}
 
@@ -126,20 +151,6 @@ class OnlineGRPOStrategy(GRPOStrategy):
     def on_optimizer_step(self) -> None:
         pass  # no old_model copy: the behaviour log-probs live with each rollout
 
-    @torch.no_grad()
-    def evaluate_batch(self, batch, byte_lengths):
-        return self.rollouts.evaluate(batch, self.eval_max_tokens)
-
-    def eval_summary(self, sums):
-        return RolloutCache.eval_summary(sums)
-
-    def state_dict(self):
-        return {"rollouts": self.rollouts.state_dict()}
-
-    def load_state_dict(self, state):
-        if "rollouts" in state:
-            self.rollouts.load_state_dict(state["rollouts"])
-
 
 def best_worst_pairs(batch: dict[str, Any], pad_id: int) -> dict[str, torch.Tensor]:
     """Per prompt, (prompt + best response, prompt + worst response) as dpo rows; groups
@@ -158,31 +169,24 @@ def best_worst_pairs(batch: dict[str, Any], pad_id: int) -> dict[str, torch.Tens
     return out
 
 
-class OnlineDPOStrategy(DPOStrategy):
+class OnlineDPOStrategy(OnlineRollouts, DPOStrategy):
     dataset_kinds = ("grpo",)
     required_keys = ("prompts", "prompt_mask")
 
-    def __init__(self, model: nn.Module, *, tokenizer: Any = None, reward: Any = None,
-                 rollout: RolloutConfig | None = None, runner: RolloutRunner | None = None,
-                 rollout_interval: int = 1, grad_accum_steps: int = 1,
-                 eval_max_tokens: int | None = None, pad_id: int = 0, **kwargs: Any) -> None:
-        if kwargs.get("precompute_ref"):
+    def __init__(self, model: nn.Module, **options: Any) -> None:
+        if options.get("precompute_ref"):
             raise ConfigError("precompute_ref: online-dpo scores fresh responses every rollout; "
                               "its reference cannot be precomputed (drop --precompute-ref)")
-        super().__init__(model, **kwargs)
-        self.pad_id = pad_id
-        self.rollouts = _cache(model, tokenizer, reward, rollout, runner, rollout_interval,
-                               grad_accum_steps, pad_id)
-        self.eval_max_tokens = eval_max_tokens
+        super().__init__(model, **options)
 
     @classmethod
-    def setup_kwargs(cls, prepared: Any) -> dict[str, Any]:
-        c = prepared.config
+    def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
+        c = inputs.config
         if c.precompute_ref:
             raise ConfigError("precompute_ref: online-dpo scores fresh responses every "
                               "rollout; its reference cannot be precomputed (drop "
                               "--precompute-ref)")
-        return {**online_setup(prepared), "beta": c.beta, "loss_type": c.dpo_loss,
+        return {**online_setup(inputs), "beta": c.beta, "loss_type": c.dpo_loss,
                 "reduction": c.dpo_reduction_value}
 
     def loss_units(self, batch):
@@ -213,17 +217,3 @@ class OnlineDPOStrategy(DPOStrategy):
         losses, cr, rr, aux = self.pair_losses(batch)
         metrics.update(preference_metrics(cr, rr, self.name))
         return losses.sum(), prompts, aux, metrics
-
-    @torch.no_grad()
-    def evaluate_batch(self, batch, byte_lengths):
-        return self.rollouts.evaluate(batch, self.eval_max_tokens)
-
-    def eval_summary(self, sums):
-        return RolloutCache.eval_summary(sums)
-
-    def state_dict(self):
-        return {"rollouts": self.rollouts.state_dict()}
-
-    def load_state_dict(self, state):
-        if "rollouts" in state:
-            self.rollouts.load_state_dict(state["rollouts"])

@@ -8,19 +8,19 @@ gets the same reference without storing it. `--ref-model DIR` names another chec
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
 
 from astrai.errors import AstraiError, ConfigError
+from astrai.train.strategies.base import StrategyInputs
 
 
-def reference_factory(prepared: Any) -> Callable[[], nn.Module]:
-    """A callable building the reference for a run (`builder.Prepared`); loads lazily."""
+def reference_factory(inputs: StrategyInputs) -> Callable[[], nn.Module]:
+    """A callable building the reference for a run; loads lazily."""
     from astrai.train.model_source import resolve_model
 
-    config, data = prepared.config, prepared.data
+    config, data = inputs.config, inputs.data
     spec = config.ref_model or config.model
     overrides = {} if config.ref_model else config.model_overrides
     what = "ref_model" if config.ref_model else "reference (the initial --model)"

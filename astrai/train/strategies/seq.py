@@ -1,4 +1,4 @@
-"""SEQ: next-token cross-entropy with optional label smoothing (seeds/training.md, L_PT)."""
+"""SEQ: next-token cross-entropy with optional label smoothing (docs/train.md)."""
 
 from __future__ import annotations
 

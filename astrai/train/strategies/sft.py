@@ -1,4 +1,4 @@
-"""SFT: masked cross-entropy over response tokens (seeds/training.md, L_SFT).
+"""SFT: masked cross-entropy over response tokens (docs/train.md).
 
 Prompt tokens carry loss_mask 0 (and/or target -100) and are ignored (ignore_index -100).
 Packed rows hold several conversations: attention stays inside each one (ctx.doc_ids) and

@@ -1,0 +1,33 @@
+"""What DDP and FSDP share: the process group, rank and world size, the loss scale and the
+collectives. Each subclass adds its wrapper, its no-sync switch and its state dicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from astrai.train.executor import Executor
+from astrai.train.executors import process_group as pg
+
+
+class DistributedExecutor(Executor):
+    def __init__(self, *, device: torch.device | str = "cpu", precision: Any = None,
+                 timeout_s: float = 1800.0, **options: Any) -> None:
+        self.env, dev, self._owns_group = pg.init_process_group(torch.device(device), timeout_s)
+        super().__init__(device=dev, precision=precision, **options)
+        self.rank, self.world_size = self.env.rank, self.env.world_size
+
+    def window_normalizer(self, loss_units: int) -> float:
+        # Both wrappers average gradients over ranks: dividing by the global unit count
+        # over world_size makes the average the gradient of the whole global window.
+        return max(1.0, self.all_reduce_sum(loss_units)) / self.world_size
+
+    def all_reduce_sum(self, value: float) -> float:
+        return pg.all_reduce_sum(value, self.device)
+
+    def barrier(self) -> None:
+        torch.distributed.barrier()
+
+    def close(self) -> None:
+        pg.destroy_process_group(self._owns_group)
