@@ -39,9 +39,11 @@ def warmup_steps(total: int, warmup_ratio: float, warmup: int | None = None) -> 
 def memory_estimate(config: ModelConfig, batch_size: int, seq_len: int, *,
                     param_bytes: int = 4, act_bytes: int = 4,
                     gradient_checkpointing: bool = False, state_bytes: int = 4,
-                    shards: int = 1) -> dict[str, int]:
+                    shards: int = 1, trainable: int | None = None) -> dict[str, int]:
     """Rough peak bytes on one device: weights + grads (param_bytes each) + the two AdamW
     moments (state_bytes each) + activations; FSDP divides the first three by `shards`.
+    `trainable`: a LoRA run's adapter parameters (fp32, with fp32 gradients and moments);
+    the base then has neither gradients nor moments.
 
     Activations per block follow Korthikanti et al. 2022 (Table 2, no parallelism) scaled
     to our element size: B*T*(17*C + 2.5*H*T) elements, plus the fp32 logits and their
@@ -60,6 +62,9 @@ def memory_estimate(config: ModelConfig, batch_size: int, seq_len: int, *,
         "weights": n * param_bytes // shards, "gradients": n * param_bytes // shards,
         "optimizer": n * 2 * state_bytes // shards, "activations": int(acts + logits),
     }
+    if trainable is not None:
+        out.update(weights=out["weights"] + trainable * 4, gradients=trainable * 4,
+                   optimizer=trainable * 2 * 4)
     out["total"] = sum(out.values())
     return out
 
@@ -98,9 +103,29 @@ class TrainPlan:
     optimizer_state_dtype: str = "fp32"
     compile: str = "none"
     gradient_checkpointing: bool = False
+    trainable_params: int | None = None
+    """LoRA runs: the adapters' parameters (the rest is frozen); None = every parameter."""
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def lora_params(config: ModelConfig, rank: int, targets: tuple[str, ...]) -> int:
+    """Parameters of rank-`rank` adapters on `targets`: r * (in + out) per adapted layer."""
+    C, F, H, K, D = config.dim, config.ffn_dim, config.n_heads, config.kv_heads, config.hdim
+    shape = {"q_proj": (C, H * D), "k_proj": (C, K * D), "v_proj": (C, K * D),
+             "o_proj": (H * D, C), "gate_proj": (C, F), "up_proj": (C, F), "down_proj": (F, C)}
+    return config.n_layers * sum(rank * sum(shape[t]) for t in targets)
+
+
+def _trainable(config, model_config: ModelConfig) -> int | None:
+    """A LoRA run's adapter parameters (None: full training)."""
+    spec = config.lora_spec
+    if spec is None and config.adapter:
+        from astrai.model.adapter import read_adapter_spec
+
+        spec = read_adapter_spec(config.adapter)
+    return None if spec is None else lora_params(model_config, spec.rank, spec.targets)
 
 
 def make_plan(*, config, model_config: ModelConfig, model_desc: str, dataset_kind: str,
@@ -110,6 +135,7 @@ def make_plan(*, config, model_config: ModelConfig, model_desc: str, dataset_kin
     total = total_steps(dataset_len, config.batch_size, config.grad_accum_steps, world_size,
                         config.epochs, config.max_steps)
     eff = world_size * config.batch_size * config.grad_accum_steps
+    trainable = _trainable(config, model_config)
     return TrainPlan(
         strategy=config.strategy, dataset=str(config.data), dataset_kind=dataset_kind,
         dataset_samples=dataset_len, seq_len=seq_len, model=model_desc,
@@ -128,8 +154,8 @@ def make_plan(*, config, model_config: ModelConfig, model_desc: str, dataset_kin
             act_bytes=2 if precision.startswith("bf16") else 4,
             gradient_checkpointing=config.gradient_checkpointing,
             state_bytes=2 if config.optimizer_state_dtype == "bf16" else 4,
-            shards=world_size if config.parallel == "fsdp" else 1),
+            shards=world_size if config.parallel == "fsdp" else 1, trainable=trainable),
         parallel=config.parallel, nnodes=config.nnodes, nprocs=config.nprocs,
         optimizer_state_dtype=config.optimizer_state_dtype, compile=config.compile,
-        gradient_checkpointing=config.gradient_checkpointing,
+        gradient_checkpointing=config.gradient_checkpointing, trainable_params=trainable,
     )

@@ -148,7 +148,9 @@ def render_plan(plan: dict[str, Any], console: Console) -> None:
         ("strategy", plan["strategy"]),
         ("dataset", (f"{plan['dataset']} ({plan['dataset_kind']}, "
                      f"{plan['dataset_samples']:,} samples)")),
-        ("model", f"{plan['model']} ({plan['params'] / 1e6:.2f}M params)"),
+        ("model", f"{plan['model']} ({plan['params'] / 1e6:.2f}M params"
+                  + (f", LoRA: {plan['trainable_params'] / 1e6:.3f}M trainable)"
+                     if plan.get("trainable_params") else ")")),
         ("sequence length", f"{plan['seq_len']:,}"),
         ("effective batch", (f"{plan['effective_batch']} = {plan['world_size']} processes x "
                              f"{plan['batch_size']} x {plan['grad_accum_steps']} accumulation")),

@@ -221,3 +221,21 @@ def test_two_ddp_processes_match_one_with_lora(tmp_path):
 def test_fsdp_with_lora_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="use --parallel ddp"):
         TrainConfig.from_dict({"lora_rank": 4, "parallel": "fsdp"})
+
+
+def test_plan_counts_adapter_parameters_and_their_memory(tmp_path):
+    """--dry-run: trainable parameters equal the built model's, and the gradient and
+    optimizer memory follow the adapters, not the base."""
+    from astrai.train.builder import prepare
+
+    cap = Capture()
+    cfg = make_config(tmp_path, strategy="sft", max_steps=1, lora_rank=4,
+                      lora_targets=["q_proj,v_proj,down_proj"])
+    plan = prepare(cfg, make_data("sft")).plan
+    train(cfg, data=make_data("sft"), callbacks=[cap])
+    n = sum(p.numel() for p in cap.ctx.model.parameters() if p.requires_grad)
+    assert plan.trainable_params == n
+    assert plan.memory_bytes["gradients"] == 4 * n
+    assert plan.memory_bytes["optimizer"] == 8 * n
+    full = prepare(make_config(tmp_path / "f", strategy="sft"), make_data("sft")).plan
+    assert full.trainable_params is None and full.memory_bytes["optimizer"] == 8 * full.params
