@@ -120,6 +120,9 @@ class LoRALinear(nn.Linear):
             return out
         a = self.lora_A.weight
         update = F.linear(F.linear(self.dropout(x).to(a.dtype), a), self.lora_B.weight)
+        if update.dtype == out.dtype:
+            # in place: linear's backward does not need its output, and this saves a pass
+            return out.add_(update, alpha=self.scaling)
         return out + (update * self.scaling).to(out.dtype)
 
     def _apply(self, fn, recurse=True):
