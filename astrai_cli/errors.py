@@ -92,7 +92,7 @@ class AstraiGroup(HelpMixin, TyperGroup):
     def resolve_command(self, ctx: click.Context, args: list[str]):
         try:
             return super().resolve_command(ctx, args)
-        except click.UsageError as e:  # typer suggests from loaded commands only
+        except USAGE_ERRORS as e:  # typer suggests from loaded commands only
             matches = get_close_matches(args[0], self.list_commands(ctx)) if args else []
             if matches and "Did you mean" not in e.message:
                 e.message = (f"{e.message.rstrip('.')}. Did you mean "

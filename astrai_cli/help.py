@@ -14,7 +14,6 @@ import inspect
 from enum import Enum
 from typing import Any
 
-
 NAME_COLUMN = 28  # names up to this width share their line with the help
 DEFAULT_PANEL = "Options"
 

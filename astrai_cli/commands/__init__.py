@@ -9,36 +9,36 @@ from __future__ import annotations
 
 # name -> (module under astrai_cli.commands, one-line summary); in `astrai --help` order.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "quickstart": ("quickstart_cmd", "Start here: tokenizer, data, training, bits per byte "
-                                     "and a sample in minutes."),
-    "info": ("info_cmd", "Show a model's config, parameters by component, FLOPs per token "
-                         "and weight memory."),
-    "export": ("export_cmd", "Export a checkpoint to Hugging Face format "
-                             "(AutoModelForCausalLM.from_pretrained)."),
-    "kernels": ("kernels_cmd", "Report the CUDA kernels: built or not, for which GPUs, "
-                               "and why not."),
+    "quickstart": ("quickstart_cmd", ("Start here: tokenizer, data, training, bits per byte "
+                                      "and a sample in minutes.")),
+    "info": ("info_cmd", ("Show a model's config, parameters by component, FLOPs per token "
+                          "and weight memory.")),
+    "export": ("export_cmd", ("Export a checkpoint to Hugging Face format "
+                              "(AutoModelForCausalLM.from_pretrained).")),
+    "kernels": ("kernels_cmd", ("Report the CUDA kernels: built or not, for which GPUs, "
+                                "and why not.")),
     "tokenizer": ("tokenizer_cmd", "Train and inspect byte-level BPE tokenizers."),
-    "preprocess": ("preprocess_cmd", "Tokenize, mask, pack and shard JSONL records as the "
-                                     "spec says."),
+    "preprocess": ("preprocess_cmd", ("Tokenize, mask, pack and shard JSONL records as the "
+                                      "spec says.")),
     "inspect-weights": ("inspect_cmd", "Find BF16 lock-in, overflow and stuck weights."),
-    "chat": ("chat_cmd", "Chat with a model: streamed replies, /set, /system, /reset, "
-                         "/stats, /exit."),
-    "eval": ("eval_cmd", "Bits per byte / perplexity on held-out data, or "
-                         "lm-evaluation-harness tasks."),
-    "serve": ("serve_cmd", "Serve a model over the OpenAI API: chat/completions "
-                           "(streaming), models, metrics."),
-    "serve-bench": ("serve_bench_cmd", "Benchmark serving: TTFT, TPOT, ITL, latency, "
-                                       "throughput, prefix hits, KV usage."),
-    "train": ("train_cmd", "Train a model: a dataset directory + a preset/config/checkpoint "
-                           "-> a run directory."),
-    "resume": ("resume_cmd", "Continue a run from its newest complete checkpoint, as if "
-                             "never interrupted."),
-    "plot": ("plot_cmd", "Plot training curves (loss, validation bits per byte, lr, ...) "
-                         "from metrics.jsonl."),
+    "chat": ("chat_cmd", ("Chat with a model: streamed replies, /set, /system, /reset, "
+                          "/stats, /exit.")),
+    "eval": ("eval_cmd", ("Bits per byte / perplexity on held-out data, or "
+                          "lm-evaluation-harness tasks.")),
+    "serve": ("serve_cmd", ("Serve a model over the OpenAI API: chat/completions "
+                            "(streaming), models, metrics.")),
+    "serve-bench": ("serve_bench_cmd", ("Benchmark serving: TTFT, TPOT, ITL, latency, "
+                                        "throughput, prefix hits, KV usage.")),
+    "train": ("train_cmd", ("Train a model: a dataset directory + a preset/config/checkpoint "
+                            "-> a run directory.")),
+    "resume": ("resume_cmd", ("Continue a run from its newest complete checkpoint, as if "
+                              "never interrupted.")),
+    "plot": ("plot_cmd", ("Plot training curves (loss, validation bits per byte, lr, ...) "
+                          "from metrics.jsonl.")),
 }
 
 # command path (after `astrai`) -> the example that ends its --help; every command and
-# subcommand has one (tests/cli/test_help.py).
+# subcommand has one, each line short enough not to wrap at 80 columns (tests/cli/test_help.py).
 EXAMPLES: dict[str, list[str]] = {
     "": ["astrai quickstart", "astrai train --help"],
     "quickstart": ["astrai quickstart --out runs/quickstart"],
@@ -46,8 +46,8 @@ EXAMPLES: dict[str, list[str]] = {
     "export": ["astrai export runs/sft hf/sft --format hf"],
     "kernels": ["astrai kernels"],
     "tokenizer": ["astrai tokenizer train corpus.jsonl --vocab-size 4096 --out runs/tokenizer"],
-    "tokenizer train": ["astrai tokenizer train corpus.jsonl --vocab-size 4096 "
-                        "--out runs/tokenizer"],
+    "tokenizer train": [("astrai tokenizer train corpus.jsonl --vocab-size 4096 "
+                         "--out runs/tokenizer")],
     "tokenizer encode": ["astrai tokenizer encode runs/tokenizer 'Hello, world'"],
     "tokenizer info": ["astrai tokenizer info runs/tokenizer"],
     "preprocess": ["astrai preprocess examples/specs/pretrain.json"],
@@ -57,8 +57,7 @@ EXAMPLES: dict[str, list[str]] = {
     "serve": ["astrai serve runs/sft --port 8000 --api-key KEY"],
     "serve-bench": ["astrai serve-bench tiny --request-rate 8 --max-concurrency 16"],
     "train": ["astrai train --data runs/data/pretrain --model tiny --out runs/pretrain",
-              "astrai train --strategy sft --data runs/data/sft --model runs/pretrain "
-              "--out runs/sft"],
+              "astrai train --strategy sft --data runs/data/sft --model runs/pretrain"],
     "resume": ["astrai resume runs/pretrain"],
     "plot": ["astrai plot runs/pretrain runs/other --out curves.png"],
 }

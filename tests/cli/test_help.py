@@ -59,7 +59,7 @@ def test_help_shows_every_name_whole_and_an_example(words):
     assert "…" not in text and "<bool>" not in text
     assert max(len(line) for line in text.splitlines()) <= 80
     example = EXAMPLES[" ".join(words)]
-    assert re.search(r"^ Examples?: *$", text, re.M) and example[0].split()[-1] in text
+    assert re.search(r"^ Examples?: *$", text, re.MULTILINE) and example[0].split()[-1] in text
 
 
 def test_switches_show_both_spellings():
@@ -75,7 +75,7 @@ def test_train_help_has_panels_and_fits_the_budget():
     assert set(TrainConfig.model_fields) == set(FIELD_PANEL), \
         "give each TrainConfig field a --help panel in train_cmd.PANELS"
     text = help_of(["train"])
-    titles = re.findall(r"^╭─ (.+?) ─", text, re.M)
+    titles = re.findall(r"^╭─ (.+?) ─", text, re.MULTILINE)
     assert titles[:len(PANELS)] == list(PANELS)
     assert "Other" not in titles
     assert len(text.splitlines()) <= TRAIN_HELP_LINES
@@ -86,3 +86,4 @@ def test_every_command_in_the_table_loads_under_its_name():
     for name in COMMANDS:
         assert root.get_command(None, name).name == name
     assert set(EXAMPLES) >= {" ".join(w) for w in all_paths()}
+    assert max(len(line) for lines in EXAMPLES.values() for line in lines) <= 76
