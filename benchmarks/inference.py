@@ -2,7 +2,7 @@
 
     python benchmarks/inference.py [--presets tiny,small] [--threads 1] [--quick]
 
-Workloads (issue 6 "Performance"):
+Workloads:
   (a) one request at a time, greedy, a fixed number of new tokens: output tokens/s of the
       engine and of HF `generate` (sdpa attention, KV cache on), and the engine's time
       against the floor of the weight matmuls alone (one token through every linear layer);

@@ -1,4 +1,4 @@
-"""Peak memory of `inspect_weights` on a synthetic multi-GB checkpoint (issue 8, item 1).
+"""Peak memory of `inspect_weights` on a synthetic multi-GB checkpoint.
 
 Target: peak RSS < 2 x the largest tensor + 500 MB, however large the file. The peer is the
 naive way — load the whole safetensors file (`safetensors.torch.load_file`, what a

@@ -11,7 +11,7 @@ not by either side's training loop.
     python benchmarks/quickstart.py                 # the default quickstart, then the peer
     python benchmarks/quickstart.py --steps 100     # a fixed step count (quicker check)
 
-Targets (issue 11): the whole quickstart in at most 300 s on 2 CPU cores, validation at most
+Targets: the whole quickstart in at most 300 s on 2 CPU cores, validation at most
 2.6 bits per byte; the peer is there to show what the same recipe reaches in another stack.
 """
 

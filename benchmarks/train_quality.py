@@ -10,7 +10,7 @@ recorded curve in tests/train/assets/ when the corpus is the same (sha256 of the
     python benchmarks/train_quality.py                      # examples/data (in the project)
     python benchmarks/train_quality.py --train X.jsonl --val Y.jsonl --out /tmp/q --record
 
-Target (issue 4): val_bpb <= 2.6 within 250 steps (HF transformers' Llama of the same shape
+Target: val_bpb <= 2.6 within 250 steps (HF transformers' Llama of the same shape
 reaches 2.48 in 225 such steps on the 4.7 MB sample corpus).
 """
 

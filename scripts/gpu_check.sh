@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# One prepared run for a lent GPU (issue 10): build the CUDA kernels with the machine's nvcc,
+# One prepared run for a lent GPU: build the CUDA kernels with the machine's nvcc,
 # run the GPU tests, the kernel benchmarks and short end-to-end checks, and write a summary.
 # It keeps going past failures; each step's exit code and time land in $OUT/summary.txt.
 #
 #   OUT=/some/dir bash scripts/gpu_check.sh          (the device tool sets OUT itself)
 #
 # Budget: GPU_CHECK_BUDGET seconds in all (default 285); a step starts only while time is
-# left and gets at most what remains. At most 8 files come back from $OUT, so logs are merged:
-# summary.txt, env.log, build.log, tests.log, bench.log, bench.json, e2e.log, serve.json.
+# left and gets at most what remains; the steps before scripts/gpu_e2e.sh leave it
+# GPU_E2E_RESERVE seconds (default 115). At most 8 files come back from $OUT, so logs are
+# merged: summary.txt, build.log (the environment first), tests.log, bench.log, bench.json,
+# e2e.log, serve.json, e2e.json.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 BUDGET=${GPU_CHECK_BUDGET:-285}
+RESERVE=0  # seconds a step leaves for the steps after it (set before the steps below)
 START=$(date +%s)
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
@@ -23,11 +26,14 @@ PY=${PYTHON:-python3}
 # Packages the GPU image lacks (pydantic & co.) travel as wheels in .whl (device README).
 if compgen -G ".whl/*.whl" > /dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl > "$OUT/env.log" 2>&1 || echo "wheel install failed" >> "$SUMMARY"
+      --target /tmp/site .whl/*.whl > "$OUT/build.log" 2>&1 || echo "wheel install failed" >> "$SUMMARY"
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 ASTRAI="$PY -m astrai_cli.main"
+
+# seconds left of the whole budget
+left_now() { echo $((BUDGET - ($(date +%s) - START))); }
 
 # step NAME CAP_SECONDS LOGFILE CMD...: run CMD under the remaining budget, log, record.
 step() {
@@ -35,7 +41,7 @@ step() {
   shift 3
   local now left rc t0
   now=$(date +%s)
-  left=$((BUDGET - (now - START)))
+  left=$((BUDGET - (now - START) - RESERVE))
   if [ "$left" -lt 10 ]; then
     printf '%-28s SKIPPED (budget spent)\n' "$name" >> "$SUMMARY"
     return
@@ -56,11 +62,13 @@ step() {
   nvcc --version | tail -2
   $PY -c "import torch, sys; print(sys.version.split()[0], 'torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))"
   $PY -c "import pydantic, typer, rich; print('pydantic', pydantic.VERSION, 'typer', typer.__version__)"
-} >> "$OUT/env.log" 2>&1
+} >> "$OUT/build.log" 2>&1
 
 # 1. Build with this machine's nvcc (sm_80 + sm_90, PTX of sm_90), then report.
 step "build kernels (nvcc)" 180 build.log $PY -m astrai.kernels.build
 step "astrai kernels" 30 build.log $ASTRAI kernels
+# From here on, keep time for the training / decode / chat figures of scripts/gpu_e2e.sh.
+[ -f scripts/gpu_e2e.sh ] && RESERVE=${GPU_E2E_RESERVE:-115}
 
 # 2. The kernels' GPU tests, then every other room's GPU tests.
 step "pytest kernels -m gpu" 170 tests.log $PY -m pytest tests/kernels -m gpu -q -rfEs \
@@ -78,7 +86,9 @@ step "serve-bench cuda vs native" 60 e2e.log $ASTRAI serve-bench small --device 
 # The training and chat checks belong to the train/infer rooms: they go in scripts/gpu_e2e.sh
 # (run with OUT set; anything it writes should be appended to $OUT/e2e.log), when it exists.
 if [ -f scripts/gpu_e2e.sh ]; then
-  step "scripts/gpu_e2e.sh" 120 e2e.log bash scripts/gpu_e2e.sh
+  RESERVE=0
+  # its own budget ends a few seconds before the step's cap, so its JSON is complete
+  step "scripts/gpu_e2e.sh" 120 e2e.log env GPU_E2E_BUDGET=$(( $(left_now) < 120 ? $(left_now) - 10 : 110 )) OUT="$OUT" bash scripts/gpu_e2e.sh
 else
   printf '%-28s SKIPPED (no scripts/gpu_e2e.sh)\n' "train / chat" >> "$SUMMARY"
 fi
@@ -88,4 +98,5 @@ printf '\ntotal %ss of %ss budget\n' "$(( $(date +%s) - START ))" "$BUDGET" >> "
 echo "----- tests (tail)"; grep -E "passed|failed|error|FAILED|ERROR" "$OUT/tests.log" | tail -15
 echo "----- bench"; cat "$OUT/bench.log" 2>/dev/null | grep -v "^=====" | tail -40
 echo "----- e2e (tail)"; tail -25 "$OUT/e2e.log" 2>/dev/null
+[ -f "$OUT/e2e.json" ] && echo "(figures: e2e.json)"
 echo "----- summary"; cat "$SUMMARY"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -75,3 +76,42 @@ class DevicePeak:
             self.remeasures_left -= 1
             self.flops = max(self.flops, self.measure())
         return achieved_flops / self.flops if self.flops > 0 else 0.0
+
+
+class DeviceSpec(NamedTuple):
+    """A GPU's vendor-datasheet ceilings: dense bf16 tensor-core TFLOP/s (without the
+    structured-sparsity doubling the datasheets print beside it) and HBM bandwidth in GB/s."""
+
+    name: str
+    bf16_tflops: float
+    hbm_gbs: float
+    source: str
+
+
+# Matched against torch.cuda.get_device_name() in order, first hit wins (so the PCIe / NVL
+# parts come before the plain names that are substrings of theirs). Figures from the vendor
+# datasheets named in `source`; "dense" = the sparsity figure halved.
+DEVICE_SPECS: tuple[tuple[str, DeviceSpec], ...] = (
+    ("H200 NVL", DeviceSpec("H200 NVL", 835.0, 4800.0, "NVIDIA H200 Tensor Core GPU datasheet")),
+    ("H200", DeviceSpec("H200 SXM", 989.5, 4800.0, "NVIDIA H200 Tensor Core GPU datasheet")),
+    ("H100 NVL", DeviceSpec("H100 NVL", 835.0, 3900.0, "NVIDIA H100 Tensor Core GPU datasheet")),
+    ("H100 PCIe", DeviceSpec("H100 PCIe", 756.5, 2000.0,
+                             "NVIDIA H100 Tensor Core GPU datasheet")),
+    ("H100", DeviceSpec("H100 SXM", 989.5, 3350.0, "NVIDIA H100 Tensor Core GPU datasheet")),
+    ("A100-SXM4-40GB", DeviceSpec("A100 SXM 40GB", 312.0, 1555.0,
+                                  "NVIDIA A100 Tensor Core GPU datasheet")),
+    ("A100-PCIE-40GB", DeviceSpec("A100 PCIe 40GB", 312.0, 1555.0,
+                                  "NVIDIA A100 Tensor Core GPU datasheet")),
+    ("A100 80GB PCIe", DeviceSpec("A100 PCIe 80GB", 312.0, 1935.0,
+                                  "NVIDIA A100 Tensor Core GPU datasheet")),
+    ("A100", DeviceSpec("A100 SXM 80GB", 312.0, 2039.0, "NVIDIA A100 Tensor Core GPU datasheet")),
+)
+
+
+def device_spec(device_name: str) -> DeviceSpec | None:
+    """The datasheet ceilings of a GPU named as torch.cuda.get_device_name() names it (e.g.
+    'NVIDIA H100 80GB HBM3', 'NVIDIA H200', 'NVIDIA A100-SXM4-80GB'); None when unknown."""
+    for key, spec in DEVICE_SPECS:
+        if key.lower() in device_name.lower():
+            return spec
+    return None

@@ -1,4 +1,4 @@
-"""The BF16 lock-in guard wired into training (issue 8 item 5): on with bf16-true by default,
+"""The BF16 lock-in guard wired into training: on with bf16-true by default,
 counts and early per-layer gradient norms in metrics.jsonl, a warning when lock-in appears."""
 
 import json

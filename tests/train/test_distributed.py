@@ -1,4 +1,4 @@
-"""Scale-out (issue 5): ddp and fsdp executors against one process, no_sync, resume.
+"""Scale-out: ddp and fsdp executors against one process, no_sync, resume.
 
 The multi-process cases run 2 gloo workers on CPU started by astrai's launcher
 (torch's elastic agent, in-process); one launch runs several scenarios to pay the

@@ -1,5 +1,5 @@
-"""`astrai train --nprocs 2 --parallel ddp` on a dataset directory (issue 5 reliability (b)
-and (c), multi-process, through the real CLI): kill -9 of the whole job after step N then
+"""`astrai train --nprocs 2 --parallel ddp` on a dataset directory (multi-process,
+through the real CLI): kill -9 of the whole job after step N then
 `astrai resume`, and SIGTERM (saved at the next boundary, exit 75) then `astrai resume`,
 both end with the weights of the uninterrupted 2-process run, bit for bit."""
 

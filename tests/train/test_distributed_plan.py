@@ -1,4 +1,4 @@
-"""The dry-run plan of a multi-process run, the paper's recipe (issue 5, item 6) and the
+"""The dry-run plan of a multi-process run, the paper's recipe and the
 one-line errors of impossible parallel settings."""
 
 from __future__ import annotations

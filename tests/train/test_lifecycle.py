@@ -1,4 +1,4 @@
-"""The callback lifecycle of seeds/training.md (plus on_step_end), in order."""
+"""The callback lifecycle of the AstrAI training guide (plus on_step_end), in order."""
 
 from pathlib import Path
 

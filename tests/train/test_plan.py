@@ -1,4 +1,4 @@
-"""Total optimizer steps (seeds/internals.md) and the dry-run plan."""
+"""Total optimizer steps (the AstrAI internals guide) and the dry-run plan."""
 
 import math
 

@@ -1,5 +1,5 @@
-"""Precision modes (issue 5, item 3 and reliability (d)): fp32, bf16-mixed, bf16-true;
-AdamW moments fp32 unless asked otherwise (seeds/paper-bf16-lockin.tex, "Solution").
+"""Precision modes: fp32, bf16-mixed, bf16-true;
+AdamW moments fp32 unless asked otherwise ("End-to-End Training of a 1.2B Transformer with AstrAI", "Solution").
 bf16 is ~100x slower on this CPU, so the bf16 runs use tiny shapes."""
 
 from __future__ import annotations

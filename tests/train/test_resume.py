@@ -1,4 +1,4 @@
-"""Exact resume (issue 4, reliability (a) and (b)): an interrupted run, resumed, ends with
+"""Exact resume: an interrupted run, resumed, ends with
 bit-identical weights and the same per-step losses as the uninterrupted run (CPU)."""
 
 import json
