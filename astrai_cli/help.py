@@ -21,8 +21,8 @@ DEFAULT_PANEL = "Options"
 def option_names(param: Any, ctx: Any) -> str:
     """`--a, --alias METAVAR`, `--x/--no-x`, `--flag`, or an argument's `NAME`."""
     if _is_argument(param):
-        return (param.metavar or param.name or "").upper() + ("..." if param.nargs != 1
-                                                              else "")
+        name = (param.metavar or param.name or "").upper()
+        return name + ("..." if param.nargs != 1 and not name.endswith("...") else "")
     names = ", ".join(param.opts)
     if param.secondary_opts:
         names += "/" + ", ".join(param.secondary_opts)
@@ -44,7 +44,7 @@ def metavar(param: Any, ctx: Any) -> str:
     if param.metavar:
         return param.metavar
     if hasattr(param, "display_type"):  # typer's own click: "<int>", "<list[str]>", "<a|b>"
-        label = param.display_type(ctx).strip("<>")
+        label = param.display_type(ctx).strip("<>").removesuffix(" range")
         if label.startswith("list[") and label.endswith("]"):
             label = label[5:-1]
         choice = getattr(getattr(param, "type_descriptor", None), "is_choice", False)
