@@ -94,7 +94,7 @@ def help_text(param: Any, ctx: Any):
     return text
 
 
-def _rows(params: list[Any], ctx: Any, width: int):
+def _rows(params: list[Any], ctx: Any):
     """One renderable per option: names beside the help, or above it when too wide."""
     from rich.console import Group
     from rich.padding import Padding
@@ -148,13 +148,12 @@ def render_help(cmd: Any, ctx: Any) -> None:
     from astrai_cli.commands import EXAMPLES
 
     console = Console(highlight=False)
-    width = console.width
     console.print(Padding(Text(cmd.get_usage(ctx)), (1, 1, 1, 1)))
     if cmd.help:
         for para in _paragraphs(cmd.help):
             console.print(Padding(para, (0, 1, 1, 1)))
     for title, params in panels(cmd, ctx).items():
-        console.print(Panel(Group(*_rows(params, ctx, width)), title=title,
+        console.print(Panel(Group(*_rows(params, ctx)), title=title,
                             title_align="left", border_style="dim"))
     if hasattr(cmd, "list_commands"):
         names = [n for n in cmd.list_commands(ctx)]

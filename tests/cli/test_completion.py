@@ -208,3 +208,20 @@ def test_zsh_script(tmp_path):
     out = subprocess.run(["zsh", "-f", "-c", cmd], env=_astrai_on_path(tmp_path),
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert '"preprocess"' in out and "serve-bench" not in out
+
+
+def test_root_help_imports_no_command_module():
+    """`astrai --help` lists the commands from the table alone: no command module, no
+    pydantic, no rich until it renders."""
+    import os
+
+    code = ("import sys; sys.argv[0] = 'astrai'\n"
+            "from astrai_cli.main import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('LOADED', *sorted(m for m in sys.modules if m.startswith("
+            "('astrai_cli.commands.', 'pydantic', 'torch'))))")
+    out = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True,
+                         text=True, timeout=120, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+    assert "quickstart" in out and "serve-bench" in out
+    assert out.strip().splitlines()[-1].split() == ["LOADED"]
