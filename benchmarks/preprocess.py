@@ -1,6 +1,6 @@
 """Preprocess throughput and memory against the raw HF `tokenizers` batch encoder.
 
-    python benchmarks/preprocess.py [--repeat 10] [--vocab-size 8192] [--workers 1]
+    python benchmarks/preprocess.py [--repeat 10] [--vocab-size 8192] [--workers N]
 
 1. Throughput: `astrai preprocess` (pretrain, bfd_split, h5) on `repeat`x the sample corpus,
    tokens/s with start-up excluded (tokenizer load, worker start), against
@@ -10,13 +10,18 @@
    reply (its two halves); the baseline encodes the chat template's renders, made before the
    clock starts, while astrai renders, encodes and masks them (`astrai.data.chat_ids`).
 2. Memory: peak RSS of a fresh process preprocessing `repeat`x the corpus against one
-   preprocessing 1x. Target: ratio <= 1.3 (streaming, bounded buffers).
+   preprocessing 1x, for JSONL and for Parquet input. Target: ratio <= 1.3 (streaming,
+   bounded buffers, Parquet read one record batch at a time).
+3. All cores: `--workers` all cores against `--workers 1` with the tokenizer held to one
+   thread (RAYON_NUM_THREADS=1), fresh processes, start-up excluded. Target: >= 1.6x on two
+   cores; and all cores still >= 0.7x raw `encode_batch` on all cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -59,23 +64,35 @@ def make_chat_corpus(path: Path, texts: list[str]) -> list[list[dict]]:
     return convs
 
 
-def child(spec_dict: dict, workers: int) -> dict:
+def child(spec_dict: dict, workers: int, **env: str) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec_dict), str(workers)],
-                         check=True, capture_output=True, text=True)
+                         check=True, capture_output=True, text=True, env={**os.environ, **env})
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def to_parquet(jsonl: Path, out: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in jsonl.read_text(encoding="utf-8").splitlines()]
+    pq.write_table(pa.Table.from_pylist(rows), out, row_group_size=256)  # ~1.3 MB groups
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--vocab-size", type=int, default=8192)
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=None, help="default: all cores")
     ap.add_argument("--runs", type=int, default=3, help="best of N for each timing")
     args = ap.parse_args()
 
     from astrai.config.preprocess import load_spec
     from astrai.data.bpe import train_tokenizer
     from astrai.data.builder import build_dataset
+    from astrai.data.workers import default_workers
+
+    args.workers = args.workers or default_workers()
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -120,9 +137,21 @@ def main() -> None:
             sft_best = min(sft_best, build_dataset(load_spec(data=sft_spec),
                                                    workers=args.workers).elapsed_s)
 
-        # 2. memory, fresh processes
+        # 2. memory, fresh processes, JSONL and Parquet
         rss1 = child(spec(small, tok.path, tmp / "m1"), args.workers)["rss_mb"]
         rss10 = child(spec(big, tok.path, tmp / "m10"), args.workers)["rss_mb"]
+        pq_small = to_parquet(small, tmp / "x1.parquet")
+        pq_big = to_parquet(big, tmp / f"x{args.repeat}.parquet")
+        prss1 = child(spec(pq_small, tok.path, tmp / "p1"), args.workers)["rss_mb"]
+        prss10 = child(spec(pq_big, tok.path, tmp / "p10"), args.workers)["rss_mb"]
+
+        # 3. all cores against one core (tokenizer held to one thread), fresh processes
+        one = min(child(spec(big, tok.path, tmp / "w1"), 1, RAYON_NUM_THREADS="1")
+                  ["elapsed_s"] for _ in range(args.runs))
+        alln = min(child(spec(big, tok.path, tmp / "wn"), args.workers)["elapsed_s"]
+                   for _ in range(args.runs))
+        pq_all = min(child(spec(pq_big, tok.path, tmp / "pn"), args.workers)["elapsed_s"]
+                     for _ in range(args.runs))
 
     print(f"corpus: {args.repeat}x sample = {mb:.1f} MB, {len(texts)} records, "
           f"{n_raw:,} text tokens ({stored:,} stored with BOS/EOS), vocab {args.vocab_size}, "
@@ -138,6 +167,13 @@ def main() -> None:
     print(f"sft throughput ratio vs encode_batch : {sft_raw / sft_best:.2f}  (target >= 0.70)")
     print(f"peak RSS 1x: {rss1:.0f} MB, {args.repeat}x: {rss10:.0f} MB, "
           f"ratio {rss10 / rss1:.2f}  (target <= 1.30)")
+    print(f"peak RSS parquet 1x: {prss1:.0f} MB, {args.repeat}x: {prss10:.0f} MB, "
+          f"ratio {prss10 / prss1:.2f}  (target <= 1.30)")
+    print(f"--workers 1, tokenizer on one thread : {n_raw / one:12,.0f} tokens/s")
+    print(f"--workers {args.workers} (all cores)             : {n_raw / alln:12,.0f} tokens/s "
+          f"(parquet input: {n_raw / pq_all:,.0f})")
+    print(f"all cores vs one core                : {one / alln:.2f}x  (target >= 1.60 on 2 cores)")
+    print(f"all cores vs encode_batch (all cores): {raw_best / alln:.2f}  (target >= 0.70)")
 
 
 if __name__ == "__main__":

@@ -67,14 +67,14 @@ class Packing(_Strict):
 
 
 class PreprocessSpec(_Strict):
-    """`astrai preprocess` spec: JSONL records in, a dataset directory out."""
+    """`astrai preprocess` spec: JSONL or Parquet records in, a dataset directory out."""
 
     kind: Kind
     """pretrain (text), sft (chat / prompt-response), dpo (preference pairs), grpo (prompts)."""
     inputs: list[str] = Field(min_length=1)
-    """Training files or globs (.jsonl, .jsonl.gz)."""
+    """Training files, globs or directories (.jsonl, .jsonl.gz, .jsonl.zst, .parquet)."""
     val_inputs: list[str] = []
-    """Held-out files or globs, written as the `val` split."""
+    """Held-out files, globs or directories, written as the `val` split."""
     tokenizer: str
     """Tokenizer directory (astrai or HF); a copy goes into the dataset."""
     output: str

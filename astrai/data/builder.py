@@ -9,31 +9,24 @@ failed run never leaves a dataset that looks complete.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import sys
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from astrai.atomic import replace_dir
 from astrai.config.preprocess import PreprocessSpec
 from astrai.data.encode import RecordEncoder
 from astrai.data.manifest import MANIFEST, write_manifest
+from astrai.data.output import check_output, dataset_output  # noqa: F401  (re-exported)
 from astrai.data.packing import Packer, split_spans, truncate_span
-from astrai.data.records import expand_inputs, iter_raw_lines
+from astrai.data.sources import check_units, corpus_files, file_units, shard_units
 from astrai.data.store import ShardWriter
 from astrai.data.tokenizer import Tokenizer
+from astrai.data.workers import CHUNK_BYTES, Encoders, default_workers, iter_chunks
 from astrai.errors import ConfigError, DataError
-from astrai.tempdir import remove_abandoned, sibling_tempdir
 
-CHUNK_BYTES = 1 << 19  # raw JSONL bytes per encode_batch call (bounds memory per chunk)
-CHUNK_LINES = 4096
 MAX_LISTED_ERRORS = 5
 UINT16_VOCAB = 1 << 16  # ids 0..65535 fit in uint16
 
@@ -93,82 +86,6 @@ class BuildResult:
                 "splits": splits, "tokens": self.tokens, "skipped_errors": self.errors[:20],
                 "elapsed_s": round(self.elapsed_s, 3), "startup_s": round(self.startup_s, 3),
                 "tokens_per_s": round(self.tokens_per_s, 1)}
-
-
-# ---- tokenization workers (one RecordEncoder per process) ----------------------------
-_WORKER: RecordEncoder | None = None  # per-process state of a pool worker, set once
-
-
-def _worker_init(spec_json: str, tok_dir: str) -> None:
-    global _WORKER
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the pool is the parallelism
-    _WORKER = RecordEncoder(PreprocessSpec.model_validate_json(spec_json), Tokenizer.load(tok_dir))
-
-
-def _worker_encode(lines: list[tuple[str, int, str]]) -> list[tuple]:
-    assert _WORKER is not None
-    return _WORKER.encode_lines(lines)
-
-
-def _chunks(files: list[Path], limit: int | None) -> Iterator[list[tuple[str, int, bytes]]]:
-    """Raw lines in chunks; they are decoded by the encoders, so a line that is not UTF-8
-    is one bad record (skipped and counted under --on-error skip), not the whole file."""
-    chunk: list[tuple[str, int, bytes]] = []
-    size = read = 0
-    for path in files:
-        for n, line in iter_raw_lines(path):
-            if limit is not None and read >= limit:
-                break
-            chunk.append((str(path), n, line))
-            size += len(line)
-            read += 1
-            if size >= CHUNK_BYTES or len(chunk) >= CHUNK_LINES:
-                yield chunk
-                chunk, size = [], 0
-    if chunk:
-        yield chunk
-
-
-class _Encoders:
-    """In-process encoding, or a fork pool with a bounded number of chunks in flight."""
-
-    def __init__(self, spec: PreprocessSpec, tok: Tokenizer, tok_dir: Path, workers: int):
-        self.pool = None
-        self.local = RecordEncoder(spec, tok) if workers <= 1 else None
-        if workers > 1:
-            import multiprocessing as mp
-
-            ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-            self.pool = ctx.Pool(workers, _worker_init, (spec.model_dump_json(), str(tok_dir)))
-            self.depth = 2 * workers
-
-    def map(self, chunks: Iterator[list]) -> Iterator[list[tuple]]:
-        if self.pool is None:
-            # One chunk encodes in a thread while the caller packs and writes the previous
-            # one: the Rust encoder releases the GIL, so packing no longer idles the cores.
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(1) as ex:
-                ahead: deque = deque()
-                for c in chunks:
-                    ahead.append(ex.submit(self.local.encode_lines, c))  # type: ignore[union-attr]
-                    if len(ahead) >= 2:
-                        yield ahead.popleft().result()
-                while ahead:
-                    yield ahead.popleft().result()
-            return
-        pending: deque = deque()
-        for c in chunks:
-            pending.append(self.pool.apply_async(_worker_encode, (c,)))
-            if len(pending) >= self.depth:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
 
 
 class _SplitWriter:
@@ -296,10 +213,36 @@ def _truncate_pair(spec: PreprocessSpec, payload: dict, stats: SplitStats) -> di
 ProgressFn = Callable[[dict], None]
 
 
-def build_dataset(spec: PreprocessSpec, *, workers: int = 1, on_error: str = "fail",
-                  progress: ProgressFn | None = None) -> BuildResult:
+def parse_shard(text: str) -> tuple[int, int]:
+    """`I/N` -> (I, N) with 0 <= I < N; a ConfigError naming the syntax otherwise."""
+    i, sep, n = text.partition("/")
+    if not (sep and i.strip().isdigit() and n.strip().isdigit()) or not (
+            0 <= int(i) < int(n)):
+        raise ConfigError(f"--shard '{text}': expected I/N with 0 <= I < N (e.g. --shard 0/8 "
+                          "for the first of 8 shards)")
+    return int(i), int(n)
+
+
+def _split_units(spec: PreprocessSpec, shard: tuple[int, int] | None) -> dict[str, list]:
+    """The input units of each split; a shard takes its part of the train inputs, and shard
+    0 alone builds the (small) val split, so merged shards hold it once."""
+    train = corpus_files(spec.inputs, "inputs")
+    units = {"train": shard_units(train, *shard, "inputs") if shard else
+             file_units(train, split_row_groups=False)}
+    if spec.val_inputs and (shard is None or shard[0] == 0):
+        units["val"] = file_units(corpus_files(spec.val_inputs, "val_inputs"), False)
+    for u in units.values():
+        check_units(u, spec)
+    return units
+
+
+def build_dataset(spec: PreprocessSpec, *, workers: int | None = 1, on_error: str = "fail",
+                  progress: ProgressFn | None = None,
+                  shard: tuple[int, int] | None = None) -> BuildResult:
     """Run the spec; return the summary. Raises ConfigError / DataError on bad input, leaving
-    the output directory untouched."""
+    the output directory untouched. `workers` None: the cores, fewer for a small input
+    (the dataset is the same for any count). `shard` (I, N): build only shard I of N of the
+    inputs (`astrai preprocess merge` joins the N datasets)."""
     t0 = time.perf_counter()
     if on_error not in ("fail", "skip"):
         raise ConfigError(f"--on-error '{on_error}': choose fail or skip")
@@ -309,80 +252,77 @@ def build_dataset(spec: PreprocessSpec, *, workers: int = 1, on_error: str = "fa
                           "`astrai tokenizer train` or fix the spec's 'tokenizer' path")
     tok = Tokenizer.load(spec.tokenizer)
     RecordEncoder(spec, tok)  # applies spec.chat_template; no template for chat data: fail now
-    splits = {"train": expand_inputs(spec.inputs, "inputs")}
-    if spec.val_inputs:
-        splits["val"] = expand_inputs(spec.val_inputs, "val_inputs")
+    splits = _split_units(spec, shard)
     token_dtype = token_dtype_for(tok.vocab_size)
-    check_output(out, spec.overwrite, [f for files in splits.values() for f in files]
-                 + [Path(spec.tokenizer)])
-    remove_abandoned(out)  # the temporary directories of killed runs
-    held = contextlib.ExitStack()  # the lock on the temporary directory, until the end
-    tmp = _start_output(out, held)
-    encoders = _Encoders(spec, tok, Path(spec.tokenizer), max(1, workers))
-    startup = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    errors: list[str] = []
-    all_stats: dict[str, SplitStats] = {}
-    groups: dict = {}  # grpo: the first record's mode and group size, which all must share
-    try:
-        for split, files in splits.items():
-            stats = all_stats[split] = SplitStats()
-            sink = _Sink(tmp, split, spec, token_dtype, stats, groups)
-            packer = Packer(spec.packing.mode or "none", spec.row_len, spec.packing.buffer,
-                            spec.packing.min_piece)
-            limit = spec.max_records if split == "train" else None
-            for results in encoders.map(_chunks(files, limit)):
-                for res in results:
-                    stats.records_read += 1
-                    status, where = res[0], res[1]
-                    if status == "error":
-                        stats.malformed += 1
-                        if len(errors) < 10_000:
-                            errors.append(res[2])
-                        continue
-                    if status == "filtered":
-                        stats.filtered_short += res[2] == "short"
-                        stats.filtered_long += res[2] == "long"
-                        continue
-                    if errors and on_error == "fail":
-                        continue  # the run fails; keep scanning only to list more bad lines
-                    payload = res[2]
-                    bad = _grpo_mismatch(payload, groups) if spec.kind == "grpo" else None
-                    if bad:
-                        stats.malformed += 1
-                        errors.append(f"{where}: {bad}")
-                        continue
-                    stats.records_kept += 1
-                    if spec.kind in ("pretrain", "sft"):
-                        for doc in _docs(spec, payload, stats):
-                            for row in packer.add(doc):
-                                sink.add(row)
-                    else:
-                        sink.add(_truncate_pair(spec, payload, stats))
-                if errors and on_error == "fail" and len(errors) >= MAX_LISTED_ERRORS:
-                    break
-                if progress:
-                    progress({"split": split, "records": stats.records_read,
-                              "tokens": stats.tokens, "elapsed": time.perf_counter() - t1})
-            if errors and on_error == "fail":
-                raise DataError(_error_summary(errors))
-            for row in packer.finish():
-                sink.add(row)
-            sink.close()
-            _check_split(split, files, stats)
-        elapsed = time.perf_counter() - t1
-        tok.save(tmp / "tokenizer")
-        offline = groups.get("mode") == "offline"
-        write_manifest(tmp / MANIFEST, spec=spec, tok=tok, token_dtype=token_dtype,
-                       dtypes=dtypes_for(spec, token_dtype, offline),
-                       stats=all_stats, offline_grpo=offline)
-        replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        encoders.close()
-        held.close()
+    if workers is None:  # a process per chunk at most: small inputs skip the pool start
+        size = sum(u.size for units in splits.values() for u in units)
+        workers = min(default_workers(), 1 + size // CHUNK_BYTES)
+    inputs = [u.path for units in splits.values() for u in units] + [Path(spec.tokenizer)]
+    with dataset_output(out, spec.overwrite, inputs) as tmp:
+        encoders = Encoders(spec, tok, Path(spec.tokenizer), max(1, workers))
+        startup = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        errors: list[str] = []
+        all_stats: dict[str, SplitStats] = {}
+        groups: dict = {}  # grpo: the first record's mode and group size, which all must share
+        try:
+            for split, units in splits.items():
+                files = list(dict.fromkeys(u.path for u in units))
+                total = sum(u.size for u in units)
+                stats = all_stats[split] = SplitStats()
+                sink = _Sink(tmp, split, spec, token_dtype, stats, groups)
+                packer = Packer(spec.packing.mode or "none", spec.row_len, spec.packing.buffer,
+                                spec.packing.min_piece)
+                limit = spec.max_records if split == "train" else None
+                for results, done in encoders.map(iter_chunks(units, spec, limit)):
+                    for res in results:
+                        stats.records_read += 1
+                        status, where = res[0], res[1]
+                        if status == "error":
+                            stats.malformed += 1
+                            if len(errors) < 10_000:
+                                errors.append(res[2])
+                            continue
+                        if status == "filtered":
+                            stats.filtered_short += res[2] == "short"
+                            stats.filtered_long += res[2] == "long"
+                            continue
+                        if errors and on_error == "fail":
+                            continue  # the run fails; keep scanning only to list more bad lines
+                        payload = res[2]
+                        bad = _grpo_mismatch(payload, groups) if spec.kind == "grpo" else None
+                        if bad:
+                            stats.malformed += 1
+                            errors.append(f"{where}: {bad}")
+                            continue
+                        stats.records_kept += 1
+                        if spec.kind in ("pretrain", "sft"):
+                            for doc in _docs(spec, payload, stats):
+                                for row in packer.add(doc):
+                                    sink.add(row)
+                        else:
+                            sink.add(_truncate_pair(spec, payload, stats))
+                    if errors and on_error == "fail" and len(errors) >= MAX_LISTED_ERRORS:
+                        break
+                    if progress:
+                        progress({"split": split, "records": stats.records_read,
+                                  "tokens": stats.tokens, "elapsed": time.perf_counter() - t1,
+                                  "bytes_done": done, "bytes_total": total})
+                if errors and on_error == "fail":
+                    raise DataError(_error_summary(errors))
+                for row in packer.finish():
+                    sink.add(row)
+                sink.close()
+                _check_split(split, files, stats)
+            elapsed = time.perf_counter() - t1
+            tok.save(tmp / "tokenizer")
+            offline = groups.get("mode") == "offline"
+            write_manifest(tmp / MANIFEST, spec=spec, tok=tok, token_dtype=token_dtype,
+                           dtypes=dtypes_for(spec, token_dtype, offline),
+                           stats=all_stats, offline_grpo=offline,
+                           shard={"index": shard[0], "count": shard[1]} if shard else None)
+        finally:
+            encoders.close()
     return BuildResult(str(out), spec.kind, spec.format, all_stats, errors, elapsed, startup)
 
 
@@ -418,33 +358,3 @@ def _check_split(split: str, files: list[Path], stats: SplitStats) -> None:
             f"{split}: no record kept of {stats.records_read} read ({stats.filtered_short} "
             f"shorter than filters.min_chars, {stats.filtered_long} longer than "
             f"filters.max_chars, {stats.malformed} malformed); adjust the filters or inputs")
-
-
-def check_output(out: Path, overwrite: bool, inputs: list[Path]) -> None:
-    """`overwrite` replaces only a dataset astrai wrote (a directory with its manifest) that
-    holds none of this run's inputs; anything else named as output is refused."""
-    if not out.exists() and not out.is_symlink():
-        return
-    if not overwrite:
-        raise ConfigError(f"output: {out} already exists; remove it, choose another output, "
-                          "or pass --set overwrite=true")
-    if not out.is_dir() or not (out / MANIFEST).is_file():
-        raise ConfigError(f"output: {out} exists and is not an astrai dataset (no {MANIFEST}); "
-                          "overwrite only replaces datasets, so remove it yourself or choose "
-                          "another output")
-    root = out.resolve()
-    for f in inputs:
-        if f.resolve().is_relative_to(root):
-            raise ConfigError(f"output: {out} holds the input {f}; overwriting it would delete "
-                              "the input, so choose another output")
-
-
-def _start_output(out: Path, held: contextlib.ExitStack) -> Path:
-    """The temporary directory beside `out`, locked until `held` closes; a one-line
-    ConfigError when it cannot be created (read-only, no permission, a parent is a file)."""
-    try:
-        return held.enter_context(sibling_tempdir(out))
-    except OSError as e:
-        raise ConfigError(f"output: cannot create {out} ({e.strerror or e}); choose a "
-                          "writable location") from None
-

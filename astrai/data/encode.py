@@ -174,9 +174,11 @@ class RecordEncoder:
             toks += part
         return toks, mask
 
-    def encode_lines(self, lines: list[tuple[str, int, str | bytes]]) -> list[tuple]:
-        """Encode (file, line number, line text or its raw UTF-8 bytes) items; one result
-        per item, in order. A line that is not UTF-8 or not JSON is one bad record."""
+    def encode_lines(self, lines: list[tuple[str, int | str, str | bytes | dict]]
+                     ) -> list[tuple]:
+        """Encode (file, position, line text or its raw UTF-8 bytes, or a record already
+        parsed, as Parquet rows are) items; one result per item, in order. A line that is
+        not UTF-8 or not JSON is one bad record."""
         plans: list[Any] = []
         texts: list[str] = []
         renders: list[str] = []
@@ -184,14 +186,17 @@ class RecordEncoder:
         for file, n, line in lines:
             where = f"{file}:{n}"
             try:
-                if isinstance(line, bytes):
-                    line = decode_line(line, where)
-                rec = load_json(line, where)
-                if not isinstance(rec, dict):
-                    raise DataError(f"{where}: expected a JSON object, got "
-                                    f"{type(rec).__name__}")
-                if SURROGATE_ESCAPE.search(line):  # only such an escape decodes to one
-                    _check_encodable(rec, where)
+                if isinstance(line, dict):
+                    rec = line  # Arrow strings are valid UTF-8: no surrogate to check
+                else:
+                    if isinstance(line, bytes):
+                        line = decode_line(line, where)
+                    rec = load_json(line, where)
+                    if not isinstance(rec, dict):
+                        raise DataError(f"{where}: expected a JSON object, got "
+                                        f"{type(rec).__name__}")
+                    if SURROGATE_ESCAPE.search(line):  # only such an escape decodes to one
+                        _check_encodable(rec, where)
                 extra: dict = {}
                 chars = 0
                 if kind in ("pretrain", "sft"):

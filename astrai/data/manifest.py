@@ -21,7 +21,8 @@ FORMAT_VERSION = 1
 
 
 def write_manifest(path: Path, *, spec: PreprocessSpec, tok: Tokenizer, token_dtype: str,
-                   dtypes: dict[str, str], stats: dict, offline_grpo: bool) -> dict:
+                   dtypes: dict[str, str], stats: dict, offline_grpo: bool,
+                   shard: dict | None = None) -> dict:
     splits = {}
     for name, s in stats.items():
         d = asdict(s)
@@ -47,6 +48,7 @@ def write_manifest(path: Path, *, spec: PreprocessSpec, tok: Tokenizer, token_dt
             "pad_id": tok.pad_id, "stop_ids": tok.stop_ids,
         },
         "splits": splits,
+        "shard": shard,
         "spec": spec.model_dump(mode="json"),
     }
     path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")

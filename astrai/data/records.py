@@ -14,12 +14,19 @@ from astrai.errors import DataError
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
 
 
-def expand_inputs(patterns: Sequence[str | Path], what: str = "inputs") -> list[Path]:
-    """Files named by `patterns` (globs allowed), in order, without duplicates."""
+def expand_inputs(patterns: Sequence[str | Path], what: str = "inputs",
+                  dir_suffixes: tuple[str, ...] | None = None) -> list[Path]:
+    """Files named by `patterns` (globs allowed), in order, without duplicates. With
+    `dir_suffixes`, a directory stands for its files ending so (recursively, sorted)."""
     out: list[Path] = []
     for pat in patterns:
         pat = str(pat)
         hits = sorted(glob.glob(pat, recursive=True)) if glob.has_magic(pat) else [pat]
+        if dir_suffixes is not None:
+            hits = [str(f) for h in hits for f in (
+                sorted(p for p in Path(h).rglob("*")
+                       if p.is_file() and p.name.lower().endswith(dir_suffixes))
+                if Path(h).is_dir() else [Path(h)])]
         hits = [h for h in hits if Path(h).is_file()]
         if not hits:
             raise DataError(f"{what}: '{pat}' matches no file; check the path")

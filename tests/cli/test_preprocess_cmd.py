@@ -94,3 +94,33 @@ def test_hostile_specs_and_records_are_one_line(tmp_path, tok_dir, records, fiel
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.output, r.output
     assert (tmp_path / "in.jsonl").is_file() and (tmp_path / "afile").read_text() == "x"
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_shards_merge_and_plain_progress(tmp_path, tok_dir, monkeypatch):
+    """`--shard I/N` twice, `preprocess merge`, progress lines on a non-terminal stderr."""
+    monkeypatch.setattr("astrai_cli.commands.preprocess_cmd.PLAIN_EVERY_S", 0.0)
+    files = []
+    for i in range(2):
+        f = tmp_path / f"part{i}.jsonl"
+        f.write_text("".join(json.dumps({"text": f"{TEXT['text']} {i} {k}"}) + "\n"
+                             for k in range(4)))
+        files.append(str(f))
+    spec = write_spec(tmp_path, tok_dir, [TEXT], inputs=files, packing={"mode": "none"})
+    for i in range(2):
+        r = runner.invoke(app, ["preprocess", str(spec), "--shard", f"{i}/2", "--set",
+                                f"output={tmp_path / f's{i}'}"])
+        assert r.exit_code == 0, r.output
+        assert "preprocess pretrain [train]" in r.stderr and "eta" in r.stderr
+    r = runner.invoke(app, ["preprocess", "merge", str(tmp_path / "s1"), str(tmp_path / "s0"),
+                            "--out", str(tmp_path / "m")])
+    assert r.exit_code == 0, r.output
+    assert "train: 2 shards, 8 samples" in r.stdout and "0 copied" in r.stdout
+    r = runner.invoke(app, ["preprocess", "merge", str(tmp_path / "s0"), str(tmp_path / "s1"),
+                            "--out", str(tmp_path / "m")])
+    assert r.exit_code == 2 and "already exists" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = runner.invoke(app, ["preprocess", str(spec), "--shard", "2/2"])
+    assert r.exit_code == 2 and "expected I/N" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = runner.invoke(app, ["preprocess", "merge", "--help"])
+    assert r.exit_code == 0 and "--out" in r.stdout
