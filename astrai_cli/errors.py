@@ -46,6 +46,8 @@ def adopt(app: typer.Typer) -> typer.Typer:
     for info in app.registered_commands:
         if info.cls in (None, TyperCommand):
             info.cls = AstraiCommand
+        elif isinstance(info.cls, type) and not issubclass(info.cls, HelpMixin):
+            info.cls = type(info.cls.__name__, (HelpMixin, info.cls), {"__slots__": ()})
     for group in app.registered_groups:
         if not isinstance(group.cls, type) or group.cls is TyperGroup:  # unset or typer's
             group.cls = AstraiSubGroup

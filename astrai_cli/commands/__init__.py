@@ -50,7 +50,10 @@ EXAMPLES: dict[str, list[str]] = {
                          "--out runs/tokenizer")],
     "tokenizer encode": ["astrai tokenizer encode runs/tokenizer 'Hello, world'"],
     "tokenizer info": ["astrai tokenizer info runs/tokenizer"],
-    "preprocess": ["astrai preprocess examples/specs/pretrain.json"],
+    "preprocess": ["astrai preprocess examples/specs/pretrain.json",
+                   "astrai preprocess merge runs/data/s0 runs/data/s1 --out runs/data/all"],
+    "preprocess merge": [("astrai preprocess merge runs/data/s0 runs/data/s1 "
+                         "--out runs/data/all")],
     "inspect-weights": ["astrai inspect-weights runs/pretrain"],
     "chat": ["astrai chat runs/sft --prompt 'Name three rivers.' --temperature 0"],
     "eval": ["astrai eval runs/pretrain --data held_out.jsonl"],

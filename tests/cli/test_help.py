@@ -62,6 +62,15 @@ def test_help_shows_every_name_whole_and_an_example(words):
     assert re.search(r"^ Examples?: *$", text, re.MULTILINE) and example[0].split()[-1] in text
 
 
+def test_preprocess_merge_help():
+    """`preprocess merge` is parsed by preprocess itself (a word, not a click subcommand)."""
+    text = help_of(["preprocess", "merge"])
+    for name in ("DIR...", "--out DIR", "--overwrite", "--json", "--help"):
+        assert name in text
+    assert "<bool>" not in text and re.search(r"^ Example: *$", text, re.MULTILINE)
+    assert EXAMPLES["preprocess merge"][0] in text
+
+
 def test_switches_show_both_spellings():
     text = help_of(["train"])
     assert "--gradient-checkpointing/--no-gradient-checkpointing" in text
