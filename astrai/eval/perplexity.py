@@ -106,7 +106,7 @@ def score_dataset(model: torch.nn.Module, path: Path, *, batch_size: int = 8,
 
     from astrai.train.bpb import token_byte_lengths
     from astrai.train.data import open_train_data
-    from astrai.train.strategies import StrategyFactory
+    from astrai.train.strategies import STRATEGIES
 
     data = open_train_data(str(path))
     if data.kind not in ("pretrain", "sft"):
@@ -115,8 +115,8 @@ def score_dataset(model: torch.nn.Module, path: Path, *, batch_size: int = 8,
     rows = data.eval_dataset if data.eval_dataset is not None else data.dataset
     if limit is not None:
         rows = Subset(rows, range(min(limit, len(rows))))
-    strategy = StrategyFactory.create("seq" if data.kind == "pretrain" else "sft", model,
-                                      device=next(model.parameters()).device)
+    strategy = STRATEGIES.get("seq" if data.kind == "pretrain" else "sft")(
+        model, device=next(model.parameters()).device)
     lengths = token_byte_lengths(data.tokenizer_dir) if data.tokenizer_dir else None
     sums: dict[str, float] = {}
     model.eval()
