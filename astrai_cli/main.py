@@ -9,22 +9,6 @@ from __future__ import annotations
 import typer
 
 from astrai import __version__
-from astrai_cli.commands import (
-    chat_cmd,
-    eval_cmd,
-    export_cmd,
-    info_cmd,
-    inspect_cmd,
-    kernels_cmd,
-    plot_cmd,
-    preprocess_cmd,
-    quickstart_cmd,
-    resume_cmd,
-    serve_bench_cmd,
-    serve_cmd,
-    tokenizer_cmd,
-    train_cmd,
-)
 from astrai_cli.errors import AstraiGroup
 
 app = typer.Typer(
@@ -53,13 +37,8 @@ def root(
     """astrai: tokenizer → preprocess → train → inspect → chat."""
 
 
-# Each command module exposes register(app); add one line per working command.
-COMMANDS: list = [quickstart_cmd,
-                  info_cmd, export_cmd, kernels_cmd, tokenizer_cmd, preprocess_cmd, inspect_cmd,
-                  chat_cmd, eval_cmd, serve_cmd, serve_bench_cmd, train_cmd, resume_cmd,
-                  plot_cmd]
-for _module in COMMANDS:
-    _module.register(app)
+# The commands are listed in astrai_cli/commands/__init__.py (COMMANDS) and each module is
+# imported only when its command is used: TAB and `astrai --help` stay fast.
 
 
 def main() -> None:

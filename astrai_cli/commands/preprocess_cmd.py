@@ -124,14 +124,16 @@ def merge_command(
                f"({res['linked_files']} files linked, {res['copied_files']} copied)")
 
 
-class PreprocessCommand(TyperCommand):
+class PreprocessCommand(TyperCommand):  # (main adds astrai's --help layout to it)
     """`astrai preprocess SPEC` and, when the first word is `merge`, the merge command (a
     spec file cannot be named merge without a path: `./merge`)."""
 
     def make_context(self, info_name, args, parent=None, **extra):  # type: ignore[override]
         if args and args[0] == "merge":
-            merge_app = typer.Typer(pretty_exceptions_enable=False)
-            merge_app.command("merge")(merge_command)
+            from astrai_cli.errors import AstraiCommand  # astrai's --help layout
+
+            merge_app = typer.Typer(pretty_exceptions_enable=False, add_completion=False)
+            merge_app.command("merge", cls=AstraiCommand)(merge_command)
             cmd: click.Command = typer.main.get_command(merge_app)
             return cmd.make_context(f"{info_name} merge", list(args[1:]), parent=parent,
                                     **extra)

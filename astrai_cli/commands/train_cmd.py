@@ -26,10 +26,37 @@ ALIASES = {
     "batch_size": ["--batch-per-device"], "seed": ["--random-seed"],
     "parallel": ["--parallel-mode"],
 }
-# Options with a short panel of their own in --help (the rest are "Advanced").
-MAIN = {"strategy", "data", "model", "out", "batch_size", "grad_accum_steps", "epochs",
-        "max_steps", "max_lr", "schedule", "warmup_ratio", "ckpt_interval", "eval_data",
-        "eval_interval", "device", "precision", "seed"}
+# The --help panel of each TrainConfig field, in panel order (tests/cli/test_help.py checks
+# every field has one; a field missing here shows under "Other").
+PANELS: dict[str, tuple[str, ...]] = {
+    "Run": ("strategy", "out", "seed", "device"),
+    "Data": ("data", "batch_size", "grad_accum_steps", "window_size", "epochs", "max_steps",
+             "num_workers"),
+    "Model": ("model", "model_overrides", "moe_aux_loss_coef", "label_smoothing",
+              "strategy_kwargs"),
+    "Optimizer": ("max_lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps",
+                  "max_grad_norm", "skip_nonfinite"),
+    "Schedule": ("schedule", "warmup_ratio", "warmup_steps", "sgdr_cycle_steps",
+                 "wsd_decay_ratio"),
+    "Precision & memory": ("precision", "optimizer_state_dtype", "gradient_checkpointing",
+                           "gradient_checkpointing_modules", "compile", "compile_backend",
+                           "guard_bf16", "guard_every", "guard_grad_steps",
+                           "guard_histograms"),
+    "Checkpoints & eval": ("ckpt_interval", "ckpt_dir", "keep_last", "log_interval",
+                           "tensorboard", "peak_tflops", "eval_data", "val_split",
+                           "eval_interval", "eval_max_batches", "eval_max_tokens"),
+    "Alignment (dpo/grpo/online)": (
+        "ref_model", "precompute_ref", "beta", "dpo_loss", "dpo_reduction", "group_size",
+        "clip_eps", "kl_coef", "scale_rewards", "grpo_loss_type", "sync_interval", "reward",
+        "reward_weights", "rollout_interval", "rollout_max_tokens", "rollout_temperature",
+        "rollout_top_p", "rollout_top_k", "rollout_max_requests"),
+    "Distributed": ("parallel", "nprocs", "nnodes", "executor_kwargs"),
+}
+FIELD_PANEL = {field: panel for panel, fields in PANELS.items() for field in fields}
+# TAB after --strategy / --parallel: the registries' names, listed here so completion
+# imports neither torch nor astrai.train (tests/cli/test_completion.py compares them).
+STRATEGY_NAMES = ("seq", "sft", "dpo", "grpo", "reward", "online-grpo", "online-dpo")
+EXECUTOR_NAMES = ("none", "ddp", "fsdp")
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -62,22 +89,17 @@ def _kind(annotation: Any) -> tuple[str, Any]:
 def value_completer(name: str, annotation: Any) -> Any:
     """Shell completion of an option's values (TAB after `--strategy `): strategy and
     executor names from their registries, a Literal field's choices; None for free values."""
-    lit = next((a for a in (annotation, *typing.get_args(annotation))
-                if typing.get_origin(a) is typing.Literal), None)
+    lit = choices(annotation)
     if name not in ("strategy", "parallel") and lit is None:
         return None
 
     def complete(incomplete: str) -> list[str]:
         if name == "strategy":
-            from astrai.train.strategies import STRATEGIES
-
-            names = STRATEGIES.names()
+            names = STRATEGY_NAMES
         elif name == "parallel":
-            from astrai.train.executor import EXECUTORS
-
-            names = EXECUTORS.names()
+            names = EXECUTOR_NAMES
         else:
-            names = [str(v) for v in typing.get_args(lit)]
+            names = lit.split("|")
         return [n for n in names if n.startswith(incomplete)]
 
     return complete
@@ -109,14 +131,24 @@ def config_options() -> tuple[list[inspect.Parameter], dict[str, str]]:
             help_text += f" (default {default})"
         elif kind == "bool":
             help_text += f" (default {'on' if default else 'off'})"
-        panel = "Run" if name in MAIN else "Advanced"
+        panel = FIELD_PANEL.get(name, "Other")
         params.append(inspect.Parameter(
             name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
             default=typer.Option(None, *decls, help=help_text, show_default=False,
-                                 rich_help_panel=panel,
+                                 rich_help_panel=panel, metavar=choices(field.annotation),
                                  autocompletion=value_completer(name, field.annotation)),
         ))
+    order = list(PANELS)  # panels in PANELS order, fields in class order within each
+    params.sort(key=lambda p: order.index(FIELD_PANEL[p.name]) if p.name in FIELD_PANEL
+                else len(order))
     return params, kinds
+
+
+def choices(annotation: Any) -> str | None:
+    """`a|b|c` for a Literal field (its --help metavar), else None."""
+    lit = next((a for a in (annotation, *typing.get_args(annotation))
+                if typing.get_origin(a) is typing.Literal), None)
+    return "|".join(str(v) for v in typing.get_args(lit)) if lit is not None else None
 
 
 def overrides_from(values: dict[str, Any], kinds: dict[str, str]) -> dict[str, Any]:

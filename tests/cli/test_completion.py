@@ -44,7 +44,7 @@ def bash_complete(line: str) -> list[str]:
 def command_names() -> list[str]:
     import typer.main
 
-    return list(typer.main.get_command(app).commands)
+    return typer.main.get_command(app).list_commands(None)
 
 
 def strategy_names() -> list[str]:
@@ -95,6 +95,48 @@ def test_strategy_values_complete():
         sorted(n for n in strategy_names() if n.startswith("online-"))
     # after other options too
     assert "sft" in bash_complete("astrai train --data d --strategy s")
+
+
+def test_static_names_match_the_registries():
+    """Completion lists strategy and executor names without importing astrai.train."""
+    from astrai.train.executor import EXECUTORS
+    from astrai_cli.commands.train_cmd import EXECUTOR_NAMES, STRATEGY_NAMES
+
+    assert sorted(STRATEGY_NAMES) == sorted(strategy_names())
+    assert sorted(EXECUTOR_NAMES) == sorted(EXECUTORS.names())
+
+
+IMPORTED = """
+import os, sys
+sys.argv[0] = "astrai"
+os.environ.update({"_ASTRAI_COMPLETE": "complete_bash", "COMP_WORDS": sys.argv[1],
+                   "COMP_CWORD": sys.argv[2]})
+import astrai_cli.main
+after_import = set(sys.modules)
+try:
+    astrai_cli.main.main()
+except SystemExit:
+    pass
+heavy = ("torch", "numpy", "astrai.train", "astrai.model", "astrai.config.train")
+print("import:", *sorted(m for m in heavy if m in after_import))
+print("complete:", *sorted(m for m in heavy if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("line, cword, loads_config", [
+    ("astrai pre", 1, False), ("astrai ", 1, False), ("astrai chat --dev", 2, False),
+    ("astrai train --strategy ", 3, True), ("astrai train --strat", 2, True)])
+def test_completion_imports_no_heavy_library(line, cword, loads_config):
+    """TAB must answer fast on an idle machine: no torch, no astrai.train, and TrainConfig
+    only when train itself is being completed (asserted on the import set, not on time)."""
+    import os
+
+    out = subprocess.run([sys.executable, "-c", IMPORTED, line, str(cword)],
+                         capture_output=True, text=True, timeout=120, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+    imported, completed = (line.split()[1:] for line in out.splitlines()[-2:])
+    assert imported == []
+    assert completed == (["astrai.config.train"] if loads_config else [])
 
 
 def test_subcommand_of_a_group_completes():
@@ -166,3 +208,20 @@ def test_zsh_script(tmp_path):
     out = subprocess.run(["zsh", "-f", "-c", cmd], env=_astrai_on_path(tmp_path),
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert '"preprocess"' in out and "serve-bench" not in out
+
+
+def test_root_help_imports_no_command_module():
+    """`astrai --help` lists the commands from the table alone: no command module, no
+    pydantic, no rich until it renders."""
+    import os
+
+    code = ("import sys; sys.argv[0] = 'astrai'\n"
+            "from astrai_cli.main import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('LOADED', *sorted(m for m in sys.modules if m.startswith("
+            "('astrai_cli.commands.', 'pydantic', 'torch'))))")
+    out = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True,
+                         text=True, timeout=120, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+    assert "quickstart" in out and "serve-bench" in out
+    assert out.strip().splitlines()[-1].split() == ["LOADED"]

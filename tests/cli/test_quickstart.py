@@ -194,7 +194,7 @@ def test_cli_defaults_are_the_config_defaults():
     """The command's option defaults are QuickstartConfig's (one recipe, not two)."""
     import typer.main
 
-    cmd = typer.main.get_command(app).commands["quickstart"]
+    cmd = typer.main.get_command(app).get_command(None, "quickstart")
     defaults = {p.name: p.default for p in cmd.params}
     cfg = QuickstartConfig()
     for name in ("vocab_size", "seq_len", "batch_size", "max_lr", "seed", "device"):

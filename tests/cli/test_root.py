@@ -55,3 +55,11 @@ def test_unknown_command_is_a_usage_error():
 def test_console_script_entry_point():
     out = subprocess.run(["astrai", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == f"astrai {__version__}"
+
+
+def test_a_mistyped_command_suggests_the_right_one():
+    """Commands load lazily, so the suggestion comes from the command table, not from the
+    commands loaded so far."""
+    result = runner.invoke(app, ["trian"])
+    assert result.exit_code == 2
+    assert "No such command 'trian'. Did you mean 'train'?" in result.output
