@@ -34,6 +34,7 @@ PANELS: dict[str, tuple[str, ...]] = {
              "num_workers"),
     "Model": ("model", "model_overrides", "moe_aux_loss_coef", "label_smoothing",
               "strategy_kwargs"),
+    "LoRA": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "adapter"),
     "Optimizer": ("max_lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps",
                   "max_grad_norm", "skip_nonfinite"),
     "Schedule": ("schedule", "warmup_ratio", "warmup_steps", "sgdr_cycle_steps",
