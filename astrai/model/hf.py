@@ -21,7 +21,7 @@ import torch
 
 from astrai import __version__
 from astrai.atomic import atomic_dir
-from astrai.errors import CheckpointError, UnsupportedModelError
+from astrai.errors import CheckpointError, ConfigError, UnsupportedModelError
 from astrai.model.checkpoint import (
     CONFIG,
     TOKENIZER_FILES,
@@ -268,7 +268,10 @@ def stop_token_ids(path: Path) -> list[int]:
         return []
     from astrai.data.tokenizer import Tokenizer
 
-    return Tokenizer.load(path).stop_ids
+    try:
+        return Tokenizer.load(path).stop_ids
+    except ConfigError:  # a tokenizer.json the tokenizers library cannot read: eos alone
+        return []
 
 
 def special_token_ids(path: Path) -> dict[str, int | None]:

@@ -153,6 +153,9 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
     cfg = make_config(tmp_path)
     with pytest.raises(Interrupt):
         train(cfg, data=make_data(), callbacks=[StopAtMicroBatch(1)])  # before any step
+    # nothing to resume was made, so no run directory is left that `train` would refuse
+    assert not Path(cfg.out).exists()
+    (Path(cfg.out) / "checkpoints").mkdir(parents=True)
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         resume(cfg.out, data=make_data())
     with pytest.raises(CheckpointError, match="not a run directory"):
