@@ -64,15 +64,22 @@ class CallbackList:
 
     def __init__(self, callbacks: list[Callback]) -> None:
         cbs = list(callbacks)
-        self.callbacks = ([c for c in cbs if not getattr(c, "writes_record", False)]
-                          + [c for c in cbs if getattr(c, "writes_record", False)])
+        self.observers = [c for c in cbs if not getattr(c, "writes_record", False)]
+        self.writers = [c for c in cbs if getattr(c, "writes_record", False)]
+        self.callbacks = self.observers + self.writers
 
     def __iter__(self):
         return iter(self.callbacks)
 
     def call(self, hook: str, ctx: TrainContext) -> None:
-        for cb in self.callbacks:
-            getattr(cb, hook)(ctx)
+        # The writers run even when an observer raises: the step is committed (and will be
+        # the checkpoint of the last good state), so its record must not go missing.
+        try:
+            for cb in self.observers:
+                getattr(cb, hook)(ctx)
+        finally:
+            for cb in self.writers:
+                getattr(cb, hook)(ctx)
 
     def on_error(self, ctx: TrainContext, error: BaseException) -> None:
         # Every callback gets its chance (flush metrics) even if an earlier one fails; the
