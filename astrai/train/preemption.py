@@ -179,5 +179,10 @@ class PreemptionCallback(Callback):
         if self._pending is not None:
             self._pending[0].wait()  # every rank started it; none may leave it in flight
             self._pending = None
-        # preempted: the process exits 75 next; a repeat of the signal must not kill it first
-        self.guard.uninstall(linger=ctx.stop_reason is not None)
+        # preempted: the process exits 75 next; a repeat of the signal must not kill it first.
+        # Not in a worker of torch's elastic agent: after a signal the agent sends its own
+        # SIGTERM and waits for the worker to die of it (it never tells a finished worker to
+        # leave), so a worker that kept ignoring it would hold the job until the agent's
+        # shutdown timeout.
+        launched = "TORCHELASTIC_RUN_ID" in os.environ
+        self.guard.uninstall(linger=ctx.stop_reason is not None and not launched)
