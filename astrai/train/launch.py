@@ -237,6 +237,13 @@ def _worker(action: str, target: Any, progress: bool, result_dir: str) -> None:
         dist.destroy_process_group()
     if summary.preempted:
         sys.exit(EXIT_PREEMPTED)
+    from astrai.train import preemption
+
+    if preemption.SIGNAL_SEEN:
+        # The signal came too late to stop the run (its last step), but the agent caught it
+        # too and now waits for this worker to exit; returning would leave it waiting on
+        # torch's result hand-off until the shutdown timeout.
+        sys.exit(0)
 
 
 def _die_with_parent() -> None:

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 EXIT_PREEMPTED = 75
 """Exit status of a run stopped by SIGTERM/SIGINT after saving its checkpoint."""
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNAL_SEEN = False
+"""Whether this process caught a stop signal (a launched worker then exits once done)."""
 
 
 class PreemptionGuard:
@@ -126,6 +128,8 @@ class PreemptionGuard:
 
     def notify(self, signum: int) -> None:
         """Record one signal: the first asks for a stop; a later one exits now."""
+        global SIGNAL_SEEN
+        SIGNAL_SEEN = True
         with self._lock:
             now = self.clock()
             if self.signum is None:

@@ -23,7 +23,7 @@ from .dist_helpers import losses, weights
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 6
+STEPS = 24  # the SIGTERM after checkpoint step_2 must land well before the end
 
 
 @pytest.fixture(scope="module")
