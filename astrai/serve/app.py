@@ -152,8 +152,12 @@ def create_app(state: ServerState) -> Any:
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
+        # In-flight first: a request leaves the count only after its pages are freed, so
+        # a scrape that sees 0 in flight also sees their pages free (stats taken first
+        # could predate an abort that the count then already reflects).
+        in_flight = state.loop.in_flight
         stats = await asyncio.to_thread(state.loop.engine.stats)
-        return PlainTextResponse(state.metrics.render(stats, state.loop.in_flight),
+        return PlainTextResponse(state.metrics.render(stats, in_flight),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")

@@ -122,19 +122,23 @@ def test_concurrent_streams_from_threads(model):
 
 def test_abort_from_another_thread_frees_kv(model):
     eng = make(model)
-    seen = threading.Event()
+    seen, aborted = threading.Event(), threading.Event()
     outs = []
 
     def consume():
         for d in eng.generate(random_prompts((9,))[0], SamplingParams.greedy(200), stream=True):
             outs.append(d)
-            if len(outs) == 3:
-                seen.set()
+            if len(outs) == 3:  # hold the stream (no steps run) until the abort is in,
+                seen.set()      # so the request cannot finish first on a busy machine
+                aborted.wait(30)
 
     t = threading.Thread(target=consume)
     t.start()
     assert seen.wait(30)
-    assert eng.abort(outs[0].request_id)
+    try:
+        assert eng.abort(outs[0].request_id)
+    finally:
+        aborted.set()
     t.join(30)
     assert outs[-1].finished and outs[-1].finish_reason == "abort" and len(outs) < 200
     a = eng.pool.allocator
