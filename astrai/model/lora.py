@@ -115,15 +115,21 @@ class LoRALinear(nn.Linear):
         """False inside `adapters_disabled`: the layer is its base."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight, self.bias)
         if not self.enabled:
-            return out
+            return F.linear(x, self.weight, self.bias)
         a = self.lora_A.weight
-        update = F.linear(F.linear(self.dropout(x).to(a.dtype), a), self.lora_B.weight)
-        if update.dtype == out.dtype:
-            # in place: linear's backward does not need its output, and this saves a pass
-            return out.add_(update, alpha=self.scaling)
-        return out + (update * self.scaling).to(out.dtype)
+        x2 = x.reshape(-1, self.in_features)  # (N, in), N = all leading dims
+        out = F.linear(x2, self.weight, self.bias)  # (N, out)
+        xa = F.linear(self.dropout(x2).to(a.dtype), a)  # (N, r)
+        if xa.dtype == out.dtype:
+            # out += s · xa Bᵀ inside the GEMM (beta = 1): no [N, out] temporary, no extra
+            # pass to add it, and the scale lands on the rank-r side in backward too (grads
+            # of xa and B), not on an [N, out] gradient. In place is safe: linear's
+            # backward does not need its output.
+            out.addmm_(xa, self.lora_B.weight.t(), alpha=self.scaling)
+        else:  # a bf16 base: the update in fp32, added in the base's dtype (as PEFT does)
+            out = out + (F.linear(xa, self.lora_B.weight) * self.scaling).to(out.dtype)
+        return out.view(*x.shape[:-1], self.out_features)
 
     def _apply(self, fn, recurse=True):
         # Adapters stay fp32 when the base moves to bf16 (their moments follow them).

@@ -54,6 +54,27 @@ def test_layer_is_the_closed_form_and_inits_like_peft():
     torch.testing.assert_close(layer(x), x @ w.T + b)
 
 
+def test_layer_gradients_are_the_closed_forms():
+    """The fused update (out += s·(xA)Bᵀ in place) differentiates like y = xWᵀ + b + s·xAᵀBᵀ
+    written out: grads of A, B and x, none for the frozen W and b, on a non-contiguous
+    3-D input."""
+    base = nn.Linear(12, 20, bias=True)
+    layer = LoRALinear(base, LoraSpec(rank=4, alpha=6.0), torch.Generator().manual_seed(0))
+    torch.nn.init.normal_(layer.lora_B.weight)
+    x = torch.randn(5, 3, 12).transpose(0, 1).requires_grad_()  # (3, 5, 12), not contiguous
+    g = torch.randn(3, 5, 20)
+    layer(x).backward(g)
+    got = [x.grad, layer.lora_A.weight.grad, layer.lora_B.weight.grad]
+    assert layer.weight.grad is None and layer.bias.grad is None
+    w, b = base.weight.detach(), base.bias.detach()
+    a = layer.lora_A.weight.detach().clone().requires_grad_()
+    bm = layer.lora_B.weight.detach().clone().requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    (x2 @ w.T + b + 1.5 * (x2 @ a.T @ bm.T)).backward(g)
+    for have, want in zip(got, [x2.grad, a.grad, bm.grad], strict=True):
+        torch.testing.assert_close(have, want)
+
+
 def test_dropout_only_on_the_adapter_input_in_training():
     torch.manual_seed(0)
     layer = LoRALinear(nn.Linear(8, 8, bias=False), LoraSpec(rank=2, alpha=2.0, dropout=0.5))
