@@ -7,8 +7,9 @@
 # Environment: ARMS ("full:1e-3 lora:3e-3 lora:1e-2": method:peak-lr, run in order),
 # STEPS (150), EVAL (25), RANK (8), BASE_STEPS (400: quickstart steps of the base model),
 # THREADS (1). The base and the tokenized data are made once and reused on a rerun.
-# Prints a markdown table: val_loss at step 0 (the base) and every EVAL steps per arm,
-# trainable parameters, median step time, wall time of the run.
+# Prints markdown tables: val_loss at step 0 (the base) and every EVAL steps per arm;
+# trainable parameters, median step time and wall time per arm; the final val_loss split
+# into the end-of-turn token <|im_end|> and the answer's other tokens.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${1:-runs/lora_curve}
@@ -64,10 +65,18 @@ for arm in $ARMS; do
 done
 
 # 5. the table
-python - "$OUT" "${names[@]}" <<'PY'
+python - "$OUT" "$CK" "${names[@]}" <<'PY'
 import json, math, statistics, sys
 from pathlib import Path
-out, names = Path(sys.argv[1]), sys.argv[2:]
+
+import torch
+import torch.nn.functional as F
+
+from astrai.data.dataset import open_dataset
+from astrai.data.tokenizer import Tokenizer
+from astrai.infer.loading import load_model
+
+out, base_ck, names = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 base = math.log(json.loads((out / "base_eval.json").read_text())["ppl"])
 cols, rows = {}, {}
 for name in names:
@@ -88,4 +97,27 @@ print("| arm | trainable parameters | median step time | run wall time (evals in
 print("|---|---|---|---|")
 for n, (tr, total, step_s, wall) in rows.items():
     print(f"| {n} | {tr:,} ({tr / total:.1%}) | {step_s * 1e3:.0f} ms | {wall:.1f} s |")
+
+# the final val_loss by target token: <|im_end|> (a special token pre-training never saw)
+# vs the answers' other tokens
+torch.set_num_threads(1)
+end = Tokenizer.load(base_ck).token_to_id("<|im_end|>")
+val = open_dataset(out / "sft-data", "val")
+batch = val.collate([val[i] for i in range(len(val))])
+targets = batch["target_ids"].clone()
+if "loss_mask" in batch:
+    targets[batch["loss_mask"] == 0] = -100
+targets = targets.flatten()
+scored = targets != -100
+print()
+print("| model | val_loss | on <\\|im_end\\|> | on the other answer tokens |")
+print("|---|---|---|---|")
+for n, ck in [("base", base_ck)] + [(n, out / n / "checkpoints" / f"step_{max(cols[n])}")
+                                    for n in names]:
+    with torch.no_grad():
+        logits = load_model(ck, device="cpu")(batch["input_ids"]).logits
+    nll = F.cross_entropy(logits.flatten(0, 1), targets, ignore_index=-100, reduction="none")
+    parts = [scored, scored & (targets == end), scored & (targets != end)]
+    print(f"| {n} | " + " | ".join(f"{nll[m].mean():.3f} ({int(m.sum())} tokens)"
+                                   for m in parts) + " |")
 PY
