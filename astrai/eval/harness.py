@@ -36,15 +36,18 @@ class AstraiLM(TemplateLM):
     def __init__(self, pretrained: str | None = None, device: str | None = "auto",
                  dtype: str | None = None, max_length: int | None = None,
                  max_gen_toks: int = 256, batch_tokens: int = 1024, max_requests: int = 32,
-                 seed: int = 0, *, model: Any = None, tok: Any = None, **_: Any) -> None:
+                 seed: int = 0, *, model: Any = None, tok: Any = None,
+                 adapter: str | None = None, **_: Any) -> None:
         """`pretrained`: an astrai checkpoint or HF Llama/Qwen2/Mistral directory with a
-        tokenizer.json (or pass `model` and `tok` objects). lm-eval's batch_size /
+        tokenizer.json (or pass `model` and `tok` objects); `adapter`: a PEFT LoRA
+        directory merged in (default: a LoRA checkpoint's own). lm-eval's batch_size /
         max_batch_size are accepted and ignored: batches are sized in tokens."""
         super().__init__()
         if model is None:
             if pretrained is None:
                 raise ValueError("model_args needs pretrained=CHECKPOINT_DIR")
-            model = load_model(pretrained, device=device or "auto", dtype=dtype)
+            model = load_model(pretrained, device=device or "auto", dtype=dtype,
+                               adapter=adapter)
             tok = load_tokenizer(pretrained)
             if tok is None:
                 raise ValueError(f"{pretrained} has no tokenizer.json: lm-eval tasks are text")

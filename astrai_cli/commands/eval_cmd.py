@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from astrai_cli.options import threads_option, use_threads
+from astrai_cli.options import Adapter, threads_option, use_threads
 
 METRICS = ("bpb", "ppl")
 
@@ -81,6 +81,7 @@ def register(app: typer.Typer) -> None:
         json_out: Annotated[Path | None, typer.Option(
             "--out", metavar="FILE", help="Also write the results as JSON to FILE.")] = None,
         threads: Annotated[str | None, threads_option()] = None,
+        adapter: Adapter = None,
     ) -> None:
         """Bits per byte / perplexity on held-out data, or lm-evaluation-harness tasks."""
         from astrai.atomic import write_json_atomic
@@ -101,7 +102,8 @@ def register(app: typer.Typer) -> None:
                                   f"{', '.join(METRICS)}")
             n = None if limit is None else int(limit)
             res = evaluate_perplexity(checkpoint, data, field=field, device=device,
-                                      dtype=dtype, batch_tokens=batch_tokens, limit=n).to_dict()
+                                      dtype=dtype, batch_tokens=batch_tokens, limit=n,
+                                      adapter=adapter).to_dict()
             out: dict = res
         else:
             from astrai.eval.tasks import require_lm_eval, result_rows, run_tasks
@@ -111,7 +113,7 @@ def register(app: typer.Typer) -> None:
             results = run_tasks(checkpoint, _split(tasks), num_fewshot=num_fewshot, limit=n,
                                 seed=seed, apply_chat_template=apply_chat_template,
                                 include_path=include_path, device=device, dtype=dtype,
-                                batch_tokens=batch_tokens)
+                                batch_tokens=batch_tokens, adapter=adapter)
             rows = result_rows(results)
             out = {"rows": rows, "results": results.get("results", {}),
                    "n-shot": results.get("n-shot", {}), "versions": results.get("versions", {})}

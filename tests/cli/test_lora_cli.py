@@ -120,3 +120,26 @@ def test_bad_adapter_is_one_line_exit_2(setup, tmp_path):
     r = runner.invoke(app, ["chat", str(base), "--prompt", "hi", "--adapter", str(tmp_path)])
     assert r.exit_code == 2 and "no adapter_config.json" in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def test_eval_takes_an_adapter(setup, tmp_path):
+    """`astrai eval --adapter` scores the merged model: the same nll as a checkpoint
+    holding the merged weights, unlike the base; a LoRA checkpoint uses its own."""
+    from astrai.eval.perplexity import evaluate_perplexity
+
+    base, adapter, lora_ckpt, merged, tok = setup
+    held = tmp_path / "held.jsonl"
+    held.write_text(json.dumps({"text": "To be, or not to be, that is the question."}) + "\n")
+    merged_ckpt = save_checkpoint(tmp_path / "merged", merged, merged.config,
+                                  tokenizer_dir=tok.path)
+    want = evaluate_perplexity(merged_ckpt, held, device="cpu")
+
+    def nll(*args):
+        r = runner.invoke(app, ["eval", *map(str, args), "--data", str(held), "--device",
+                                "cpu", "--json"])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["nll"]
+
+    assert nll(base, "--adapter", adapter) == pytest.approx(want.nll, rel=1e-5)
+    assert nll(lora_ckpt) == pytest.approx(want.nll, rel=1e-5)
+    assert nll(base) != pytest.approx(want.nll, rel=1e-3)
