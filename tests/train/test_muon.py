@@ -198,3 +198,24 @@ def test_refusals_name_the_field_and_the_fix(kw, needle, tmp_path):
     base = make_config(tmp_path).model_dump()
     with pytest.raises(ConfigError, match=needle):
         load_train_config(None, {**base, **kw})
+
+
+def test_bf16_true_run_with_muon_keeps_fp32_state(tmp_path):
+    """A few bf16-true steps on tiny shapes: finite, bf16 weights, fp32 Muon momentum and
+    fp32 AdamW moments in the checkpoint."""
+    from safetensors.torch import load_file
+
+    from astrai.train import train
+
+    from .conftest import make_data
+
+    cfg = make_config(tmp_path, precision="bf16-true", optimizer="muon", max_steps=3,
+                      batch_size=2)
+    s = train(cfg, data=make_data("pretrain", n=8, T=8))
+    assert s.steps == 3 and math.isfinite(s.final_loss)
+    ckpt = tmp_path / "run" / "checkpoints" / "step_3"
+    assert {v.dtype for v in load_file(ckpt / "model.safetensors").values()} == {torch.bfloat16}
+    state = torch.load(ckpt / "optimizer.pt", weights_only=True)["state"].values()
+    dtypes = {k: v.dtype for s in state for k, v in s.items() if k != "step"}
+    assert dtypes == {"momentum_buffer": torch.float32, "exp_avg": torch.float32,
+                      "exp_avg_sq": torch.float32}
