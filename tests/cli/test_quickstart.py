@@ -78,7 +78,7 @@ def test_measure_step_seconds_runs_a_real_step():
 def test_measure_step_seconds_times_the_runs_optimizer(monkeypatch, optimizer, cls):
     """The step is timed with the optimizer the run trains with, built as the trainer
     builds it (Muon's Newton-Schulz iterations are part of the step time)."""
-    import astrai.train.optim as optim
+    from astrai.train import optim
 
     built = []
     real = optim.build_optimizer
