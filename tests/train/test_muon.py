@@ -93,7 +93,7 @@ def _names(model, opt):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_hidden_matrices_to_muon_the_rest_to_adamw(tied):
-    cfg = get_preset("tiny", vocab_size=VOCAB, **{**TINY, "qkv_bias": True,
+    cfg = get_preset("tiny", vocab_size=VOCAB, **{**TINY, "qkv_bias": True, "qk_norm": True,
                                                    "tie_embeddings": tied, "n_experts": 2,
                                                    "moe_layers": [1], "n_shared_experts": 1})
     model = build_model(cfg, seed=0)
@@ -106,7 +106,8 @@ def test_hidden_matrices_to_muon_the_rest_to_adamw(tied):
     assert "layers.1.mlp.experts.1.up_proj.weight" in muon
     assert "layers.1.mlp.shared.0.gate_proj.weight" in muon
     assert {"embed_tokens.weight", "norm.weight", "layers.0.attn_norm.weight",
-            "layers.0.attn.q_proj.bias", "layers.1.mlp.router.weight"} <= adamw
+            "layers.0.attn.q_proj.bias", "layers.1.mlp.router.weight",
+            "layers.1.attn.q_norm.weight", "layers.1.attn.k_norm.weight"} <= adamw
     assert ("lm_head.weight" in adamw) == (not tied)
     assert not muon & adamw
     assert len(muon) + len(adamw) == len(list(model.parameters()))
