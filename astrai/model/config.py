@@ -42,7 +42,7 @@ class RopeScaling(BaseModel):
 
 
 class ModelConfig(BaseModel):
-    """Architecture of a pre-norm decoder-only transformer (Llama / Qwen2 / Mistral family)."""
+    """Architecture of a pre-norm decoder-only transformer (Llama, Qwen2, Qwen3, Mistral)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
