@@ -79,11 +79,14 @@ def restore_state_dtype(optimizer: torch.optim.Optimizer, state_dict: dict[str, 
 
 
 class AdamW(torch.optim.Optimizer):
+    """`defaults` adds group options a subclass reads (astrai.train.muon.MuonAdamW)."""
+
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, *, state_dtype: torch.dtype = torch.float32) -> None:
+                 weight_decay: float = 1e-2, *, state_dtype: torch.dtype = torch.float32,
+                 **defaults: Any) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
-                                  "weight_decay": weight_decay})
+                                  "weight_decay": weight_decay, **defaults})
         self.state_dtype = state_dtype
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -98,9 +101,11 @@ class AdamW(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = init_adamw_state(self.state[p], p, self.state_dtype)
-                adamw_update_(p, state, lr=float(group["lr"]), betas=group["betas"],
-                              eps=group["eps"], weight_decay=group["weight_decay"])
+                if p.grad is not None:
+                    self._update(p, group)
         return loss
+
+    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+        state = init_adamw_state(self.state[p], p, self.state_dtype)
+        adamw_update_(p, state, lr=float(group["lr"]), betas=group["betas"], eps=group["eps"],
+                      weight_decay=group["weight_decay"])

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from astrai.train.adamw import adamw_update_, init_adamw_state, restore_state_dtype
+from astrai.train.adamw import AdamW
 
 AdjustLR = Literal["match_rms_adamw", "original"]
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -84,56 +84,35 @@ def adjusted_lr(lr: float, shape: torch.Size | tuple[int, ...], adjust: AdjustLR
     raise ValueError(f"muon_adjust_lr: unknown '{adjust}'; choose match_rms_adamw or original")
 
 
-class MuonAdamW(torch.optim.Optimizer):
+class MuonAdamW(AdamW):
     """Param groups with `muon: True` step with Muon (2-D parameters only), the others with
-    AdamW (astrai.train.adamw). Every group carries both option sets; defaults below."""
+    AdamW (astrai.train.adamw, whose fp32 state and state-dtype-keeping resume it shares).
+    Every group carries both option sets; defaults below."""
 
     def __init__(self, params: Iterable[dict[str, Any]], *, lr: float = 1e-3,
                  weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, momentum: float = 0.95, nesterov: bool = True,
                  adjust_lr: AdjustLR = "match_rms_adamw", ns_steps: int = NS_STEPS,
                  state_dtype: torch.dtype = torch.float32) -> None:
-        defaults = {"lr": lr, "weight_decay": weight_decay, "betas": betas, "eps": eps,
-                    "momentum": momentum, "nesterov": nesterov, "adjust_lr": adjust_lr,
-                    "ns_steps": ns_steps, "muon": False}
-        super().__init__(params, defaults)
-        self.state_dtype = state_dtype
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         state_dtype=state_dtype, momentum=momentum, nesterov=nesterov,
+                         adjust_lr=adjust_lr, ns_steps=ns_steps, muon=False)
         for group in self.param_groups:
             adjusted_lr(1.0, (1, 1), group["adjust_lr"])  # a bad name fails here
             bad = [tuple(p.shape) for p in group["params"] if group["muon"] and p.ndim != 2]
             if bad:
                 raise ValueError(f"Muon trains 2-D matrices only; got shapes {bad}")
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        restore_state_dtype(self, state_dict, self.state_dtype)
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, wd = float(group["lr"]), group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if group["muon"]:
-                    self._muon_update(p, group, lr, wd)
-                else:
-                    state = init_adamw_state(self.state[p], p, self.state_dtype)
-                    adamw_update_(p, state, lr=lr, betas=group["betas"], eps=group["eps"],
-                                  weight_decay=wd)
-        return loss
-
-    def _muon_update(self, p: torch.Tensor, group: dict[str, Any], lr: float,
-                     wd: float) -> None:
+    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+        if not group["muon"]:
+            super()._update(p, group)
+            return
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p, dtype=self.state_dtype,
                                                         memory_format=torch.preserve_format)
         buf, mu = state["momentum_buffer"], group["momentum"]
+        lr, wd = float(group["lr"]), group["weight_decay"]
         g, b32 = p.grad.float(), buf.float()  # views when already fp32
         b32.lerp_(g, 1 - mu)
         update = g.lerp(b32, mu) if group["nesterov"] else b32

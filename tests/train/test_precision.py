@@ -126,3 +126,20 @@ def test_bf16_training_is_finite_and_keeps_moment_dtype(precision, state, parall
     moment = torch.float32 if state == "fp32" else torch.bfloat16
     assert {s["exp_avg"].dtype for s in opt["state"].values()} == {moment}
     assert {s["exp_avg_sq"].dtype for s in opt["state"].values()} == {moment}
+
+
+def test_resumed_adamw_keeps_fp32_moments_of_bf16_weights():
+    """torch's Optimizer.load_state_dict casts state to the parameter dtype; a resumed
+    bf16-true run must get its fp32 moments back exactly, not rounded to bf16."""
+    torch.manual_seed(0)
+    p = torch.zeros(64, dtype=torch.bfloat16, requires_grad=True)
+    opt = AdamW([p], lr=1e-3, betas=(0.9, 0.95), state_dtype=torch.float32)
+    for _ in range(3):
+        p.grad = (1 + 0.01 * torch.randn(64)).bfloat16()
+        opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    again = AdamW([p], lr=1e-3, betas=(0.9, 0.95), state_dtype=torch.float32)
+    again.load_state_dict(saved)
+    for k in ("exp_avg", "exp_avg_sq"):
+        assert again.state[p][k].dtype == torch.float32
+        assert torch.equal(again.state[p][k], opt.state[p][k])
