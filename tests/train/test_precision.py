@@ -143,3 +143,24 @@ def test_resumed_adamw_keeps_fp32_moments_of_bf16_weights():
     for k in ("exp_avg", "exp_avg_sq"):
         assert again.state[p][k].dtype == torch.float32
         assert torch.equal(again.state[p][k], opt.state[p][k])
+
+
+@pytest.mark.parametrize("parallel,optimizer", [("none", "adamw"), ("none", "muon"),
+                                                ("fsdp", "adamw")])
+def test_bf16_true_resume_is_bit_identical(parallel, optimizer, tmp_path):
+    """A bf16-true run interrupted after step 3 and resumed ends with the weights of the
+    straight run: its fp32 optimizer state came back fp32 (fsdp: as fp32 DTensor shards)."""
+    from astrai.train import resume
+
+    from .dist_helpers import Interrupt, StopAfterStep
+
+    kw = {"precision": "bf16-true", "parallel": parallel, "optimizer": optimizer,
+          "max_steps": 5, "ckpt_interval": 2, "batch_size": 2}
+    data = lambda: make_data("pretrain", n=16, T=8)
+    train(make_config(tmp_path / "a", **kw), data=data())
+    with pytest.raises(Interrupt):
+        train(make_config(tmp_path / "b", **kw), data=data(), callbacks=[StopAfterStep(3)])
+    assert resume(tmp_path / "b" / "run", data=data()).resumed_from.endswith("step_3")
+    a, b = (load_file(tmp_path / x / "run" / "checkpoints" / "step_5" / "model.safetensors")
+            for x in "ab")
+    assert all(torch.equal(a[k], b[k]) for k in a)
