@@ -48,7 +48,6 @@ def build_adamw(model: nn.Module, *, lr: float, weight_decay: float, betas: tupl
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
 
 
-
 def build_optimizer(model: nn.Module, config: Any, state_dtype: torch.dtype = torch.float32
                     ) -> torch.optim.Optimizer:
     """The optimizer `config` (a TrainConfig) asks for, over `model`'s trainable
