@@ -22,8 +22,8 @@ and decay), tested against it; two things differ: the momentum buffer lives in
 and the update is computed in fp32 with only the final weight write rounded to the
 parameter dtype. Muon is for hidden matrices only: embeddings, the output head, norms,
 biases, the MoE router and reward heads take AdamW (as Jordan 2024 prescribes), in the
-same optimizer object so the LR schedule, checkpoints and resume
-treat it as one (its state_dict is torch's layout: a `muon` flag per group).
+same optimizer object so the LR schedule, checkpoints and resume treat it as one (its
+state_dict is torch's layout, with a `muon` flag per group).
 """
 
 from __future__ import annotations
