@@ -18,6 +18,8 @@ from astrai.config.alignment import AlignmentOptions
 from astrai.errors import ConfigError
 
 ScheduleType = Literal["cosine", "sgdr", "wsd"]
+MUON_ORIGINAL_LR = 0.02
+"""Muon's lr with the `original` per-matrix scale when none is given (Jordan 2024)."""
 
 
 class TrainConfig(AlignmentOptions):
@@ -57,18 +59,26 @@ class TrainConfig(AlignmentOptions):
     """Stop after this many optimizer steps (epochs continue as needed); None = epochs."""
 
     # -- optimizer -----------------------------------------------------------------------
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    """adamw, or muon: Muon on the blocks' hidden matrices, AdamW on the rest."""
     max_lr: float = Field(3e-4, gt=0)
     """Peak learning rate (reached at the end of warmup)."""
     min_lr: float | None = Field(None, ge=0)
     """Final learning rate of the decay; None = max_lr / 10."""
     weight_decay: float = Field(0.1, ge=0)
-    """AdamW decoupled weight decay, applied to matrices only (not norms, biases, embeddings)."""
+    """Decoupled weight decay of matrices (not norms, biases, embeddings), Muon's too."""
     adam_beta1: float = Field(0.9, ge=0, lt=1)
     """AdamW beta1."""
     adam_beta2: float = Field(0.95, ge=0, lt=1)
     """AdamW beta2."""
     adam_eps: float = Field(1e-8, gt=0)
     """AdamW epsilon."""
+    muon_lr: float | None = Field(None, gt=0)
+    """Peak Muon lr; None = max_lr (match_rms_adamw) or 0.02 (original)."""
+    muon_momentum: float = Field(0.95, ge=0, lt=1)
+    """Muon's Nesterov momentum."""
+    muon_adjust_lr: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
+    """Muon's per-matrix lr scale (docs/train.md "Muon")."""
     max_grad_norm: float = Field(1.0, ge=0)
     """Clip the global gradient L2 norm to this value; 0 = measure only, never clip."""
 
@@ -185,7 +195,22 @@ class TrainConfig(AlignmentOptions):
         if self.ref_model:
             self._check_ref_model()
         self._check_lora()
+        self._check_muon()
         return self
+
+    def _check_muon(self) -> None:
+        given = [f for f in ("muon_lr", "muon_momentum", "muon_adjust_lr")
+                 if getattr(self, f) != type(self).model_fields[f].get_default()]
+        if self.optimizer != "muon":
+            if given:
+                raise ValueError(f"{given[0]}: Muon options need --optimizer muon")
+            return
+        if self.lora:
+            raise ValueError("optimizer: Muon trains full hidden matrices, not LoRA adapters; "
+                             "use --optimizer adamw with LoRA")
+        if self.parallel == "fsdp":
+            raise ValueError("optimizer: Muon needs each whole matrix on one process and "
+                             "FSDP2 shards them; use --parallel ddp (or none) with Muon")
 
     def _check_lora(self) -> None:
         # set to something else than the default (a saved config lists every field)
@@ -237,6 +262,13 @@ class TrainConfig(AlignmentOptions):
     @property
     def min_lr_value(self) -> float:
         return self.max_lr / 10 if self.min_lr is None else self.min_lr
+
+    @property
+    def muon_lr_value(self) -> float:
+        """Muon's peak lr: muon_lr, else max_lr (match_rms_adamw) or 0.02 (original)."""
+        if self.muon_lr is not None:
+            return self.muon_lr
+        return self.max_lr if self.muon_adjust_lr == "match_rms_adamw" else MUON_ORIGINAL_LR
 
     @property
     def lora(self) -> bool:

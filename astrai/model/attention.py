@@ -8,6 +8,7 @@ from torch import nn
 from astrai.model.config import ModelConfig
 from astrai.model.context import SDPA, ForwardContext
 from astrai.model.lora import project
+from astrai.model.norm import RMSNorm, rms_norm
 from astrai.model.rope import rotate
 
 
@@ -21,6 +22,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.dim, K * D, bias=config.qkv_bias)
         self.v_proj = nn.Linear(config.dim, K * D, bias=config.qkv_bias)
         self.o_proj = nn.Linear(H * D, config.dim, bias=False)
+        # QK-norm (Qwen3; Dehghani et al. 2023): per-head RMSNorm of q and k before RoPE
+        self.q_norm = RMSNorm(D, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(D, config.norm_eps) if config.qk_norm else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 ctx: ForwardContext) -> torch.Tensor:
@@ -32,6 +36,9 @@ class Attention(nn.Module):
         q = project(x, self.q_proj).view(B, T, H, D)  # (B, T, H, D)
         k = project(x, self.k_proj).view(B, T, K, D)  # (B, T, K, D)
         v = project(x, self.v_proj).view(B, T, K, D)  # (B, T, K, D)
+        if self.q_norm is not None:  # over D, per head, as HF Qwen3
+            q = rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            k = rms_norm(k, self.k_norm.weight, self.k_norm.eps)
         # q and k rotated in one pass, before any KV write
         q, k = rotate(torch.cat((q, k), dim=2), *rope).split_with_sizes((H, K), dim=2)
         backend = ctx.backend or SDPA

@@ -42,7 +42,7 @@ class RopeScaling(BaseModel):
 
 
 class ModelConfig(BaseModel):
-    """Architecture of a pre-norm decoder-only transformer (Llama / Qwen2 / Mistral family)."""
+    """Architecture of a pre-norm decoder-only transformer (Llama, Qwen2, Qwen3, Mistral)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
@@ -72,6 +72,9 @@ class ModelConfig(BaseModel):
     """Share the token embedding with the output projection (stored once)."""
     qkv_bias: bool = False
     """Bias on the q/k/v projections (Qwen2)."""
+    qk_norm: bool = False
+    """RMSNorm over head_dim of every q and k head before RoPE, with learned [head_dim] gains
+    (Qwen3; "Scaling Vision Transformers to 22 Billion Parameters", Dehghani et al. 2023)."""
     sliding_window: int | None = Field(None, gt=0)
     """Attend only to the last `sliding_window` positions (Mistral); None = full causal."""
     # Mixture of experts
@@ -87,6 +90,9 @@ class ModelConfig(BaseModel):
     """Default weight of the load-balancing loss (the train config may override)."""
     init_std: float = Field(0.02, gt=0)
     """Std of the normal init; W_o and W_down use init_std / sqrt(2L)."""
+    zero_init_proj: bool = False
+    """Initialise W_o and W_down to zero (modded-nanogpt): each block starts as the identity
+    on the residual stream. Init only: the weights train as any other."""
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:

@@ -1,4 +1,5 @@
-"""Hugging Face interop at the boundary: load Llama / Qwen2 / Mistral directories, export to them.
+"""Hugging Face interop at the boundary: load Llama / Qwen2 / Qwen3 / Mistral directories,
+export to them.
 
 `load_pretrained` accepts an astrai checkpoint directory or a HF-format directory
 (config.json + model.safetensors, or shards + model.safetensors.index.json). Weights only
@@ -47,6 +48,9 @@ _LAYER_MAP = {
     **{f"self_attn.{p}_proj.{w}": f"attn.{p}_proj.{w}"
        for p in ("q", "k", "v", "o") for w in ("weight", "bias")},
     **{f"mlp.{p}_proj.weight": f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
+    # Qwen3's QK-norm gains
+    "self_attn.q_norm.weight": "attn.q_norm.weight",
+    "self_attn.k_norm.weight": "attn.k_norm.weight",
 }
 _TOP_MAP = {"model.embed_tokens.weight": "embed_tokens.weight", "model.norm.weight": "norm.weight",
             "lm_head.weight": "lm_head.weight"}
@@ -76,7 +80,7 @@ def astrai_to_hf_name(name: str) -> str:
     inverse_layer = {v: k for k, v in _LAYER_MAP.items()}
     if m and m.group(2) in inverse_layer:
         return f"model.layers.{m.group(1)}.{inverse_layer[m.group(2)]}"
-    raise UnsupportedModelError(f"tensor '{name}' has no HF Llama/Qwen2/Mistral name")
+    raise UnsupportedModelError(f"tensor '{name}' has no HF Llama/Qwen2/Qwen3/Mistral name")
 
 
 # -- reading ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""HF `config.json` ⇄ `ModelConfig` for the Llama, Qwen2 and Mistral families.
+"""HF `config.json` ⇄ `ModelConfig` for the Llama, Qwen2, Qwen3 and Mistral families.
 
 Only this module and `hf.py` know HF names (STYLE.md habit 8: convert at the boundary).
 Both transformers layouts are read: 4.x (`rope_theta` + `rope_scaling` at top level) and
@@ -18,9 +18,9 @@ from typing import Any
 from astrai.errors import ConfigError, UnsupportedModelError
 from astrai.model.config import ModelConfig, RopeScaling
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "mistral": "MistralForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}
 
 
 def is_hf_config(data: dict) -> bool:
@@ -59,6 +59,7 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json",
         "norm_eps": hf.get("rms_norm_eps", 1e-6),
         "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
         "qkv_bias": mt == "qwen2",
+        "qk_norm": mt == "qwen3",
         "sliding_window": _sliding_window(hf, mt, source),
         "init_std": hf.get("initializer_range", 0.02),
     }
@@ -75,7 +76,7 @@ def _reject_unsupported(hf: dict, mt: str, source: str) -> None:
         raise no("a quantized checkpoint (quantization_config)")
     if hf.get("mlp_bias"):
         raise no("mlp_bias")
-    if mt == "llama" and hf.get("attention_bias"):
+    if mt in ("llama", "qwen3") and hf.get("attention_bias"):
         raise no("attention_bias (astrai has q/k/v biases only, not an o_proj bias)")
     rp = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
     prf = hf.get("partial_rotary_factor", rp.get("partial_rotary_factor", 1.0))
@@ -152,7 +153,7 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 def _sliding_window(hf: dict, mt: str, source: str) -> int | None:
     if mt == "mistral":
         return hf.get("sliding_window") or None
-    if mt != "qwen2" or not hf.get("use_sliding_window"):
+    if mt not in ("qwen2", "qwen3") or not hf.get("use_sliding_window"):
         return None
     window = hf.get("sliding_window")
     n = hf["num_hidden_layers"]
@@ -174,16 +175,23 @@ def _sliding_window(hf: dict, mt: str, source: str) -> int | None:
 
 def config_to_hf(c: ModelConfig, dtype: str = "float32", family: str | None = None
                  ) -> dict[str, Any]:
-    """HF config.json for `c`: qwen2 when it has q/k/v biases, mistral when it has a sliding
-    window or `family` (the source's model_type) is mistral, llama otherwise. MoE has no HF
-    counterpart here and is refused."""
+    """HF config.json for `c`: qwen3 when it has QK-norm, qwen2 when it has q/k/v biases,
+    mistral when it has a sliding window or `family` (the source's model_type) is mistral,
+    llama otherwise. MoE, and QK-norm with q/k/v biases, have no HF counterpart here and are
+    refused."""
     if c.n_experts:
         raise UnsupportedModelError(
-            "mixture-of-experts models cannot be exported to HF format (no Llama/Qwen2/Mistral "
-            "equivalent); export a dense model"
+            "mixture-of-experts models cannot be exported to HF format (no Llama/Qwen2/Qwen3/"
+            "Mistral equivalent); export a dense model"
         )
-    mt = ("qwen2" if c.qkv_bias else "mistral" if c.sliding_window or family == "mistral"
-          else "llama")
+    if c.qk_norm and c.qkv_bias:
+        raise UnsupportedModelError(
+            "qk_norm with qkv_bias cannot be exported to HF format: Qwen3 (the HF model with "
+            "QK-norm) has attention biases only together with an o_proj bias; train with one "
+            "of qk_norm, qkv_bias"
+        )
+    mt = ("qwen3" if c.qk_norm else "qwen2" if c.qkv_bias
+          else "mistral" if c.sliding_window or family == "mistral" else "llama")
     theta, rope = rope_to_hf(c)
     out: dict[str, Any] = {
         "architectures": [ARCHITECTURES[mt]],
@@ -213,10 +221,12 @@ def config_to_hf(c: ModelConfig, dtype: str = "float32", family: str | None = No
         out.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
     elif mt == "mistral":
         out.update(sliding_window=c.sliding_window)
-    else:  # qwen2: one window for every layer = sliding from layer 0
+    else:  # qwen2 / qwen3: one window for every layer = sliding from layer 0
         out.update(use_sliding_window=c.sliding_window is not None,
                    sliding_window=c.sliding_window,
                    max_window_layers=0 if c.sliding_window else c.n_layers)
+        if mt == "qwen3":
+            out.update(attention_bias=False)
     return out
 
 

@@ -1,7 +1,7 @@
 """Residual-scaled initialisation (GPT-2; docs/bf16-lockin.md).
 
-W_o and W_down ~ N(0, std / sqrt(2L)); every other linear and embedding weight ~ N(0, std);
-biases 0; norm gains 1.
+W_o and W_down ~ N(0, std / sqrt(2L)) (zero with `zero_init_proj`, as modded-nanogpt);
+every other linear and embedding weight ~ N(0, std); biases 0; norm gains 1.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ RESIDUAL_PROJECTIONS = ("o_proj", "down_proj")
 
 def init_weights(model: Transformer, generator: torch.Generator | None = None) -> Transformer:
     std = model.config.init_std
-    res_std = std / math.sqrt(2 * model.config.n_layers)
+    res_std = 0.0 if model.config.zero_init_proj else std / math.sqrt(2 * model.config.n_layers)
     with torch.no_grad():
         for name, module in model.named_modules():
             if isinstance(module, nn.Linear):

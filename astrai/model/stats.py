@@ -36,7 +36,7 @@ class ParamCounts:
     router: int
     """MoE router weights, all MoE layers."""
     norms: int
-    """RMSNorm gains: two per layer plus the final norm."""
+    """RMSNorm gains: two per layer plus the final norm (+ q/k head norms with qk_norm)."""
     lm_head: int
     """Output projection V x C; 0 when tied to the embedding."""
     active: int
@@ -72,7 +72,7 @@ def param_counts(c: ModelConfig) -> ParamCounts:
         "attention": L * (_attention_weights(c) + attn_bias),
         "mlp": mlp,
         "router": router,
-        "norms": (2 * L + 1) * C,
+        "norms": (2 * L + 1) * C + (2 * L * D if c.qk_norm else 0),
         "lm_head": 0 if c.tie_embeddings else V * C,
     }
     active = sum(counts.values()) - mlp + active_mlp

@@ -10,7 +10,7 @@ beats the 4-layer preset (2.42 against 2.53 bits per byte in the same budget).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -47,6 +47,9 @@ class QuickstartConfig(BaseModel):
     # -- optimisation ---------------------------------------------------------------------
     batch_size: int = Field(8, gt=0)
     """Rows per optimizer step."""
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    """adamw, or muon on the hidden matrices + AdamW on the rest (train's --optimizer, with
+    match_rms_adamw: Muon's lr is max_lr); the sizing step times the same optimizer."""
     max_lr: float = Field(2e-3, gt=0)
     """Peak AdamW learning rate (betas 0.9, 0.95; weight decay 0.1; clip 1.0)."""
     min_lr: float = Field(2e-4, ge=0)

@@ -257,11 +257,13 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
     else:
         if config.threads is None:
             threads, step_s = fastest_threads(source.config, config.batch_size, data.seq_len,
-                                              device=device, seed=config.seed)
+                                              device=device, seed=config.seed,
+                                              optimizer=config.optimizer)
             torch.set_num_threads(threads)
         else:
             step_s = measure_step_seconds(source.config, config.batch_size, data.seq_len,
-                                          device=device, seed=config.seed)
+                                          device=device, seed=config.seed,
+                                          optimizer=config.optimizer)
         val_tokens = int(splits["val"]["tokens"])
         left = (config.time_budget_s - (time.perf_counter() - t0)
                 - eval_seconds(step_s, val_tokens, config.batch_size * data.seq_len) - TAIL_S)
@@ -287,6 +289,7 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
         "batch_size": config.batch_size, "max_steps": plan.steps,
         "max_lr": config.max_lr, "min_lr": min(config.min_lr, config.max_lr),
         "warmup_steps": min(config.warmup_steps, plan.steps // 4),
+        "optimizer": config.optimizer,
         "weight_decay": 0.1, "adam_beta1": 0.9, "adam_beta2": 0.95, "max_grad_norm": 1.0,
         "schedule": "cosine", "ckpt_interval": 0, "log_interval": 10,
         "seed": config.seed, "device": config.device,

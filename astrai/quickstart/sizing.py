@@ -2,7 +2,7 @@
 
 A cosine schedule needs its total step count up front, and a run must be exactly resumable,
 so the quickstart does not train "until the clock runs out". It times a few real
-forward/backward/AdamW steps of the model it will train (same shape, threads and device),
+forward/backward/optimizer steps of the model it will train (same shape, threads and device),
 then fixes `steps = seconds left / seconds per step`. On a loaded machine the run gets
 fewer steps rather than a later finish. `--steps N` skips the measurement.
 """
@@ -21,22 +21,25 @@ from astrai.model.config import ModelConfig
 
 
 def measure_step_seconds(config: ModelConfig, batch_size: int, seq_len: int, *,
-                         device: torch.device, timed: int = 3, seed: int = 0) -> float:
+                         device: torch.device, timed: int = 3, seed: int = 0,
+                         optimizer: str = "adamw") -> float:
     """Median seconds of one training step (forward, cross-entropy, backward, the trainer's
-    AdamW) on random ids, after one untimed warm-up step. bf16 autocast on CUDA, as the trainer.
-    Leaves the global RNG states as it found them (module construction draws from them)."""
+    `optimizer`, built as the trainer builds it) on random ids, after one untimed warm-up
+    step. bf16 autocast on CUDA, as the trainer. Leaves the global RNG states as it found
+    them (module construction draws from them)."""
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        return _measure(config, batch_size, seq_len, device, timed, seed)
+        return _measure(config, batch_size, seq_len, device, timed, seed, optimizer)
 
 
 def _measure(config: ModelConfig, batch_size: int, seq_len: int, device: torch.device,
-             timed: int, seed: int) -> float:
+             timed: int, seed: int, optimizer: str) -> float:
+    from astrai.config.train import TrainConfig
     from astrai.model.init import build_model
-    from astrai.train.optim import build_adamw
+    from astrai.train.optim import build_optimizer
 
     model = build_model(config, seed=seed, device=device).train()
-    opt = build_adamw(model, lr=1e-6, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
+    opt = build_optimizer(model, TrainConfig(optimizer=optimizer, max_lr=1e-6))
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, config.vocab_size, (batch_size, seq_len + 1), generator=gen)
     ids = ids.to(device)
@@ -62,12 +65,14 @@ def _measure(config: ModelConfig, batch_size: int, seq_len: int, device: torch.d
 
 
 def fastest_threads(config: ModelConfig, batch_size: int, seq_len: int, *,
-                    device: torch.device, seed: int = 0) -> tuple[int, float]:
+                    device: torch.device, seed: int = 0,
+                    optimizer: str = "adamw") -> tuple[int, float]:
     """(intra-op threads, seconds per step) of the faster of one thread and the current
     count, measured on the run's own step (astrai.threads explains why one thread can win).
     The thread count is left as it was found."""
     def step() -> float:
-        return measure_step_seconds(config, batch_size, seq_len, device=device, seed=seed)
+        return measure_step_seconds(config, batch_size, seq_len, device=device, seed=seed,
+                                    optimizer=optimizer)
 
     if device.type != "cpu":
         return torch.get_num_threads(), step()

@@ -30,23 +30,68 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def init_adamw_state(state: dict[str, Any], p: torch.Tensor, state_dtype: torch.dtype
+                     ) -> dict[str, Any]:
+    """torch.optim.AdamW's state layout (step, exp_avg, exp_avg_sq), moments in state_dtype."""
+    if not state:
+        state["step"] = torch.tensor(0.0, dtype=torch.float32)
+        state["exp_avg"] = torch.zeros_like(p, dtype=state_dtype,
+                                            memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, dtype=state_dtype,
+                                               memory_format=torch.preserve_format)
+    return state
+
+
+def adamw_update_(p: torch.Tensor, state: dict[str, Any], *, lr: float,
+                  betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    """One AdamW step of `p` (the formula above) from p.grad, in fp32; the parameter and
+    moments are written back rounded to their own dtypes."""
+    b1, b2 = betas
+    state["step"] += 1
+    t = float(state["step"])
+    param, m, v = _local(p), _local(state["exp_avg"]), _local(state["exp_avg_sq"])
+    g = _local(p.grad).float()
+    # fp32 working copies (views when already fp32)
+    p32, m32, v32 = param.float(), m.float(), v.float()
+    p32.mul_(1 - lr * weight_decay)
+    m32.lerp_(g, 1 - b1)
+    v32.mul_(b2).addcmul_(g, g, value=1 - b2)
+    denom = (v32.sqrt() / math.sqrt(1 - b2**t)).add_(eps)
+    p32.addcdiv_(m32, denom, value=-lr / (1 - b1**t))
+    for dst, src in ((param, p32), (m, m32), (v, v32)):
+        if dst.data_ptr() != src.data_ptr():
+            dst.copy_(src)  # round to the stored dtype
+
+
+def restore_state_dtype(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any],
+                        state_dtype: torch.dtype) -> None:
+    """After torch's load_state_dict, put back the saved moments in `state_dtype`.
+
+    torch.optim.Optimizer.load_state_dict casts every floating state tensor to its
+    parameter's dtype, so fp32 moments of bf16 weights would come back bf16 (rounded) on
+    resume. The saved tensors are the exact values: cast them again, from the source."""
+    saved = [i for g in state_dict["param_groups"] for i in g["params"]]
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for key, p in zip(saved, params):
+        for name, value in state_dict["state"].get(key, {}).items():
+            if name != "step" and torch.is_tensor(value) and value.is_floating_point():
+                optimizer.state[p][name] = value.to(device=p.device, dtype=state_dtype)
+
+
 class AdamW(torch.optim.Optimizer):
+    """`defaults` adds group options a subclass reads (astrai.train.muon.MuonAdamW)."""
+
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, *, state_dtype: torch.dtype = torch.float32) -> None:
+                 weight_decay: float = 1e-2, *, state_dtype: torch.dtype = torch.float32,
+                 **defaults: Any) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
-                                  "weight_decay": weight_decay})
+                                  "weight_decay": weight_decay, **defaults})
         self.state_dtype = state_dtype
 
-    def _init_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
-        state = self.state[p]
-        if not state:
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p, dtype=self.state_dtype,
-                                                memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype,
-                                                   memory_format=torch.preserve_format)
-        return state
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        restore_state_dtype(self, state_dict, self.state_dtype)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -55,24 +100,12 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, (b1, b2) = float(group["lr"]), group["betas"]
-            eps, wd = group["eps"], group["weight_decay"]
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self._init_state(p)
-                state["step"] += 1
-                t = float(state["step"])
-                param, m, v = _local(p), _local(state["exp_avg"]), _local(state["exp_avg_sq"])
-                g = _local(p.grad).float()
-                # fp32 working copies (views when already fp32)
-                p32, m32, v32 = param.float(), m.float(), v.float()
-                p32.mul_(1 - lr * wd)
-                m32.lerp_(g, 1 - b1)
-                v32.mul_(b2).addcmul_(g, g, value=1 - b2)
-                denom = (v32.sqrt() / math.sqrt(1 - b2**t)).add_(eps)
-                p32.addcdiv_(m32, denom, value=-lr / (1 - b1**t))
-                for dst, src in ((param, p32), (m, m32), (v, v32)):
-                    if dst.data_ptr() != src.data_ptr():
-                        dst.copy_(src)  # round to the stored dtype
+                if p.grad is not None:
+                    self._update(p, group)
         return loss
+
+    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+        state = init_adamw_state(self.state[p], p, self.state_dtype)
+        adamw_update_(p, state, lr=float(group["lr"]), betas=group["betas"], eps=group["eps"],
+                      weight_decay=group["weight_decay"])

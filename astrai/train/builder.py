@@ -32,7 +32,7 @@ from astrai.train.data import TrainData
 from astrai.train.executor import EXECUTORS
 from astrai.train.executors.process_group import check_parallel, expected_world_size
 from astrai.train.model_source import ModelSource, resolve_model
-from astrai.train.optim import build_adamw
+from astrai.train.optim import build_optimizer, planned_groups
 from astrai.train.plan import TrainPlan, make_plan
 from astrai.train.precision import Precision, resolve_precision
 from astrai.train.schedule import SCHEDULERS
@@ -98,9 +98,12 @@ def prepare(config: TrainConfig, data: TrainData, *, world_size: int | None = No
                                seed=config.seed, overrides=config.model_overrides,
                                tokenizer_fingerprint=data.fingerprint)
     n = len(data.dataset)
+    groups = None if config.lora else planned_groups(source.config, config,
+                                                     strategy_cls.prepare_model)
     plan = make_plan(config=config, model_config=source.config, model_desc=source.desc,
                      dataset_kind=data.kind, dataset_len=n, seq_len=data.seq_len,
-                     world_size=world_size, device=str(device), precision=precision.name)
+                     world_size=world_size, device=str(device), precision=precision.name,
+                     param_groups=groups)
     if plan.windows_per_epoch == 0:
         raise DataError(
             f"data: {data.path} has {n} samples, fewer than one optimizer step needs "
@@ -161,9 +164,7 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
         return apply_compile(model, config.compile, backend=config.compile_backend)
 
     def optimizer_fn(model):
-        return build_adamw(model, lr=config.max_lr, weight_decay=config.weight_decay,
-                           betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
-                           state_dtype=p.precision.state_dtype)
+        return build_optimizer(model, config, p.precision.state_dtype)
 
     def scheduler_fn(optimizer):
         return SCHEDULERS.get(config.schedule)(

@@ -1,4 +1,5 @@
-"""AdamW with weight decay on matrices only."""
+"""The run's optimizer: AdamW with weight decay on matrices only, or Muon + AdamW
+(astrai.train.muon)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,24 @@ import torch
 from torch import nn
 
 
-def decay_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+def decay_param_groups(model: nn.Module, weight_decay: float, *,
+                       exclude: set[int] = frozenset()) -> list[dict[str, Any]]:
     """Two AdamW groups: weight decay on weight matrices (attention, MLP, experts, router,
-    untied lm_head); none on norm gains, biases and token embeddings.
+    untied lm_head); none on norm gains, biases and token embeddings. Parameters whose id
+    is in `exclude` (Muon's) are left out.
 
     Why not the embeddings: decay pulls rarely seen token rows to zero between their
     updates (nanoGPT, GPT-NeoX and OLMo exclude them too); a tied lm_head is the embedding.
     """
-    decay, no_decay, seen = [], [], set()
+    decay, no_decay, seen = [], [], set(exclude)
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
         is_embedding = name.endswith("embed_tokens.weight")
         (decay if p.ndim >= 2 and not is_embedding else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay, "name": "adamw"},
+              {"params": no_decay, "weight_decay": 0.0, "name": "adamw-no-decay"}]
     return [g for g in groups if g["params"]]
 
 
@@ -44,3 +47,44 @@ def build_adamw(model: nn.Module, *, lr: float, weight_decay: float, betas: tupl
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
 
+
+def build_optimizer(model: nn.Module, config: Any, state_dtype: torch.dtype = torch.float32
+                    ) -> torch.optim.Optimizer:
+    """The optimizer `config` (a TrainConfig) asks for, over `model`'s trainable
+    parameters: AdamW (build_adamw), or Muon on the hidden matrices + AdamW on the rest."""
+    betas = (config.adam_beta1, config.adam_beta2)
+    if config.optimizer == "adamw":
+        return build_adamw(model, lr=config.max_lr, weight_decay=config.weight_decay,
+                           betas=betas, eps=config.adam_eps, state_dtype=state_dtype)
+    from astrai.train.muon import MuonAdamW, muon_param_groups
+
+    groups = muon_param_groups(model, lr=config.max_lr, muon_lr=config.muon_lr_value,
+                               weight_decay=config.weight_decay)
+    return MuonAdamW(groups, lr=config.max_lr, weight_decay=config.weight_decay, betas=betas,
+                     eps=config.adam_eps, momentum=config.muon_momentum,
+                     adjust_lr=config.muon_adjust_lr, state_dtype=state_dtype)
+
+
+def describe_groups(optimizer_or_groups: Any) -> list[dict[str, Any]]:
+    """One row per param group for --dry-run: name, optimizer, tensors, parameters, peak
+    lr, weight decay (and Muon's lr scale)."""
+    groups = getattr(optimizer_or_groups, "param_groups", optimizer_or_groups)
+    rows = []
+    for g in groups:
+        row = {"name": g.get("name", "adamw"), "optimizer": "muon" if g.get("muon") else "adamw",
+               "tensors": len(g["params"]), "params": sum(p.numel() for p in g["params"]),
+               "lr": g.get("initial_lr", g.get("lr")), "weight_decay": g["weight_decay"]}
+        if g.get("muon"):
+            row["adjust_lr"] = g.get("adjust_lr")
+        rows.append(row)
+    return rows
+
+
+def planned_groups(model_config: Any, config: Any, prepare_model: Any) -> list[dict[str, Any]]:
+    """describe_groups of the optimizer the run will build, over the model it will train
+    built on the meta device (no weights allocated): what --dry-run shows."""
+    from astrai.model.transformer import Transformer
+
+    with torch.device("meta"):
+        model = prepare_model(Transformer(model_config), config)
+    return describe_groups(build_optimizer(model, config))

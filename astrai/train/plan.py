@@ -39,9 +39,11 @@ def warmup_steps(total: int, warmup_ratio: float, warmup: int | None = None) -> 
 def memory_estimate(config: ModelConfig, batch_size: int, seq_len: int, *,
                     param_bytes: int = 4, act_bytes: int = 4,
                     gradient_checkpointing: bool = False, state_bytes: int = 4,
-                    shards: int = 1, trainable: int | None = None) -> dict[str, int]:
+                    shards: int = 1, trainable: int | None = None,
+                    muon_params: int = 0) -> dict[str, int]:
     """Rough peak bytes on one device: weights + grads (param_bytes each) + the two AdamW
-    moments (state_bytes each) + activations; FSDP divides the first three by `shards`.
+    moments (state_bytes each; Muon's `muon_params` have one momentum buffer) +
+    activations; FSDP divides the first three by `shards`.
     `trainable`: a LoRA run's adapter parameters (fp32, with fp32 gradients and moments);
     the base then has neither gradients nor moments.
 
@@ -60,7 +62,8 @@ def memory_estimate(config: ModelConfig, batch_size: int, seq_len: int, *,
     logits = B * T * V * 4 * 2
     out = {
         "weights": n * param_bytes // shards, "gradients": n * param_bytes // shards,
-        "optimizer": n * 2 * state_bytes // shards, "activations": int(acts + logits),
+        "optimizer": (n * 2 - muon_params) * state_bytes // shards,
+        "activations": int(acts + logits),
     }
     if trainable is not None:
         out.update(weights=out["weights"] + trainable * 4, gradients=trainable * 4,
@@ -105,6 +108,10 @@ class TrainPlan:
     gradient_checkpointing: bool = False
     trainable_params: int | None = None
     """LoRA runs: the adapters' parameters (the rest is frozen); None = every parameter."""
+    optimizer: str = "adamw"
+    param_groups: list[dict] | None = None
+    """The optimizer's parameter groups (name, optimizer, tensors, params, lr, weight_decay);
+    None for LoRA runs (AdamW on the adapters)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -130,12 +137,13 @@ def _trainable(config, model_config: ModelConfig) -> int | None:
 
 def make_plan(*, config, model_config: ModelConfig, model_desc: str, dataset_kind: str,
               dataset_len: int, seq_len: int, world_size: int, device: str,
-              precision: str) -> TrainPlan:
+              precision: str, param_groups: list[dict] | None = None) -> TrainPlan:
     wpe = windows_per_epoch(dataset_len, config.batch_size, config.grad_accum_steps, world_size)
     total = total_steps(dataset_len, config.batch_size, config.grad_accum_steps, world_size,
                         config.epochs, config.max_steps)
     eff = world_size * config.batch_size * config.grad_accum_steps
     trainable = _trainable(config, model_config)
+    muon = sum(g["params"] for g in param_groups or [] if g["optimizer"] == "muon")
     return TrainPlan(
         strategy=config.strategy, dataset=str(config.data), dataset_kind=dataset_kind,
         dataset_samples=dataset_len, seq_len=seq_len, model=model_desc,
@@ -154,8 +162,10 @@ def make_plan(*, config, model_config: ModelConfig, model_desc: str, dataset_kin
             act_bytes=2 if precision.startswith("bf16") else 4,
             gradient_checkpointing=config.gradient_checkpointing,
             state_bytes=2 if config.optimizer_state_dtype == "bf16" else 4,
-            shards=world_size if config.parallel == "fsdp" else 1, trainable=trainable),
+            shards=world_size if config.parallel == "fsdp" else 1, trainable=trainable,
+            muon_params=muon),
         parallel=config.parallel, nnodes=config.nnodes, nprocs=config.nprocs,
         optimizer_state_dtype=config.optimizer_state_dtype, compile=config.compile,
         gradient_checkpointing=config.gradient_checkpointing, trainable_params=trainable,
+        optimizer=config.optimizer, param_groups=param_groups,
     )

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         out_dir: Annotated[Path, typer.Argument(
             metavar="OUT_DIR", help="Directory to write (must not exist, or be empty, unless --overwrite).")],
         fmt: Annotated[ExportFormat, typer.Option(
-            "--format", help="Output format: hf (Llama / Qwen2 / Mistral layout).")
+            "--format", help="Output format: hf (Llama / Qwen2 / Qwen3 / Mistral layout).")
         ] = ExportFormat.hf,
         dtype: Annotated[ExportDtype, typer.Option(
             "--dtype", help="Weight dtype to write; auto keeps the checkpoint's.")

@@ -35,8 +35,9 @@ PANELS: dict[str, tuple[str, ...]] = {
     "Model": ("model", "model_overrides", "moe_aux_loss_coef", "label_smoothing",
               "strategy_kwargs"),
     "LoRA": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "adapter"),
-    "Optimizer": ("max_lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps",
-                  "max_grad_norm", "skip_nonfinite"),
+    "Optimizer": ("optimizer", "max_lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2",
+                  "adam_eps", "muon_lr", "muon_momentum", "muon_adjust_lr", "max_grad_norm",
+                  "skip_nonfinite"),
     "Schedule": ("schedule", "warmup_ratio", "warmup_steps", "sgdr_cycle_steps",
                  "wsd_decay_ratio"),
     "Precision & memory": ("precision", "optimizer_state_dtype", "gradient_checkpointing",
@@ -172,6 +173,13 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def _group_row(g: dict[str, Any]) -> str:
+    """`8 tensors, 524,288 params, peak lr 0.0003 (match_rms_adamw), decay 0.1`."""
+    scale = f" ({g['adjust_lr']})" if g.get("adjust_lr") else ""
+    return (f"{g['tensors']} tensors, {g['params']:,} params, peak lr {g['lr']:g}{scale}, "
+            f"decay {g['weight_decay']:g}")
+
+
 def render_plan(plan: dict[str, Any], console: Console) -> None:
     t = Table(title="training plan (dry run: nothing trained)", title_justify="left",
               show_header=False)
@@ -193,6 +201,8 @@ def render_plan(plan: dict[str, Any], console: Console) -> None:
                          f"{plan['warmup_steps']} warmup)")),
         ("total tokens", f"{plan['total_tokens']:,}"),
         ("schedule", f"{plan['schedule']} {plan['max_lr']:g} -> {plan['min_lr']:g}"),
+        ("optimizer", plan.get("optimizer", "adamw")),
+        *[(f"  {g['name']}", _group_row(g)) for g in plan.get("param_groups") or []],
         ("device / precision", (f"{plan['device']} / {plan['precision']} (optimizer "
                                 f"moments {plan.get('optimizer_state_dtype', 'fp32')})")),
         ("parallel", (f"{plan.get('parallel', 'none')}: {plan['world_size']} processes "

@@ -74,6 +74,24 @@ def test_measure_step_seconds_runs_a_real_step():
     assert torch.equal(before, torch.get_rng_state())  # its own generator: no RNG drawn
 
 
+@pytest.mark.parametrize("optimizer,cls", [("adamw", "AdamW"), ("muon", "MuonAdamW")])
+def test_measure_step_seconds_times_the_runs_optimizer(monkeypatch, optimizer, cls):
+    """The step is timed with the optimizer the run trains with, built as the trainer
+    builds it (Muon's Newton-Schulz iterations are part of the step time)."""
+    from astrai.train import optim
+
+    built = []
+    real = optim.build_optimizer
+    monkeypatch.setattr(optim, "build_optimizer",
+                        lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    cfg = ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                      ffn_dim=64, max_seq_len=32)
+    assert measure_step_seconds(cfg, 2, 16, device=torch.device("cpu"), timed=1,
+                                optimizer=optimizer) > 0
+    assert [type(o).__name__ for o in built] == [cls]
+    assert all(o.state for o in built)  # it stepped
+
+
 def test_fastest_threads_picks_a_measured_count_and_restores():
     from astrai.quickstart.sizing import fastest_threads
 

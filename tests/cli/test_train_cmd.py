@@ -215,3 +215,25 @@ def test_preempted_summary_names_the_resume_command():
                     "elapsed_s": 1.0, "tokens_per_s": 10.0, "preempted": True, "steps_run": 4},
                    Console(file=buf, width=200))
     assert "continue with: astrai resume runs/x" in buf.getvalue()
+
+
+def test_muon_dry_run_shows_groups_and_refusals_exit_2(datasets, tmp_path):
+    out = tmp_path / "run"
+    r = invoke("train", "--data", datasets["pretrain"], "--out", out, *SMALL, "--optimizer",
+               "muon", "--muon-lr", "0.01", "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    groups = {g["name"]: g for g in json.loads(r.stdout)["param_groups"]}
+    assert groups["muon"]["optimizer"] == "muon" and groups["muon"]["lr"] == 0.01
+    assert groups["muon"]["tensors"] == 2 * 7  # q, k, v, o, gate, up, down per block
+    assert groups["adamw-no-decay"]["optimizer"] == "adamw"
+    r = invoke("train", "--data", datasets["pretrain"], "--out", out, *SMALL, "--optimizer",
+               "muon", "--dry-run")
+    assert r.exit_code == 0 and "muon" in r.stdout and "match_rms_adamw" in r.stdout
+    one_line_error(invoke("train", "--data", datasets["pretrain"], "--out", out, *SMALL,
+                          "--optimizer", "muon", "--parallel", "fsdp"),
+                   "optimizer: Muon", "--parallel ddp")
+    one_line_error(invoke("train", "--data", datasets["pretrain"], "--out", out, *SMALL,
+                          "--optimizer", "muon", "--lora-rank", "4"), "LoRA")
+    one_line_error(invoke("train", "--data", datasets["pretrain"], "--out", out, *SMALL,
+                          "--muon-momentum", "0.9"), "--optimizer muon")
+    assert not out.exists()

@@ -18,6 +18,7 @@ FEATURES = {
     "yarn": {"rope_scaling": {"type": "yarn", "factor": 2.0,
                               "original_max_position_embeddings": 64}},
     "mha": {"n_kv_heads": 4},
+    "qk-norm": {"qk_norm": True},
 }
 NEW = 8
 
@@ -34,6 +35,11 @@ def test_every_feature_equals_full_recompute(name):
             for layer in model.layers:
                 layer.attn.q_proj.bias.normal_(0, 0.5)
                 layer.attn.k_proj.bias.normal_(0, 0.5)
+    if name == "qk-norm":
+        with torch.no_grad():  # gains start at one: make the per-head norms matter
+            for layer in model.layers:
+                layer.attn.q_norm.weight.normal_(1, 0.5)
+                layer.attn.k_norm.weight.normal_(1, 0.5)
     prompts = random_prompts((21, 6), seed=1)
     outs = engine(model).generate(prompts, SamplingParams.greedy(NEW, logprobs=True))
     for p, o in zip(prompts, outs):

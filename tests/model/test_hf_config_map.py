@@ -63,6 +63,7 @@ def test_dynamic_rope_is_plain_rope_with_a_note():
 @pytest.mark.parametrize("hf, match", [
     ({**LLAMA, "model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
     ({**LLAMA, "attention_bias": True}, "attention_bias"),
+    ({**LLAMA, "model_type": "qwen3", "attention_bias": True}, "attention_bias"),
     ({**LLAMA, "mlp_bias": True}, "mlp_bias"),
     ({**LLAMA, "hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({**LLAMA, "partial_rotary_factor": 0.5}, "partial_rotary_factor"),
@@ -83,6 +84,16 @@ def test_missing_and_inconsistent_fields_are_config_errors():
         config_from_hf({**LLAMA, "num_key_value_heads": 3})
 
 
+def test_qwen3_is_qk_norm_without_biases():
+    c, _ = config_from_hf({**LLAMA, "model_type": "qwen3", "head_dim": 16,
+                           "attention_bias": False})
+    assert c.qk_norm and not c.qkv_bias and c.hdim == 16
+    assert not config_from_hf({**LLAMA, "model_type": "qwen2"})[0].qk_norm
+    assert hf_to_astrai_name("model.layers.3.self_attn.q_norm.weight") == \
+        "layers.3.attn.q_norm.weight"
+    assert astrai_to_hf_name("layers.0.attn.k_norm.weight") == "model.layers.0.self_attn.k_norm.weight"
+
+
 def test_sliding_window_rules():
     mistral = {**LLAMA, "model_type": "mistral"}
     assert config_from_hf({**mistral, "sliding_window": 16})[0].sliding_window == 16
@@ -100,6 +111,8 @@ def test_sliding_window_rules():
     ({"qkv_bias": True, "tie_embeddings": True}, "Qwen2ForCausalLM"),
     ({"qkv_bias": True, "sliding_window": 8}, "Qwen2ForCausalLM"),
     ({"sliding_window": 8, "head_dim": 16}, "MistralForCausalLM"),
+    ({"qk_norm": True, "head_dim": 16}, "Qwen3ForCausalLM"),
+    ({"qk_norm": True, "tie_embeddings": True, "sliding_window": 8}, "Qwen3ForCausalLM"),
     ({"rope_scaling": {"type": "llama3", "factor": 8.0, "original_max_position_embeddings": 16}},
      "LlamaForCausalLM"),
     ({"rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,

@@ -1,4 +1,4 @@
-"""Equal logits with HF transformers: HF Llama / Qwen2 / Mistral → astrai (loaded in a process
+"""Equal logits with HF transformers: HF Llama / Qwen2 / Qwen3 / Mistral → astrai (loaded in a process
 where transformers cannot be imported), and astrai → `export_hf` → transformers."""
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ HF_CASES = {
         "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32}}),
     # sliding window (5) shorter than the sequence (12), head_dim != hidden / heads
     "mistral": ("MistralConfig", {"sliding_window": 5, "head_dim": 24}),
+    # QK-norm (random gains), explicit head_dim != hidden / heads, tied embeddings
+    "qwen3": ("Qwen3Config", {"head_dim": 24, "tie_word_embeddings": True}),
 }
 
 LOADER = textwrap.dedent("""
@@ -114,22 +116,39 @@ EXPORT_CASES = {
                                             "original_max_position_embeddings": 16}},
     "mistral-linear": {"sliding_window": 5, "head_dim": 16,
                        "rope_scaling": {"type": "linear", "factor": 2.0}},
+    "qwen3-qknorm": {"qk_norm": True, "head_dim": 24},
+    "qwen3-qknorm-tied-window": {"qk_norm": True, "tie_embeddings": True, "sliding_window": 4},
 }
 ARCH = {"llama-ntk": "LlamaForCausalLM", "qwen2-tied-window": "Qwen2ForCausalLM",
-        "mistral-linear": "MistralForCausalLM"}
+        "mistral-linear": "MistralForCausalLM", "qwen3-qknorm": "Qwen3ForCausalLM",
+        "qwen3-qknorm-tied-window": "Qwen3ForCausalLM"}
 
 
 @pytest.mark.parametrize("name", list(EXPORT_CASES))
 def test_export_loads_in_transformers_with_equal_logits(tmp_path, make_config, make_model, name):
     config = make_config(vocab_size=V, dim=64, ffn_dim=96, **EXPORT_CASES[name])
     model = make_model(config, seed=3)
-    with torch.no_grad():  # larger weights than init, so every path matters
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():  # larger weights than init and uneven gains: every path matters
         for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(5)
+            else:  # norm gains (QK-norm's included)
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
     out = export_hf(save_checkpoint(tmp_path / "ck", model, config), tmp_path / "hf")
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert type(hf).__name__ == ARCH[name]
     ids = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids).logits, **TOL)
+
+
+def test_export_refuses_qk_norm_with_qkv_bias_in_one_line(tmp_path, make_config, make_model):
+    from astrai.errors import UnsupportedModelError
+
+    config = make_config(vocab_size=V, dim=64, ffn_dim=96, qk_norm=True, qkv_bias=True)
+    ckpt = save_checkpoint(tmp_path / "ck", make_model(config, seed=0), config)
+    with pytest.raises(UnsupportedModelError, match="qk_norm with qkv_bias") as e:
+        export_hf(ckpt, tmp_path / "hf")
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "hf").exists()

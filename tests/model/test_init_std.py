@@ -41,3 +41,22 @@ def test_init_is_deterministic_given_seed():
         assert torch.equal(p, q), n
         if not n.endswith("norm.weight"):
             assert not torch.equal(p, r), n
+
+
+def test_zero_init_proj_zeroes_only_the_residual_projections():
+    """modded-nanogpt's zero-initialised projections: W_o and W_down start at zero (each block
+    is the identity on the residual stream), every other weight draws what it draws without
+    the option (same RNG stream); q/k norm gains (qk_norm) start at one."""
+    c = ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, ffn_dim=48, qk_norm=True)
+    plain = build_model(c, seed=0)
+    zero = build_model(c.model_copy(update={"zero_init_proj": True}), seed=0)
+    for (n, p), q in zip(zero.named_parameters(), plain.parameters()):
+        if n.endswith(("o_proj.weight", "down_proj.weight")):
+            assert not p.any() and q.any(), n
+        else:
+            assert torch.equal(p, q), n
+    assert torch.equal(zero.layers[0].attn.q_norm.weight, torch.ones(8))
+    x = torch.randint(0, 64, (1, 5))
+    h = zero.embed_tokens(x)
+    torch.testing.assert_close(zero(x).logits, zero.lm_head(torch.nn.functional.rms_norm(
+        h, (32,), zero.norm.weight, zero.norm.eps)))

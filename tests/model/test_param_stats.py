@@ -21,6 +21,7 @@ VARIANTS = {
     "moe": {"n_layers": 3, "n_experts": 4, "moe_top_k": 2, "n_shared_experts": 1,
             "moe_layers": [0, 2]},
     "head_dim": {"head_dim": 12, "n_kv_heads": 1},
+    "qk_norm": {"qk_norm": True, "head_dim": 12},
 }
 
 

@@ -115,6 +115,9 @@ def scenarios(out_root: str, names: list[str]) -> dict:
                 pass
             summary = resume(run / "run", data=data_for(kind))
             results[name] = summary.resumed_from
+        elif what == "muon":
+            train(config_for(run, kind, parallel=parallel, optimizer="muon"),
+                  data=data_for(kind))
         elif what in ("block", "model"):  # torch.compile + activation checkpointing
             train(config_for(run, kind, parallel=parallel, **compiled(what)), data=data_for(kind))
     return results

@@ -126,3 +126,41 @@ def test_bf16_training_is_finite_and_keeps_moment_dtype(precision, state, parall
     moment = torch.float32 if state == "fp32" else torch.bfloat16
     assert {s["exp_avg"].dtype for s in opt["state"].values()} == {moment}
     assert {s["exp_avg_sq"].dtype for s in opt["state"].values()} == {moment}
+
+
+def test_resumed_adamw_keeps_fp32_moments_of_bf16_weights():
+    """torch's Optimizer.load_state_dict casts state to the parameter dtype; a resumed
+    bf16-true run must get its fp32 moments back exactly, not rounded to bf16."""
+    torch.manual_seed(0)
+    p = torch.zeros(64, dtype=torch.bfloat16, requires_grad=True)
+    opt = AdamW([p], lr=1e-3, betas=(0.9, 0.95), state_dtype=torch.float32)
+    for _ in range(3):
+        p.grad = (1 + 0.01 * torch.randn(64)).bfloat16()
+        opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    again = AdamW([p], lr=1e-3, betas=(0.9, 0.95), state_dtype=torch.float32)
+    again.load_state_dict(saved)
+    for k in ("exp_avg", "exp_avg_sq"):
+        assert again.state[p][k].dtype == torch.float32
+        assert torch.equal(again.state[p][k], opt.state[p][k])
+
+
+@pytest.mark.parametrize("parallel,optimizer", [("none", "adamw"), ("none", "muon"),
+                                                ("fsdp", "adamw")])
+def test_bf16_true_resume_is_bit_identical(parallel, optimizer, tmp_path):
+    """A bf16-true run interrupted after step 3 and resumed ends with the weights of the
+    straight run: its fp32 optimizer state came back fp32 (fsdp: as fp32 DTensor shards)."""
+    from astrai.train import resume
+
+    from .dist_helpers import Interrupt, StopAfterStep
+
+    kw = {"precision": "bf16-true", "parallel": parallel, "optimizer": optimizer,
+          "max_steps": 5, "ckpt_interval": 2, "batch_size": 2}
+    data = lambda: make_data("pretrain", n=16, T=8)
+    train(make_config(tmp_path / "a", **kw), data=data())
+    with pytest.raises(Interrupt):
+        train(make_config(tmp_path / "b", **kw), data=data(), callbacks=[StopAfterStep(3)])
+    assert resume(tmp_path / "b" / "run", data=data()).resumed_from.endswith("step_3")
+    a, b = (load_file(tmp_path / x / "run" / "checkpoints" / "step_5" / "model.safetensors")
+            for x in "ab")
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from astrai.errors import CheckpointError
 from astrai.train import resume, train
@@ -76,7 +77,7 @@ from astrai.train import train
 from astrai.train.callbacks import Callback
 from tests.train.conftest import make_config, make_data
 
-mode, kind, out = sys.argv[1], sys.argv[2], sys.argv[3]
+mode, kind, out, optimizer = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 
 class KillMidWindow(Callback):
     name = "kill"
@@ -102,34 +103,39 @@ else:
     ck.save_checkpoint = save_then_die
 strategy = "seq" if kind == "pretrain" else "sft"
 cfg = make_config(__import__("pathlib").Path(out), strategy=strategy, grad_accum_steps=2,
-                  epochs=4, ckpt_interval=2)
+                  epochs=4, ckpt_interval=2, optimizer=optimizer)
 train(cfg, data=make_data(kind, n=20), callbacks=cbs)
 """
 
 
-def run_killed(mode, kind, out):
+def run_killed(mode, kind, out, optimizer="adamw"):
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(repo=str(REPO)), mode, kind, str(out)],
+        [sys.executable, "-c", SCRIPT.format(repo=str(REPO)), mode, kind, str(out), optimizer],
         check=False, capture_output=True, text=True, timeout=120, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("kind", ["pretrain"])
-def test_kill9_after_step_n_then_resume(kind, tmp_path):
-    """(a) train to 2N straight vs kill -9 after step N (mid-window) and resume to 2N.
+@pytest.mark.parametrize("kind,optimizer", [("pretrain", "adamw"), ("pretrain", "muon")])
+def test_kill9_after_step_n_then_resume(kind, optimizer, tmp_path):
+    """(a) train to 2N straight vs kill -9 after step N (mid-window) and resume to 2N, with
+    either optimizer (Muon's momentum buffers and AdamW's moments both come back exactly).
     (sft: through the CLI in tests/cli/test_train_cmd.py; both kinds in-process above.)"""
     strategy = "seq" if kind == "pretrain" else "sft"
-    kw = {"strategy": strategy, "grad_accum_steps": 2, "epochs": 4, "ckpt_interval": 2}
+    kw = {"strategy": strategy, "grad_accum_steps": 2, "epochs": 4, "ckpt_interval": 2,
+          "optimizer": optimizer}
     a = train(make_config(tmp_path / "a", **kw), data=make_data(kind, n=20))
-    run_killed("kill", kind, tmp_path / "b")
+    run_killed("kill", kind, tmp_path / "b", optimizer)
     run_dir = tmp_path / "b" / "run"
     assert [s for s, _ in list_checkpoints(run_dir / "checkpoints")][-1] == 4
     b = resume(run_dir, data=make_data(kind, n=20))
     assert b.steps == a.steps == 8
     assert trajectory(run_dir) == trajectory(a.run_dir)
     assert final_weights(run_dir, 8) == final_weights(a.run_dir, 8)
+    saved = torch.load(run_dir / "checkpoints" / "step_8" / "optimizer.pt", weights_only=True)
+    muon = [s for s in saved["state"].values() if "momentum_buffer" in s]
+    assert bool(muon) == (optimizer == "muon")
 
 
 def test_kill_during_checkpoint_write_keeps_previous(tmp_path):

@@ -1,0 +1,145 @@
+"""Muon on the hidden weight matrices, AdamW on everything else, as one optimizer.
+
+Muon ("Muon: An optimizer for hidden layers in neural networks", Keller Jordan 2024) keeps
+a Nesterov momentum of each 2-D weight's gradient and replaces the update by its nearest
+semi-orthogonal matrix, approximated by five Newton-Schulz iterations:
+
+    B <- lerp(B, g, 1 - mu)                 (momentum buffer)
+    U <- lerp(g, B, mu)                     (Nesterov)
+    O <- NewtonSchulz5(U)                   (~ U V^T of U's SVD, in bf16)
+    W <- W * (1 - lr * wd) - lr * s(A, B) * O
+
+`s` makes the update's RMS independent of the matrix shape [A, B]:
+  original         sqrt(max(1, A / B))          (Jordan's; lr ~ 0.02)
+  match_rms_adamw  0.2 * sqrt(max(A, B))        ("Muon is Scalable for LLM Training",
+                                                 Moonshot AI 2025: the update's RMS is then
+                                                 AdamW's typical 0.2, so AdamW's lr and
+                                                 weight decay carry over unchanged)
+
+This is torch.optim.Muon op for op (same Newton-Schulz coefficients, eps, bf16 iteration
+and decay), tested against it; two things differ: the momentum buffer lives in
+`state_dtype` (fp32 with bf16-true weights, as astrai.train.adamw keeps AdamW's moments),
+and the update is computed in fp32 with only the final weight write rounded to the
+parameter dtype. Muon is for hidden matrices only: embeddings, the output head, norms,
+biases, the MoE router and reward heads take AdamW (as Jordan 2024 prescribes), in the
+same optimizer object so the LR schedule, checkpoints and resume treat it as one (its
+state_dict is torch's layout, with a `muon` flag per group).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from astrai.train.adamw import AdamW
+
+AdjustLR = Literal["match_rms_adamw", "original"]
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+"""Quintic Newton-Schulz coefficients of Jordan 2024 (torch.optim.Muon's defaults)."""
+NS_STEPS = 5
+NS_EPS = 1e-7
+
+# Linear weights inside a decoder block's attention or FFN (experts included): the hidden
+# matrices. The router maps to a handful of expert logits, an output layer, so it is not.
+_HIDDEN = re.compile(r"(?:^|\.)layers\.\d+\.(?:attn|mlp)\.(?!router\.).*weight$")
+
+
+def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
+    """Whether parameter `name` is trained by Muon: a 2-D weight of a block's attention or
+    MLP (q/k/v/o, gate/up/down, experts). Anything 3-D or more would take AdamW."""
+    return p.ndim == 2 and _HIDDEN.search(name) is not None
+
+
+def newton_schulz(g: torch.Tensor, *, steps: int = NS_STEPS,
+                  coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
+                  eps: float = NS_EPS) -> torch.Tensor:
+    """g [A, B] -> ~ U V^T (singular values pushed into ~[0.7, 1.2]) in bf16, by `steps`
+    quintic Newton-Schulz iterations X <- a X + (b X X^T + c (X X^T)^2) X on the wide
+    orientation, after scaling to spectral norm <= 1 (Jordan 2024)."""
+    a, b, c = coefficients
+    x = g.bfloat16()
+    tall = g.size(0) > g.size(1)
+    if tall:
+        x = x.T  # (B, A): iterate on the smaller Gram matrix
+    x = x.div(x.norm().clamp(min=eps))
+    for _ in range(steps):
+        gram = x @ x.T
+        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.addmm(x, poly, x, beta=a)
+    return x.T if tall else x
+
+
+def adjusted_lr(lr: float, shape: torch.Size | tuple[int, ...], adjust: AdjustLR) -> float:
+    """Muon's lr for a [A, B] matrix: lr * s(A, B) (module docstring)."""
+    A, B = shape[:2]
+    if adjust == "original":
+        return lr * math.sqrt(max(1, A / B))
+    if adjust == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(A, B))
+    raise ValueError(f"muon_adjust_lr: unknown '{adjust}'; choose match_rms_adamw or original")
+
+
+class MuonAdamW(AdamW):
+    """Param groups with `muon: True` step with Muon (2-D parameters only), the others with
+    AdamW (astrai.train.adamw, whose fp32 state and state-dtype-keeping resume it shares).
+    Every group carries both option sets; defaults below."""
+
+    def __init__(self, params: Iterable[dict[str, Any]], *, lr: float = 1e-3,
+                 weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
+                 eps: float = 1e-8, momentum: float = 0.95, nesterov: bool = True,
+                 adjust_lr: AdjustLR = "match_rms_adamw", ns_steps: int = NS_STEPS,
+                 state_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         state_dtype=state_dtype, momentum=momentum, nesterov=nesterov,
+                         adjust_lr=adjust_lr, ns_steps=ns_steps, muon=False)
+        for group in self.param_groups:
+            adjusted_lr(1.0, (1, 1), group["adjust_lr"])  # a bad name fails here
+            bad = [tuple(p.shape) for p in group["params"] if group["muon"] and p.ndim != 2]
+            if bad:
+                raise ValueError(f"Muon trains 2-D matrices only; got shapes {bad}")
+
+    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+        if not group["muon"]:
+            super()._update(p, group)
+            return
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p, dtype=self.state_dtype,
+                                                        memory_format=torch.preserve_format)
+        buf, mu = state["momentum_buffer"], group["momentum"]
+        lr, wd = float(group["lr"]), group["weight_decay"]
+        g, b32 = p.grad.float(), buf.float()  # views when already fp32
+        b32.lerp_(g, 1 - mu)
+        update = g.lerp(b32, mu) if group["nesterov"] else b32
+        ortho = newton_schulz(update, steps=group["ns_steps"])
+        p32 = p.float()
+        p32.mul_(1 - lr * wd)
+        p32.add_(ortho, alpha=-adjusted_lr(lr, p.shape, group["adjust_lr"]))
+        for dst, src in ((p, p32), (buf, b32)):
+            if dst.data_ptr() != src.data_ptr():
+                dst.copy_(src)  # round to the stored dtype
+
+
+def muon_param_groups(model: nn.Module, *, lr: float, muon_lr: float,
+                      weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups first (decay on the remaining matrices, none on embeddings, norms and
+    biases: astrai.train.optim.decay_param_groups), then one Muon group of the hidden
+    matrices at `muon_lr`. Each group is named for --dry-run. Muon's decay is the same
+    decoupled `weight_decay` (Moonshot 2025 reuses AdamW's with match_rms_adamw)."""
+    from astrai.train.optim import decay_param_groups
+
+    hidden = [p for n, p in model.named_parameters()
+              if p.requires_grad and is_hidden_matrix(n, p)]
+    skip = {id(p) for p in hidden}
+    groups = decay_param_groups(model, weight_decay, exclude=skip)
+    for g in groups:
+        g.update(lr=lr, muon=False)
+    if hidden:
+        groups.append({"params": hidden, "lr": muon_lr, "weight_decay": weight_decay,
+                       "muon": True, "name": "muon"})
+    return groups
