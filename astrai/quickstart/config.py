@@ -47,9 +47,14 @@ class QuickstartConfig(BaseModel):
     # -- optimisation ---------------------------------------------------------------------
     batch_size: int = Field(8, gt=0)
     """Rows per optimizer step."""
-    optimizer: Literal["adamw", "muon"] = "adamw"
-    """adamw, or muon on the hidden matrices + AdamW on the rest (train's --optimizer, with
-    match_rms_adamw: Muon's lr is max_lr); the sizing step times the same optimizer."""
+    optimizer: Literal["adamw", "muon"] = "muon"
+    """muon: Muon on the blocks' hidden matrices + AdamW on embeddings and norms (train's
+    --optimizer muon), or adamw on everything; the sizing step times the same optimizer."""
+    muon_lr: float = Field(0.02, gt=0)
+    """Muon's peak learning rate (with muon_adjust_lr; cosine-scheduled like max_lr)."""
+    muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original"
+    """Muon's per-matrix lr scale (train's --muon-adjust-lr): original is Jordan's
+    sqrt(max(1, rows / cols)), measured better here than match_rms_adamw at max_lr."""
     max_lr: float = Field(2e-3, gt=0)
     """Peak AdamW learning rate (betas 0.9, 0.95; weight decay 0.1; clip 1.0)."""
     min_lr: float = Field(2e-4, ge=0)

@@ -290,6 +290,8 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
         "max_lr": config.max_lr, "min_lr": min(config.min_lr, config.max_lr),
         "warmup_steps": min(config.warmup_steps, plan.steps // 4),
         "optimizer": config.optimizer,
+        **({"muon_lr": config.muon_lr, "muon_adjust_lr": config.muon_adjust_lr}
+           if config.optimizer == "muon" else {}),
         "weight_decay": 0.1, "adam_beta1": 0.9, "adam_beta2": 0.95, "max_grad_norm": 1.0,
         "schedule": "cosine", "ckpt_interval": 0, "log_interval": 10,
         "seed": config.seed, "device": config.device,
