@@ -219,7 +219,7 @@ def measure(label: str, target: float, extra: list[str], out: Path | None, reuse
           + ", ".join(f"{k} {v:.0f}" for k, v in s["stage_s"].items())
           + f"); target <= 300 s: {'met' if wall <= 300 else 'MISSED'}")
     print(f"[{label}] astrai val_bpb: {ours:.4f} (the quickstart reported {s['val_bpb']:.4f}) "
-          f"on {n_bytes:,} bytes; target <= {target}: {'met' if ours <= target else 'MISSED'}")
+          f"on {n_bytes:,} bytes; target <= {target:.2f}: {'met' if ours <= target else 'MISSED'}")
     print(f"[{label}] HF val_bpb: {peer:.4f} ({peer_name}, same recipe) after the same "
           f"{steps} steps")
     print(f"[{label}] training seconds: astrai {train_s:.1f} s (with validation), HF "

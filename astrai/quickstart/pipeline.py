@@ -292,7 +292,8 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
         "optimizer": config.optimizer,
         **({"muon_lr": config.muon_lr, "muon_adjust_lr": config.muon_adjust_lr}
            if config.optimizer == "muon" else {}),
-        "weight_decay": 0.1, "adam_beta1": 0.9, "adam_beta2": 0.95, "max_grad_norm": 1.0,
+        "weight_decay": config.weight_decay, "adam_beta1": 0.9, "adam_beta2": 0.95,
+        "max_grad_norm": 1.0,
         "schedule": "cosine", "ckpt_interval": 0, "log_interval": 10,
         "seed": config.seed, "device": config.device,
     }, source="quickstart train config")

@@ -165,13 +165,16 @@ def register(app: typer.Typer) -> None:
             "--batch-size", help="Rows per step.", rich_help_panel="Recipe")] = 8,
         max_lr: Annotated[float, typer.Option(
             "--max-lr", help="Peak learning rate.", rich_help_panel="Recipe")] = 2e-3,
+        weight_decay: Annotated[float, typer.Option(
+            "--weight-decay", help="Decoupled weight decay of the weight matrices.",
+            rich_help_panel="Recipe")] = 0.3,
         optimizer: Annotated[str, typer.Option(
             "--optimizer", help="muon (Muon on the hidden matrices, AdamW on the rest) or "
             "adamw.", rich_help_panel="Recipe")] = "muon",
         model_overrides: Annotated[list[str] | None, typer.Option(
             "--model-overrides", help="ModelConfig field of the tiny preset to change, "
-            "key=value (e.g. n_layers=4), on top of n_layers=2 and tie_embeddings=true. "
-            "Repeatable.", rich_help_panel="Recipe")] = None,
+            "key=value (e.g. n_layers=4), on top of n_layers=2, tie_embeddings=true and "
+            "qk_norm=true. Repeatable.", rich_help_panel="Recipe")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")
                            ] = False,
     ) -> None:
@@ -188,7 +191,7 @@ def register(app: typer.Typer) -> None:
             "overwrite": overwrite, "vocab_size": vocab_size, "seq_len": seq_len,
             "batch_size": batch_size, "max_lr": max_lr, "model_overrides": overrides,
             "steps": steps, "time_budget_s": time_budget, "seed": seed, "device": device,
-            "threads": threads, "optimizer": optimizer,
+            "threads": threads, "optimizer": optimizer, "weight_decay": weight_decay,
         }, source="quickstart options")
         err = Console(stderr=True, highlight=False)
         with StageDisplay(err) as display:

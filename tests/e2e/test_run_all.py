@@ -68,13 +68,18 @@ inspect-weights: peak RSS 300 MiB (0.40 of budget, PASS), 1.0 s = 0.50 GB/s; ver
 peer (load_file + fp32 stats per tensor): peak RSS 1100 MiB, 2.0 s; ratio peer / ours = 3.67x
 """
 
-QUICKSTART = """machine: 2 CPUs, torch 2.13.0+cpu, 2 threads
-quickstart: 2,098,432 parameters, 696 steps of 8 x 256 tokens, 1,422,336 tokens
-quickstart wall: 234 s (summary total 234 s; stages tokenizer 0, train 225); target <= 300 s: met
-astrai val_bpb: 2.4240 (the quickstart reported 2.4240) on 115,583 bytes; target <= 2.6: met
-HF Llama val_bpb: 2.4304 after the same 696 steps
-training seconds: astrai 224.5 s (with validation), HF Llama 209.1 s
-ratio HF/astrai: bits per byte 1.003 (> 1: astrai lower), training time 0.93 (> 1: astrai faster)
+QUICKSTART = """machine: 2 CPUs, torch 2.13.0+cpu
+[idle] quickstart: 2,098,432 parameters (dim 256, 2 layers), 696 steps of 8 x 256 tokens, 1,422,336 tokens, muon, 2 threads
+[idle] quickstart wall: 234 s (summary total 234 s; stages tokenizer 0, train 225); target <= 300 s: met
+[idle] astrai val_bpb: 2.4140 (the quickstart reported 2.4140) on 115,583 bytes; target <= 2.30: MISSED
+[idle] HF val_bpb: 2.4304 (LlamaForCausalLM, same recipe) after the same 696 steps
+[idle] training seconds: astrai 224.5 s (with validation), HF 209.1 s
+[idle] ratio HF/astrai: bits per byte 1.007 (> 1: astrai lower), training time 0.93 (> 1: astrai faster)
+[loaded] quickstart wall: 280 s (summary total 278 s; stages tokenizer 0, train 260); target <= 300 s: met
+[loaded] astrai val_bpb: 2.5000 (the quickstart reported 2.5000) on 115,583 bytes; target <= 2.60: met
+[loaded] HF val_bpb: 2.5100 (LlamaForCausalLM, same recipe) after the same 400 steps
+[loaded] training seconds: astrai 250.0 s (with validation), HF 240.0 s
+[loaded] ratio HF/astrai: bits per byte 1.004 (> 1: astrai lower), training time 0.96 (> 1: astrai faster)
 """
 
 SERVE = """== preset tiny, 64 requests, input 32:128, output 16:64, Poisson 8.0 req/s, 1 thread(s), CPU fp32
@@ -125,9 +130,12 @@ def test_parsers_read_each_format():
     assert "0.50 GB" in rows[0].measure and "PASS" in rows[0].measure
     rows = RA.parse_quickstart(QUICKSTART)
     assert [(r.astrai, r.peer, r.ratio) for r in rows] == [
-        ("234 s", "300 s (target)", "0.78"), ("2.4240", "2.4304", "1.003"),
-        ("224.5 s", "209.1 s", "0.93")]
+        ("234 s", "300 s (target)", "0.78"), ("2.4140", "2.4304", "1.007"),
+        ("224.5 s", "209.1 s", "0.93"), ("280 s", "300 s (target)", "0.93"),
+        ("2.5000", "2.5100", "1.004"), ("250.0 s", "240.0 s", "0.96")]
     assert "met" in rows[0].measure and "696 steps" in rows[1].measure
+    assert "MISSED" in rows[1].measure and "2.30" in rows[1].measure
+    assert "CPU burner" in rows[4].measure and "400 steps" in rows[4].measure
     rows = RA.parse_serve(SERVE)
     assert [(r.astrai, r.peer, r.ratio) for r in rows] == [
         ("290.0 tok/s", "300.5 tok/s", "0.97"), ("280.0 tok/s", "100.0 tok/s", "2.80"),
