@@ -20,10 +20,12 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
 # 1. the base: quickstart's 2-layer model (tiny preset) pre-trained on the bundled
-#    Shakespeare corpus, a fixed number of steps (reproducible anywhere)
+#    Shakespeare corpus, a fixed number of steps (reproducible anywhere), with the AdamW
+#    recipe the recorded curves used (the quickstart's default is now Muon + QK-norm)
 if [ ! -d "$OUT/qs/run/checkpoints" ]; then
     astrai quickstart --out "$OUT/qs" --steps "$BASE_STEPS" --threads "$THREADS" \
-        --device cpu --overwrite > "$OUT/qs.log" 2>&1
+        --device cpu --overwrite --optimizer adamw --weight-decay 0.1 \
+        --model-overrides qk_norm=false > "$OUT/qs.log" 2>&1
 fi
 CK=$(ls -d "$OUT"/qs/run/checkpoints/step_* | sort -t_ -k2 -n | tail -1)
 
