@@ -25,17 +25,24 @@ def hf_twin(model, tmp: Path):
     return hf
 
 
+def hf_shape(c: ModelConfig) -> dict:
+    """The transformers config keywords of `c`'s shape shared by Llama and Qwen3 (no
+    biases, no KV cache)."""
+    return {
+        "vocab_size": c.vocab_size, "hidden_size": c.dim, "intermediate_size": c.ffn_dim,
+        "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads,
+        "num_key_value_heads": c.kv_heads, "head_dim": c.hdim,
+        "max_position_embeddings": c.max_seq_len, "rms_norm_eps": c.norm_eps,
+        "rope_theta": c.rope_theta, "tie_word_embeddings": c.tie_embeddings,
+        "attention_bias": False, "use_cache": False,
+    }
+
+
 def hf_llama(c: ModelConfig, seed: int = 0):
     """A freshly initialised LlamaForCausalLM (sdpa, no KV cache) of the shape of `c`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hf = LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.dim, intermediate_size=c.ffn_dim,
-        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
-        num_key_value_heads=c.kv_heads, head_dim=c.hdim, max_position_embeddings=c.max_seq_len,
-        rms_norm_eps=c.norm_eps, rope_theta=c.rope_theta, tie_word_embeddings=c.tie_embeddings,
-        attention_bias=False, mlp_bias=False, use_cache=False,
-    )
+    hf = LlamaConfig(**hf_shape(c), mlp_bias=False)
     hf._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     return LlamaForCausalLM(hf)
@@ -50,14 +57,7 @@ def hf_causal_lm(c: ModelConfig, seed: int = 0):
     else:
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
-        cfg = Qwen3Config(
-            vocab_size=c.vocab_size, hidden_size=c.dim, intermediate_size=c.ffn_dim,
-            num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
-            num_key_value_heads=c.kv_heads, head_dim=c.hdim,
-            max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps,
-            rope_theta=c.rope_theta, tie_word_embeddings=c.tie_embeddings,
-            attention_bias=False, use_cache=False, use_sliding_window=False,
-        )
+        cfg = Qwen3Config(**hf_shape(c), use_sliding_window=False)
         cfg._attn_implementation = "sdpa"
         torch.manual_seed(seed)
         hf = Qwen3ForCausalLM(cfg)

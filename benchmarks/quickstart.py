@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Self
 
 import torch
 from peers import hf_causal_lm  # benchmarks/peers.py
@@ -97,8 +98,8 @@ def peer_optimizer(model, recipe: dict) -> list[torch.optim.Optimizer]:
     AdamW (decay on matrices, not on embeddings, norms, biases), or torch.optim.Muon on
     the blocks' q/k/v/o and gate/up/down matrices plus that AdamW on the rest."""
     wd = recipe["weight_decay"]
-    adam = dict(lr=recipe["max_lr"], betas=(recipe["adam_beta1"], recipe["adam_beta2"]),
-                eps=recipe["adam_eps"])
+    adam = {"lr": recipe["max_lr"], "betas": (recipe["adam_beta1"], recipe["adam_beta2"]),
+            "eps": recipe["adam_eps"]}
     hidden, decay, no_decay = [], [], []
     for name, p in model.named_parameters():
         if recipe["optimizer"] == "muon" and p.ndim == 2 and any(h in name for h in HF_HIDDEN):
@@ -158,7 +159,7 @@ class CpuBurner:
     """One busy-looping process beside the run: on 2 cores it takes half the CPU, as
     another user's job would."""
 
-    def __enter__(self) -> CpuBurner:
+    def __enter__(self) -> Self:
         self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         return self
 
