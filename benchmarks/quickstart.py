@@ -8,7 +8,9 @@ once on the machine as it is and once with a CPU-burning process beside it (half
 quickstart's own packed rows for the same number of optimizer steps with the run's recipe,
 read from its train_config.json: batch, torch's AdamW (weight decay on matrices only) or
 torch.optim.Muon on the hidden matrices + AdamW on the rest, linear warmup + cosine,
-clipping, a seeded shuffle each epoch. Both models' validation bits per byte are counted
+clipping. The peer starts from astrai's initial weights for the run's seed and reads the
+rows in astrai's order, so the two runs differ in the stacks' code (model, optimizers,
+kernels), not in the luck of a seed's draw. Both models' validation bits per byte are counted
 here by one function (summed next-token NLL in float64 / ln 2 / UTF-8 bytes of the
 predicted tokens), not by either side's training loop.
 
@@ -118,8 +120,37 @@ def peer_optimizer(model, recipe: dict) -> list[torch.optim.Optimizer]:
     return opts
 
 
+def start_like_astrai(hf, config, seed: int) -> None:
+    """Give the HF model astrai's initial weights for `config` and `seed` (the draw the
+    quickstart's run started from), by the exporter's name map; a tied head is HF's own."""
+    from astrai.model.hf import astrai_to_hf_name
+    from astrai.model.init import build_model
+
+    state = {astrai_to_hf_name(k): v for k, v in build_model(config, seed=seed).state_dict()
+             .items()}
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if config.tie_embeddings else set()
+    if unexpected or set(missing) - tied:
+        sys.exit(f"peer init: missing {missing}, unexpected {unexpected}")
+
+
+def batch_order(n_rows: int, batch: int, steps: int, seed: int) -> list[list[int]]:
+    """The rows of each of `steps` batches in the order astrai's trainer reads them: the
+    seeded permutation of each epoch (astrai.data.sampler), cut into batches, the last one
+    of an epoch shorter."""
+    from astrai.data.sampler import RDSampler
+
+    sampler, batches, epoch = RDSampler(n_rows, seed=seed), [], 0
+    while len(batches) < steps:
+        order = sampler.epoch_order(epoch).tolist()
+        batches += [order[i:i + batch] for i in range(0, len(order), batch)]
+        epoch += 1
+    return batches[:steps]
+
+
 def train_peer(model, data_dir: Path, recipe: dict, *, steps: int, seed: int) -> float:
-    """The quickstart's recipe in a plain loop over the same rows; returns training seconds."""
+    """The quickstart's recipe in a plain loop over the same rows in the same order;
+    returns training seconds."""
     from astrai.data.dataset import open_dataset
     from astrai.train.schedule import cosine_rate
 
@@ -128,16 +159,11 @@ def train_peer(model, data_dir: Path, recipe: dict, *, steps: int, seed: int) ->
     for opt in opts:
         for g in opt.param_groups:
             g["base_lr"] = g["lr"]
-    batch, warmup = recipe["batch_size"], recipe["warmup_steps"]
-    min_rate = recipe["min_lr"] / recipe["max_lr"]
-    gen = torch.Generator().manual_seed(seed)
-    order: list[int] = []
+    warmup, min_rate = recipe["warmup_steps"], recipe["min_lr"] / recipe["max_lr"]
+    batches = batch_order(len(data), recipe["batch_size"], steps, seed)
     model.train()
     t = time.perf_counter()
-    for step in range(steps):
-        while len(order) < batch:
-            order += torch.randperm(len(data), generator=gen).tolist()
-        idx, order = order[:batch], order[batch:]
+    for step, idx in enumerate(batches):
         rows = [data[i] for i in idx]
         x, y = pad(rows)
         rate = cosine_rate(step, warmup=warmup, total=steps, min_rate=min_rate)
@@ -205,6 +231,7 @@ def measure(label: str, target: float, extra: list[str], out: Path | None, reuse
     steps = int(s["steps"])
     recipe = recipe_of(Path(s["run_dir"]))
     hf = hf_causal_lm(model.config, recipe["seed"])
+    start_like_astrai(hf, model.config, recipe["seed"])
     peer_name = type(hf).__name__
     peer_train_s = train_peer(hf, data_dir, recipe, steps=steps, seed=recipe["seed"])
     hf.eval()
@@ -215,7 +242,9 @@ def measure(label: str, target: float, extra: list[str], out: Path | None, reuse
     print(f"[{label}] quickstart: {s['params']:,} parameters (dim {c.dim}, {c.n_layers} layers"
           f"{', qk_norm' if c.qk_norm else ''}), {steps} steps of {recipe['batch_size']} x "
           f"{c.max_seq_len} tokens, {s['consumed_tokens']:,} tokens, {recipe['optimizer']}, "
-          f"{threads} threads")
+          f"{threads} threads"
+          + ("" if s.get("fallback_from_steps") is None else
+             f"; the fallback model: the recipe's would get {s['fallback_from_steps']} steps"))
     print(f"[{label}] quickstart wall: {wall:.0f} s (summary total {s['total_s']:.0f} s; stages "
           + ", ".join(f"{k} {v:.0f}" for k, v in s["stage_s"].items())
           + f"); target <= 300 s: {'met' if wall <= 300 else 'MISSED'}")

@@ -78,8 +78,11 @@ class QuickstartResult:
     full_steps: int | None
     """The recipe's full step count; more than `steps` when the time budget cut the run."""
     full_budget_s: float | None
-    """--time-budget that would have fit the full recipe at the measured speed (None when it
-    already did)."""
+    """--time-budget that would have fit the full recipe at the measured speed, when the
+    budget cut more than a quarter of its steps (else None)."""
+    fallback_from_steps: int | None
+    """Steps the budget gave the recipe's model when too few for it, so the smaller fallback
+    model (QuickstartConfig.fallback_overrides) was trained instead; None = the recipe's."""
     consumed_tokens: int
     val_loss: float | None
     val_ppl: float | None
@@ -247,13 +250,31 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
     emit(StageEvent("size", "start", info="timing training steps"))
     data = open_train_data(str(data_dir))
     overrides = {**config.model_overrides, "max_seq_len": data.seq_len}
-    source = resolve_model(config.model, vocab_size=data.vocab_size, seq_len=data.seq_len,
-                           seed=config.seed, overrides=overrides)
     per_epoch = windows_per_epoch(len(data.dataset), config.batch_size, 1)
+    val_tokens = int(splits["val"]["tokens"])
+
+    def model_source(changes: dict[str, Any]):
+        return resolve_model(config.model, vocab_size=data.vocab_size, seq_len=data.seq_len,
+                             seed=config.seed, overrides=changes)
+
+    def size_for(step_s: float) -> StepPlan:
+        left = (config.time_budget_s - (time.perf_counter() - t0)
+                - eval_seconds(step_s, val_tokens, config.batch_size * data.seq_len) - TAIL_S)
+        return size_steps(left, step_s, steps_per_epoch=per_epoch,
+                          max_epochs=config.max_epochs, threads=torch.get_num_threads())
+
+    def measure(model_config) -> float:
+        return measure_step_seconds(model_config, config.batch_size, data.seq_len,
+                                    device=device, seed=config.seed,
+                                    optimizer=config.optimizer)
+
+    train_overrides = overrides
+    source = model_source(train_overrides)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
+    fallback_from: int | None = None
     if config.steps is not None:
-        plan = StepPlan(config.steps, None, torch.get_num_threads(), None, None)
+        plan = recipe_plan = StepPlan(config.steps, None, torch.get_num_threads(), None, None)
     else:
         if config.threads is None:
             threads, step_s = fastest_threads(source.config, config.batch_size, data.seq_len,
@@ -261,31 +282,32 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
                                               optimizer=config.optimizer)
             torch.set_num_threads(threads)
         else:
-            step_s = measure_step_seconds(source.config, config.batch_size, data.seq_len,
-                                          device=device, seed=config.seed,
-                                          optimizer=config.optimizer)
-        val_tokens = int(splits["val"]["tokens"])
-        left = (config.time_budget_s - (time.perf_counter() - t0)
-                - eval_seconds(step_s, val_tokens, config.batch_size * data.seq_len) - TAIL_S)
-        plan = size_steps(left, step_s, steps_per_epoch=per_epoch,
-                          max_epochs=config.max_epochs, threads=torch.get_num_threads())
+            step_s = measure(source.config)
+        plan = recipe_plan = size_for(step_s)
+        if (config.fallback_overrides and recipe_plan.budget_cut
+                and recipe_plan.steps < config.fallback_below_steps):
+            train_overrides = {**overrides, **config.fallback_overrides}
+            source, fallback_from = model_source(train_overrides), recipe_plan.steps
+            plan = size_for(measure(source.config))
     why = {"epochs": f" (capped at {config.max_epochs:g} epochs)",
            "minimum": " (the minimum: the budget is too short for this machine)"}
     if plan.budget_cut and plan.capped_by is None:
         why[""] = f" (cut by the time budget: the recipe is {plan.full_steps} steps)"
     full_budget_s = None
-    if plan.budget_cut and plan.step_s is not None:
-        extra = (plan.full_steps - plan.steps) * plan.step_s
+    if recipe_plan.cut_short and recipe_plan.step_s is not None:
+        extra = (recipe_plan.full_steps - recipe_plan.steps) * recipe_plan.step_s
         full_budget_s = float(math.ceil((config.time_budget_s + extra) / 10) * 10)
     step_info = "" if plan.step_s is None else \
         f" at {plan.step_s:.2f} s/step, {plan.threads} thread{'s' * (plan.threads > 1)}"
-    emit(StageEvent("size", "end", info=f"{plan.steps} steps{step_info}"
+    model_info = "" if fallback_from is None else (
+        f" of the smaller fallback model (the recipe's would get {fallback_from})")
+    emit(StageEvent("size", "end", info=f"{plan.steps} steps{model_info}{step_info}"
                     f"{why.get(plan.capped_by or '', '')}"))
 
     # -- train (+ validate at the last step) ------------------------------------------------
     tcfg = TrainConfig.from_dict({
         "strategy": "seq", "data": str(data_dir.resolve()), "model": config.model,
-        "model_overrides": overrides, "out": str(run_dir.resolve()),
+        "model_overrides": train_overrides, "out": str(run_dir.resolve()),
         "batch_size": config.batch_size, "max_steps": plan.steps,
         "max_lr": config.max_lr, "min_lr": min(config.min_lr, config.max_lr),
         "warmup_steps": min(config.warmup_steps, plan.steps // 4),
@@ -316,7 +338,8 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
         params=param_counts(source.config).total,
         train_rows=int(splits["train"]["samples"]), val_rows=int(splits["val"]["samples"]),
         steps=summary.steps, step_s=None if plan.step_s is None else round(plan.step_s, 4),
-        threads=plan.threads, full_steps=plan.full_steps, full_budget_s=full_budget_s,
+        threads=plan.threads, full_steps=recipe_plan.full_steps, full_budget_s=full_budget_s,
+        fallback_from_steps=fallback_from,
         consumed_tokens=summary.consumed_tokens,
         val_loss=val.get("val_loss"), val_ppl=val.get("val_ppl"), val_bpb=val.get("val_bpb"),
         val_bytes=text_bytes(corpus.val), sample_prompt=config.sample_prompt, sample=sample,

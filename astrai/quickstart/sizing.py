@@ -79,6 +79,10 @@ def fastest_threads(config: ModelConfig, batch_size: int, seq_len: int, *,
     return threads.fastest_threads(step)
 
 
+SHORT_FRACTION = 0.75
+"""A sized run with fewer than this fraction of the recipe's steps is reported as cut."""
+
+
 @dataclass(frozen=True)
 class StepPlan:
     """How many steps the run gets, and why."""
@@ -99,6 +103,12 @@ class StepPlan:
     def budget_cut(self) -> bool:
         """True when the time budget gave fewer steps than the recipe's full count."""
         return self.full_steps is not None and self.steps < self.full_steps
+
+    @property
+    def cut_short(self) -> bool:
+        """True when the budget cut more than a quarter of the recipe's steps: worth telling
+        the user (a smaller cut moves bits per byte by a few thousandths)."""
+        return self.budget_cut and self.steps < SHORT_FRACTION * self.full_steps
 
 
 def size_steps(train_budget_s: float, step_s: float, *, steps_per_epoch: int,

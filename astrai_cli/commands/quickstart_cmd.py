@@ -115,7 +115,15 @@ def render(res: dict[str, Any], console: Console) -> None:
     if res["preempted"]:
         console.print(f"Continue with:  astrai resume {escape(res['run_dir'])}")
         return
-    if res.get("full_budget_s"):
+    if res.get("fallback_from_steps") is not None:
+        console.print(
+            f"[yellow]note:[/] the time budget gave the recipe's model only "
+            f"{res['fallback_from_steps']:,} steps on this machine now, so a smaller model "
+            f"trained for {res['steps']:,} steps instead (measured better at such speeds; "
+            "see docs/quickstart.md)." + ("" if res.get("full_budget_s") is None else
+            " For the recipe's model at this speed: astrai quickstart --time-budget "
+            f"{res['full_budget_s']:.0f} (or --steps {res['full_steps']})."))
+    elif res.get("full_budget_s"):
         console.print(
             f"[yellow]note:[/] the time budget cut training to {res['steps']:,} of the "
             f"recipe's {res['full_steps']:,} steps ({res['step_s']:.2f} s/step on this "
@@ -155,7 +163,7 @@ def register(app: typer.Typer) -> None:
             "--overwrite", help="Replace a previous quickstart in --out.")] = False,
         corpus: Annotated[Path | None, typer.Option(
             "--corpus", help="Directory with shakespeare_train.jsonl and shakespeare_val.jsonl "
-            "\\[default: the bundled examples/data].")] = None,
+            "\\[default: the bundled examples/data/shakespeare].")] = None,
         vocab_size: Annotated[int, typer.Option(
             "--vocab-size", help="Tokenizer vocabulary size.", rich_help_panel="Recipe")
         ] = 2048,
@@ -175,6 +183,10 @@ def register(app: typer.Typer) -> None:
             "--model-overrides", help="ModelConfig field of the tiny preset to change, "
             "key=value (e.g. n_layers=4), on top of n_layers=2, tie_embeddings=true and "
             "qk_norm=true. Repeatable.", rich_help_panel="Recipe")] = None,
+        fallback: Annotated[bool, typer.Option(
+            "--fallback/--no-fallback", help="On a machine too slow for the recipe's model "
+            "(too few of its steps fit the budget), train a smaller model for longer.",
+            rich_help_panel="Recipe")] = True,
         as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")
                            ] = False,
     ) -> None:
@@ -192,6 +204,7 @@ def register(app: typer.Typer) -> None:
             "batch_size": batch_size, "max_lr": max_lr, "model_overrides": overrides,
             "steps": steps, "time_budget_s": time_budget, "seed": seed, "device": device,
             "threads": threads, "optimizer": optimizer, "weight_decay": weight_decay,
+            **({} if fallback else {"fallback_overrides": None}),
         }, source="quickstart options")
         err = Console(stderr=True, highlight=False)
         with StageDisplay(err) as display:

@@ -39,12 +39,15 @@ def test_a_budget_cut_is_reported_with_the_budget_that_fits():
     from astrai_cli.commands.quickstart_cmd import render
 
     cut = size_steps(100.0, 0.5, steps_per_epoch=80, max_epochs=4)
-    assert cut.budget_cut and cut.full_steps == 320
+    assert cut.budget_cut and cut.cut_short and cut.full_steps == 320
+    slight = size_steps(150.0, 0.5, steps_per_epoch=80, max_epochs=4)  # 300 of 320 steps
+    assert slight.budget_cut and not slight.cut_short
     assert not size_steps(1000.0, 0.01, steps_per_epoch=80, max_epochs=4).budget_cut
     res = {"preempted": False, "val_bpb": 2.6, "val_loss": 1.0, "val_bytes": 10, "out": "o",
            "params": 1e6, "vocab_size": 10, "steps": 200, "consumed_tokens": 1,
            "threads": 1, "checkpoint": "c", "total_s": 1.0, "stage_s": {}, "sample": None,
-           "commands": [], "step_s": 0.5, "full_steps": 320, "full_budget_s": 300.0}
+           "commands": [], "step_s": 0.5, "full_steps": 320, "full_budget_s": 300.0,
+           "fallback_from_steps": None}
     buf = io.StringIO()
     render(res, Console(file=buf, width=300))
     text = buf.getvalue()
@@ -227,7 +230,8 @@ def _result(tmp_path, loss_plot):
     return QuickstartResult(
         out=str(tmp_path), tokenizer="t", dataset="d", run_dir=str(tmp_path / "run"),
         checkpoint="c", vocab_size=2048, params=1_000_000, train_rows=10, val_rows=2, steps=3,
-        step_s=None, threads=1, full_steps=None, full_budget_s=None, consumed_tokens=100, val_loss=4.0, val_ppl=54.6, val_bpb=2.5,
+        step_s=None, threads=1, full_steps=None, full_budget_s=None, fallback_from_steps=None,
+        consumed_tokens=100, val_loss=4.0, val_ppl=54.6, val_bpb=2.5,
         val_bytes=1000, sample_prompt="A", sample=None, loss_plot=loss_plot,
     ).to_dict()
 
@@ -261,3 +265,62 @@ def test_loss_png_or_how_to_get_it(tmp_path, monkeypatch):
     buf = io.StringIO()
     render(_result(tmp_path, None), Console(file=buf, width=200))
     assert f"pip install 'astrai[plot]' to get {tmp_path / 'loss.png'}" in buf.getvalue()
+
+
+TINY = {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "head_dim": 16, "ffn_dim": 64}
+SMALLER = {"dim": 16, "head_dim": 8, "ffn_dim": 32}
+
+
+def _tiny_run(tmp_path, monkeypatch, recipe_s: float, **kw):
+    """A whole quickstart on a few held-out records with a 1-layer model, the step time
+    faked per model width: `recipe_s` for the recipe's model (dim 32), 0.25 s for the
+    fallback (dim 16). Returns the result."""
+    import astrai.quickstart.pipeline as qp
+    from astrai.quickstart import run_quickstart
+
+    def fake_step(config, *a, **k):
+        return recipe_s if config.dim == 32 else 0.25
+
+    monkeypatch.setattr(qp, "measure_step_seconds", fake_step)
+    monkeypatch.setattr(qp, "fastest_threads", lambda config, *a, **k: (1, fake_step(config)))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    lines = find_corpus().val.read_text().splitlines()
+    (corpus / "shakespeare_train.jsonl").write_text("\n".join(lines[:6]) + "\n")
+    (corpus / "shakespeare_val.jsonl").write_text(lines[6] + "\n")
+    cfg = QuickstartConfig(out=str(tmp_path / "qs"), corpus=str(corpus), vocab_size=300,
+                           seq_len=32, model_overrides=TINY, fallback_overrides=SMALLER,
+                           sample_tokens=4, **kw)
+    return run_quickstart(cfg)
+
+
+def test_a_slow_machine_trains_the_smaller_fallback_model(tmp_path, monkeypatch):
+    import json
+
+    from astrai.model.stats import param_counts
+
+    # 3 s a step leaves the recipe's model the 10-step minimum of a 60 s budget: the
+    # fallback model trains instead, for as many steps as its own step time fits.
+    res = _tiny_run(tmp_path, monkeypatch, recipe_s=3.0, time_budget_s=60.0)
+    assert res.fallback_from_steps == 10
+    assert res.steps > 10 and res.step_s == 0.25
+    saved = json.loads((tmp_path / "qs" / "run" / "train_config.json").read_text())
+    assert {k: saved["model_overrides"][k] for k in SMALLER} == SMALLER
+    small = ModelConfig(vocab_size=res.vocab_size, max_seq_len=32, n_layers=1, n_heads=2,
+                        n_kv_heads=1, **SMALLER)
+    assert res.params == param_counts(small).total
+    assert res.full_budget_s is not None and res.val_bpb is not None
+
+    from astrai_cli.commands.quickstart_cmd import render
+
+    buf = io.StringIO()
+    render(res.to_dict(), Console(file=buf, width=400))
+    assert (f"gave the recipe's model only 10 steps on this machine now, so a smaller model "
+            f"trained for {res.steps} steps instead") in buf.getvalue()
+
+
+def test_no_fallback_when_the_budget_is_not_what_limits(tmp_path, monkeypatch):
+    # An epoch cap below fallback_below_steps is the recipe's own length, not a slow machine.
+    res = _tiny_run(tmp_path, monkeypatch, recipe_s=0.001, max_epochs=0.2)
+    assert res.fallback_from_steps is None and res.full_budget_s is None
+    assert 10 <= res.steps < QuickstartConfig().fallback_below_steps
