@@ -4,7 +4,8 @@ Shakespeare's plays and poems for training (39 works, 4.7 MB) and two held-out t
 Tempest, the first sonnets) for validation (examples/data/README.md). The files ship in the
 repository, not inside the wheel, so they are looked up beside the installed package (an
 editable install or a checkout), then under the current directory; `--corpus DIR` points
-anywhere else (`--corpus examples/data` is the 8-play, 1 MB sample earlier recipes used).
+anywhere else (`--corpus examples/data` is the 8-play, 1 MB sample earlier recipes used,
+at 4 epochs).
 """
 
 from __future__ import annotations

@@ -173,6 +173,10 @@ def register(app: typer.Typer) -> None:
             "--batch-size", help="Rows per step.", rich_help_panel="Recipe")] = 8,
         max_lr: Annotated[float, typer.Option(
             "--max-lr", help="Peak learning rate.", rich_help_panel="Recipe")] = 2e-3,
+        max_epochs: Annotated[float, typer.Option(
+            "--max-epochs", help="Most passes over the corpus a sized run makes (the "
+            "recipe's length; a small --corpus may want more).", rich_help_panel="Recipe")
+        ] = 1.0,
         weight_decay: Annotated[float, typer.Option(
             "--weight-decay", help="Decoupled weight decay of the weight matrices.",
             rich_help_panel="Recipe")] = 0.3,
@@ -202,6 +206,7 @@ def register(app: typer.Typer) -> None:
             "out": str(out), "corpus": None if corpus is None else str(corpus),
             "overwrite": overwrite, "vocab_size": vocab_size, "seq_len": seq_len,
             "batch_size": batch_size, "max_lr": max_lr, "model_overrides": overrides,
+            "max_epochs": max_epochs,
             "steps": steps, "time_budget_s": time_budget, "seed": seed, "device": device,
             "threads": threads, "optimizer": optimizer, "weight_decay": weight_decay,
             **({} if fallback else {"fallback_overrides": None}),

@@ -219,7 +219,7 @@ def test_cli_defaults_are_the_config_defaults():
     defaults = {p.name: p.default for p in cmd.params}
     cfg = QuickstartConfig()
     for name in ("vocab_size", "seq_len", "batch_size", "max_lr", "seed", "device",
-                 "optimizer", "weight_decay"):
+                 "optimizer", "weight_decay", "max_epochs"):
         assert defaults[name] == getattr(cfg, name), name
     assert defaults["time_budget"] == cfg.time_budget_s
 
