@@ -49,7 +49,8 @@ class QuickstartConfig(BaseModel):
     fallback_overrides: dict[str, Any] | None = Field(
         default_factory=lambda: {"dim": 128, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 384})
     """ModelConfig fields changed, on top of model_overrides, for the smaller model a slow
-    machine trains instead (~0.4x the step time, ~0.5M parameters); None = never."""
+    machine trains instead (0.40-0.45x the step time, ~0.66M parameters with the
+    2048-token vocabulary); None = never."""
     fallback_below_steps: int = Field(450, ge=0)
     """Train the fallback model when the time budget gives the recipe's model fewer steps
     than this (~2/3 of the 696 of the idle development machine): measured at equal time, the

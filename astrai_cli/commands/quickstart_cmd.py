@@ -115,21 +115,22 @@ def render(res: dict[str, Any], console: Console) -> None:
     if res["preempted"]:
         console.print(f"Continue with:  astrai resume {escape(res['run_dir'])}")
         return
+    fit = None if res.get("full_budget_s") is None else (
+        f"astrai quickstart --time-budget {res['full_budget_s']:.0f} (or --steps "
+        f"{res['full_steps']}).")
     if res.get("fallback_from_steps") is not None:
         console.print(
             f"[yellow]note:[/] the time budget gave the recipe's model only "
             f"{res['fallback_from_steps']:,} steps on this machine now, so a smaller model "
             f"trained for {res['steps']:,} steps instead (measured better at such speeds; "
-            "see docs/quickstart.md)." + ("" if res.get("full_budget_s") is None else
-            " For the recipe's model at this speed: astrai quickstart --time-budget "
-            f"{res['full_budget_s']:.0f} (or --steps {res['full_steps']})."))
-    elif res.get("full_budget_s"):
+            "see docs/quickstart.md)."
+            + ("" if fit is None else f" For the recipe's model at this speed: {fit}"))
+    elif fit is not None:
         console.print(
             f"[yellow]note:[/] the time budget cut training to {res['steps']:,} of the "
             f"recipe's {res['full_steps']:,} steps ({res['step_s']:.2f} s/step on this "
             "machine now), so expect a higher bits per byte than the full recipe's (see "
-            "docs/quickstart.md). For the full recipe at this speed: astrai quickstart "
-            f"--time-budget {res['full_budget_s']:.0f} (or --steps {res['full_steps']}).")
+            f"docs/quickstart.md). For the full recipe at this speed: {fit}")
     console.print("[bold]Next:[/]")
     for c in res["commands"]:
         console.print(f"  [dim]# {escape(c['what'])}[/]\n  {escape(c['command'])}")
