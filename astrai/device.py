@@ -1,6 +1,6 @@
 """The one rule for `--device` everywhere (train, chat, serve-bench, quickstart).
 
-`auto` = cuda when present, else cpu (DESIGN.md "Device and precision"); anything else is
+`auto` = cuda when present, else cpu (docs/distributed.md "Precision"); anything else is
 parsed by torch, and a CUDA device on a machine without CUDA is a user error now rather
 than a torch error at the first tensor moved there.
 """

@@ -1,6 +1,6 @@
 """TrainConfig: everything a training run needs, typed and validated.
 
-Precedence (DESIGN.md "Config precedence"): field defaults < `--config file.yaml|json` < CLI
+Precedence (docs/train.md "Options"): field defaults < `--config file.yaml|json` < CLI
 flags. The resolved config is saved in the run directory and in every checkpoint's
 meta.json, so `astrai resume RUN_DIR` needs no other argument.
 """

@@ -1,4 +1,4 @@
-"""manifest.json: what a dataset directory holds (DESIGN.md "Dataset directory")."""
+"""manifest.json: what a dataset directory holds (docs/formats.md "Dataset directory")."""
 
 from __future__ import annotations
 

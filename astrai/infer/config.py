@@ -1,6 +1,6 @@
 """Typed configs of the inference engine: the KV cache and the scheduler.
 
-Validation raises `ConfigError` naming the field and the fix (DESIGN.md "Errors").
+Validation raises `ConfigError` naming the field and the fix (docs/architecture.md: "User mistakes raise an AstraiError").
 """
 
 from __future__ import annotations

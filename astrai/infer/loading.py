@@ -13,7 +13,7 @@ from astrai.infer.config import DTYPES
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """None/'auto' = bf16 on CUDA, fp32 on CPU (DESIGN.md "Device and precision")."""
+    """None/'auto' = bf16 on CUDA, fp32 on CPU (docs/distributed.md "Precision")."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):

@@ -1,4 +1,4 @@
-"""The self-contained checkpoint directory (DESIGN.md "Checkpoint directory").
+"""The self-contained checkpoint directory (docs/architecture.md "Checkpoint format").
 
     config.json          ModelConfig
     model.safetensors    weights (tied embeddings stored once)

@@ -73,7 +73,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 @dataclass
 class RunPaths:
-    """Where a run writes (DESIGN.md: run dir with metrics and checkpoints)."""
+    """Where a run writes (docs/train.md "The run directory")."""
 
     run_dir: Path
     ckpt_dir: Path

@@ -1,6 +1,6 @@
 """Executors: how one training process places, wraps and steps the model.
 
-The trainer talks to the model only through an executor (DESIGN.md "Executor"), so
+The trainer talks to the model only through an executor (docs/distributed.md "Executors"), so
 data/fully-sharded parallelism plug in beside `none` without touching the loop:
 
     executor = EXECUTORS.get("none")(device=dev, precision=p)

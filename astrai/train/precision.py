@@ -12,7 +12,7 @@ recommends fp32 moments: so with bf16-true weights the moments stay fp32 and the
 computed in fp32 (astrai.train.adamw), and only the final weight write rounds to bf16.
 
 `--precision auto` is bf16-mixed on CUDA (when the GPU has bf16) and fp32 elsewhere
-(DESIGN.md "Device and precision"): bf16 matmuls on CPUs without bf16 units are ~100x
+(docs/distributed.md "Precision"): bf16 matmuls on CPUs without bf16 units are ~100x
 slower than fp32.
 """
 

@@ -1,4 +1,4 @@
-"""Which attention backend serves a step (DESIGN.md "Inference").
+"""Which attention backend serves a step (docs/engine.md "Attention backends").
 
 Selection, most specific first: an explicit choice (Engine(backend=...)), the
 `attn_backend(name)` context manager (a contextvar, so threads and asyncio tasks each keep

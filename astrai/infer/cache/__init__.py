@@ -8,7 +8,7 @@ from astrai.infer.cache.req_to_token import ReqToTokenPool
 from astrai.infer.cache.storage import KVStorage
 
 Allocator = PageAllocator
-"""The allocator of DESIGN.md (paged and contiguous modes, reference counts)."""
+"""The allocator of docs/architecture.md "Inference cache contract" (paged and contiguous modes, reference counts)."""
 
 __all__ = [
     "Allocator", "KVCache", "KVHandle", "KVStorage", "PageAllocator", "PagePool", "PoolStats",

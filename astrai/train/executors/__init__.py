@@ -1,3 +1,3 @@
-"""Distributed executors (DESIGN.md "Executor"): `ddp` (DistributedDataParallel) and `fsdp`
+"""Distributed executors (docs/distributed.md "Executors"): `ddp` (DistributedDataParallel) and `fsdp`
 (FSDP2 `fully_shard`), registered lazily in astrai.train.executor.EXECUTORS so that runs on
 one process never import torch.distributed's wrappers."""

@@ -1,6 +1,6 @@
 """The strategy contract: `strategy(batch) -> {"loss": Tensor, "metrics": {str: float}}`.
 
-The trainer knows no loss; strategies know no loop (DESIGN.md "Strategy"). What a
+The trainer knows no loss; strategies know no loop (docs/train.md "Strategies"). What a
 strategy must say besides its loss:
 
 * `loss_units(batch)`: how many units (loss tokens, pairs, groups) the batch's loss is a
