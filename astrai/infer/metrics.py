@@ -43,10 +43,6 @@ class EngineStats:
     def prefix_hit_rate(self) -> float:
         return self.pool.prefix_hit_rate
 
-    @property
-    def kv_utilization(self) -> float:
-        return self.pool.utilization
-
 
 @dataclass
 class StepCounters:

@@ -95,17 +95,6 @@ def get_library() -> ctypes.CDLL:
         raise KernelUnavailable(f"cannot load {path}: {e}") from e
 
 
-def kernels_available() -> bool:
-    """True when CUDA is present and the library loads (may build it the first time)."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        get_library()
-    except KernelUnavailable:
-        return False
-    return True
-
-
 def _check(lib: ctypes.CDLL, code: int, what: str) -> None:
     if code != 0:
         raise RuntimeError(f"astrai {what} kernel: {lib.astrai_error_string(code).decode()}")

@@ -97,11 +97,6 @@ def read_json(path: Path) -> dict:
     return data
 
 
-def is_hf_dir(path: str | Path) -> bool:
-    f = Path(path) / CONFIG
-    return f.is_file() and is_hf_config(read_json(f))
-
-
 def read_config(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
     """(ModelConfig, info) of a checkpoint directory of either format, without weights."""
     path = Path(path)

@@ -30,10 +30,6 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def preset_names() -> list[str]:
-    return list(PRESETS)
-
-
 def get_preset(name: str, **overrides) -> ModelConfig:
     """The preset's config with `overrides` applied (e.g. vocab_size from a tokenizer)."""
     if name not in PRESETS:

@@ -7,10 +7,7 @@ from astrai.infer.cache.record import KVCache, build_kv_cache
 from astrai.infer.cache.req_to_token import ReqToTokenPool
 from astrai.infer.cache.storage import KVStorage
 
-Allocator = PageAllocator
-"""The allocator of docs/architecture.md "Inference cache contract" (paged and contiguous modes, reference counts)."""
-
 __all__ = [
-    "Allocator", "KVCache", "KVHandle", "KVStorage", "PageAllocator", "PagePool", "PoolStats",
+    "KVCache", "KVHandle", "KVStorage", "PageAllocator", "PagePool", "PoolStats",
     "RadixCache", "ReqToTokenPool", "build_kv_cache",
 ]

@@ -34,9 +34,6 @@ class PageAllocator:
         return self.num_pages - len(self._free)
 
     # -- verbs -----------------------------------------------------------------------------
-    def can_alloc(self, n: int) -> bool:
-        return len(self._free) >= n
-
     def alloc(self, n: int) -> list[int] | None:
         """n fresh pages with one reference each, or None (all or nothing)."""
         if n > len(self._free):
