@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
+from astrai.data.assets import tiny_corpus_path
 from astrai.data.tokenizer import Tokenizer
 
-
-def tiny_corpus_path() -> Path:
-    """The bundled ~45 KB public-domain corpus (Shakespeare + a few multilingual lines)."""
-    return Path(str(resources.files("astrai") / "assets" / "tiny_corpus.txt"))
+__all__ = ["tiny_corpus_path", "tiny_dataset", "tiny_tokenizer"]
 
 
 def tiny_tokenizer(tmp_path: str | Path, vocab_size: int = 512) -> Tokenizer:

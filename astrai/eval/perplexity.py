@@ -104,7 +104,7 @@ def score_dataset(model: torch.nn.Module, path: Path, *, batch_size: int = 8,
     """Training's validation on a preprocessed dataset directory."""
     from torch.utils.data import DataLoader, Subset
 
-    from astrai.train.bpb import token_byte_lengths
+    from astrai.data.bpb import token_byte_lengths
     from astrai.train.data import open_train_data
     from astrai.train.strategies import STRATEGIES
 

@@ -184,7 +184,7 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
     )
     byte_lengths = None
     if data.eval_dataset is not None and data.tokenizer_dir is not None:
-        from astrai.train.bpb import token_byte_lengths
+        from astrai.data.bpb import token_byte_lengths
 
         byte_lengths = token_byte_lengths(data.tokenizer_dir)
     ctx = TrainContext(

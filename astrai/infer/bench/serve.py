@@ -57,8 +57,8 @@ def load_target(target: str, device: str = "auto", dtype: str | None = None,
         info = {"kind": "checkpoint", "path": str(path),
                 "tokenizer": "checkpoint" if tok is not None else None}
     elif target in PRESETS:
+        from astrai.data.assets import tiny_corpus_path
         from astrai.data.bpe import train_tokenizer
-        from astrai.data.testing import tiny_corpus_path
         from astrai.model import build_model, get_preset
 
         dev = resolve_device(device)
