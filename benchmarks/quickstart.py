@@ -62,7 +62,7 @@ def val_bpb(forward, data_dir: Path, tokenizer_dir: Path) -> tuple[float, int]:
     """(bits per byte, bytes) of `forward(input_ids (1, T)) -> logits (1, T, V)` on the
     quickstart's val split: every target >= 0 is scored; special tokens carry no bytes."""
     from astrai.data.dataset import open_dataset
-    from astrai.train.bpb import token_byte_lengths
+    from astrai.data.bpb import token_byte_lengths
 
     lengths = token_byte_lengths(tokenizer_dir)  # (V,)
     val = open_dataset(data_dir, "val")

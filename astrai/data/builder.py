@@ -267,53 +267,9 @@ def build_dataset(spec: PreprocessSpec, *, workers: int | None = 1, on_error: st
         groups: dict = {}  # grpo: the first record's mode and group size, which all must share
         try:
             for split, units in splits.items():
-                files = list(dict.fromkeys(u.path for u in units))
-                total = sum(u.size for u in units)
-                stats = all_stats[split] = SplitStats()
-                sink = _Sink(tmp, split, spec, token_dtype, stats, groups)
-                packer = Packer(spec.packing.mode or "none", spec.row_len, spec.packing.buffer,
-                                spec.packing.min_piece)
-                limit = spec.max_records if split == "train" else None
-                for results, done in encoders.map(iter_chunks(units, spec, limit)):
-                    for res in results:
-                        stats.records_read += 1
-                        status, where = res[0], res[1]
-                        if status == "error":
-                            stats.malformed += 1
-                            if len(errors) < 10_000:
-                                errors.append(res[2])
-                            continue
-                        if status == "filtered":
-                            stats.filtered_short += res[2] == "short"
-                            stats.filtered_long += res[2] == "long"
-                            continue
-                        if errors and on_error == "fail":
-                            continue  # the run fails; keep scanning only to list more bad lines
-                        payload = res[2]
-                        bad = _grpo_mismatch(payload, groups) if spec.kind == "grpo" else None
-                        if bad:
-                            stats.malformed += 1
-                            errors.append(f"{where}: {bad}")
-                            continue
-                        stats.records_kept += 1
-                        if spec.kind in ("pretrain", "sft"):
-                            for doc in _docs(spec, payload, stats):
-                                for row in packer.add(doc):
-                                    sink.add(row)
-                        else:
-                            sink.add(_truncate_pair(spec, payload, stats))
-                    if errors and on_error == "fail" and len(errors) >= MAX_LISTED_ERRORS:
-                        break
-                    if progress:
-                        progress({"split": split, "records": stats.records_read,
-                                  "tokens": stats.tokens, "elapsed": time.perf_counter() - t1,
-                                  "bytes_done": done, "bytes_total": total})
-                if errors and on_error == "fail":
-                    raise DataError(_error_summary(errors))
-                for row in packer.finish():
-                    sink.add(row)
-                sink.close()
-                _check_split(split, files, stats)
+                all_stats[split] = _build_split(
+                    _SplitRun(spec, split, on_error, errors, groups, progress, t1),
+                    units, encoders, _Sink(tmp, split, spec, token_dtype, SplitStats(), groups))
             elapsed = time.perf_counter() - t1
             tok.save(tmp / "tokenizer")
             offline = groups.get("mode") == "offline"
@@ -324,6 +280,79 @@ def build_dataset(spec: PreprocessSpec, *, workers: int | None = 1, on_error: st
         finally:
             encoders.close()
     return BuildResult(str(out), spec.kind, spec.format, all_stats, errors, elapsed, startup)
+
+
+@dataclass
+class _SplitRun:
+    """What one split's pass shares with the whole build: the error list, grpo's group shape."""
+
+    spec: PreprocessSpec
+    split: str
+    on_error: str
+    errors: list[str]
+    groups: dict
+    progress: ProgressFn | None
+    t0: float
+
+    @property
+    def failing(self) -> bool:
+        return bool(self.errors) and self.on_error == "fail"
+
+
+def _build_split(run: _SplitRun, units: list, encoders: Encoders, sink: _Sink) -> SplitStats:
+    """Encode, filter, pack and write one split; raises DataError when a record is bad and
+    on_error is fail (after listing up to MAX_LISTED_ERRORS of them)."""
+    spec, stats = run.spec, sink.stats
+    files = list(dict.fromkeys(u.path for u in units))
+    total = sum(u.size for u in units)
+    packer = Packer(spec.packing.mode or "none", spec.row_len, spec.packing.buffer,
+                    spec.packing.min_piece)
+    limit = spec.max_records if run.split == "train" else None
+    for results, done in encoders.map(iter_chunks(units, spec, limit)):
+        for res in results:
+            for row in _take(run, res, stats, packer):
+                sink.add(row)
+        if run.failing and len(run.errors) >= MAX_LISTED_ERRORS:
+            break
+        if run.progress:
+            run.progress({"split": run.split, "records": stats.records_read,
+                          "tokens": stats.tokens, "elapsed": time.perf_counter() - run.t0,
+                          "bytes_done": done, "bytes_total": total})
+    if run.failing:
+        raise DataError(_error_summary(run.errors))
+    for row in packer.finish():
+        sink.add(row)
+    sink.close()
+    _check_split(run.split, files, stats)
+    return stats
+
+
+def _take(run: _SplitRun, res: tuple, stats: SplitStats, packer: Packer) -> list:
+    """The rows one encoded record adds (none when it is malformed or filtered out)."""
+    spec = run.spec
+    stats.records_read += 1
+    status, where = res[0], res[1]
+    if status == "error":
+        stats.malformed += 1
+        if len(run.errors) < 10_000:
+            run.errors.append(res[2])
+        return []
+    if status == "filtered":
+        stats.filtered_short += res[2] == "short"
+        stats.filtered_long += res[2] == "long"
+        return []
+    if run.failing:
+        return []  # the run fails; keep scanning only to list more bad lines
+    payload = res[2]
+    bad = _grpo_mismatch(payload, run.groups) if spec.kind == "grpo" else None
+    if bad:
+        stats.malformed += 1
+        run.errors.append(f"{where}: {bad}")
+        return []
+    stats.records_kept += 1
+    if spec.kind in ("pretrain", "sft"):
+        return [row for doc in _docs(spec, payload, stats) for row in packer.add(doc)]
+    return [_truncate_pair(spec, payload, stats)]
 
 
 def _grpo_mismatch(payload: dict, first: dict) -> str | None:

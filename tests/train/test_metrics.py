@@ -10,7 +10,7 @@ import torch
 from astrai.data.testing import tiny_tokenizer
 from astrai.model.checkpoint import load_checkpoint
 from astrai.train import train
-from astrai.train.bpb import token_byte_lengths
+from astrai.data.bpb import token_byte_lengths
 from astrai.train.callbacks import Callback
 
 from .conftest import collate, make_data
