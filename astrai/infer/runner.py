@@ -55,9 +55,9 @@ class ModelRunner:
 
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
         """h [B_s, C] -> logits [B_s, V]. On CPU a one- or two-row product against the
-        [V, C] head is 2-3x faster against a [C, V] copy (measured: 8192x256 1.0 -> 0.36 ms,
-        32000x512 7.9 -> 3.9 ms), and decoding a lone request is mostly that product; the
-        copy is refreshed whenever the weight changes (in-place updates bump _version)."""
+        [V, C] head is faster against a [C, V] copy (figures in docs/engine.md
+        "Performance"), and decoding a lone request is mostly that product; the copy is
+        refreshed whenever the weight changes (in-place updates bump _version)."""
         lm = getattr(self.model, "lm_head", None)
         w = lm.weight if lm is not None else self.model.output_weight()
         bias = lm.bias if lm is not None else None

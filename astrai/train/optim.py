@@ -40,9 +40,9 @@ def build_adamw(model: nn.Module, *, lr: float, weight_decay: float, betas: tupl
         from astrai.train.adamw import AdamW
 
         return AdamW(groups, lr=lr, betas=betas, eps=eps, state_dtype=state_dtype)
-    # The fused kernel is one elementwise pass per tensor (5x faster than foreach on CPU:
-    # 7 ms vs 32 ms a step for `tiny`, 40 vs 250 ms for `small`), with no reductions, so
-    # runs stay bit-reproducible; FSDP2's sharded (DTensor) parameters support it too.
+    # The fused kernel is one elementwise pass per tensor (faster than foreach on CPU; figures
+    # in docs/train.md "Measured"), with no reductions, so runs stay bit-reproducible;
+    # FSDP2's sharded (DTensor) parameters support it too.
     params = [p for g in groups for p in g["params"]]
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
