@@ -33,7 +33,7 @@ from astrai.train import train
 from astrai.train.callbacks import Callback
 from astrai.train.data import TrainData
 from astrai.train.flops import measure_peak_flops
-from astrai.train.optim import decay_param_groups
+from astrai.train.param_groups import decay_param_groups
 
 LR, WD, BETAS = 3e-4, 0.1, (0.9, 0.95)
 CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}

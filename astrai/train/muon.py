@@ -29,12 +29,10 @@ state_dict is torch's layout, with a `muon` flag per group).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from astrai.train.adamw import AdamW
 
@@ -43,17 +41,6 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 """Quintic Newton-Schulz coefficients of Jordan 2024 (torch.optim.Muon's defaults)."""
 NS_STEPS = 5
 NS_EPS = 1e-7
-
-# Linear weights inside a decoder block's attention or FFN (experts included): the hidden
-# matrices. The router maps to a handful of expert logits, an output layer, so it is not.
-_HIDDEN = re.compile(r"(?:^|\.)layers\.\d+\.(?:attn|mlp)\.(?!router\.).*weight$")
-
-
-def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
-    """Whether parameter `name` is trained by Muon: a 2-D weight of a block's attention or
-    MLP (q/k/v/o, gate/up/down, experts). Anything 3-D or more would take AdamW."""
-    return p.ndim == 2 and _HIDDEN.search(name) is not None
-
 
 def newton_schulz(g: torch.Tensor, *, steps: int = NS_STEPS,
                   coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
@@ -123,23 +110,3 @@ class MuonAdamW(AdamW):
         for dst, src in ((p, p32), (buf, b32)):
             if dst.data_ptr() != src.data_ptr():
                 dst.copy_(src)  # round to the stored dtype
-
-
-def muon_param_groups(model: nn.Module, *, lr: float, muon_lr: float,
-                      weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups first (decay on the remaining matrices, none on embeddings, norms and
-    biases: astrai.train.optim.decay_param_groups), then one Muon group of the hidden
-    matrices at `muon_lr`. Each group is named for --dry-run. Muon's decay is the same
-    decoupled `weight_decay` (Moonshot 2025 reuses AdamW's with match_rms_adamw)."""
-    from astrai.train.optim import decay_param_groups
-
-    hidden = [p for n, p in model.named_parameters()
-              if p.requires_grad and is_hidden_matrix(n, p)]
-    skip = {id(p) for p in hidden}
-    groups = decay_param_groups(model, weight_decay, exclude=skip)
-    for g in groups:
-        g.update(lr=lr, muon=False)
-    if hidden:
-        groups.append({"params": hidden, "lr": muon_lr, "weight_decay": weight_decay,
-                       "muon": True, "name": "muon"})
-    return groups

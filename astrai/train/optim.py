@@ -1,5 +1,5 @@
 """The run's optimizer: AdamW with weight decay on matrices only, or Muon + AdamW
-(astrai.train.muon)."""
+(astrai.train.muon), over the groups of astrai.train.param_groups."""
 
 from __future__ import annotations
 
@@ -8,26 +8,9 @@ from typing import Any
 import torch
 from torch import nn
 
-
-def decay_param_groups(model: nn.Module, weight_decay: float, *,
-                       exclude: set[int] = frozenset()) -> list[dict[str, Any]]:
-    """Two AdamW groups: weight decay on weight matrices (attention, MLP, experts, router,
-    untied lm_head); none on norm gains, biases and token embeddings. Parameters whose id
-    is in `exclude` (Muon's) are left out.
-
-    Why not the embeddings: decay pulls rarely seen token rows to zero between their
-    updates (nanoGPT, GPT-NeoX and OLMo exclude them too); a tied lm_head is the embedding.
-    """
-    decay, no_decay, seen = [], [], set(exclude)
-    for name, p in model.named_parameters():
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        is_embedding = name.endswith("embed_tokens.weight")
-        (decay if p.ndim >= 2 and not is_embedding else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay, "name": "adamw"},
-              {"params": no_decay, "weight_decay": 0.0, "name": "adamw-no-decay"}]
-    return [g for g in groups if g["params"]]
+from astrai.train.adamw import AdamW
+from astrai.train.muon import MuonAdamW
+from astrai.train.param_groups import decay_param_groups, muon_param_groups
 
 
 def build_adamw(model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
@@ -37,8 +20,6 @@ def build_adamw(model: nn.Module, *, lr: float, weight_decay: float, betas: tupl
     paper's advice) astrai.train.adamw.AdamW is used instead."""
     groups = decay_param_groups(model, weight_decay)
     if any(p.dtype != state_dtype for g in groups for p in g["params"]):
-        from astrai.train.adamw import AdamW
-
         return AdamW(groups, lr=lr, betas=betas, eps=eps, state_dtype=state_dtype)
     # The fused kernel is one elementwise pass per tensor (faster than foreach on CPU; figures
     # in docs/train.md "Measured"), with no reductions, so runs stay bit-reproducible;
@@ -56,8 +37,6 @@ def build_optimizer(model: nn.Module, config: Any, state_dtype: torch.dtype = to
     if config.optimizer == "adamw":
         return build_adamw(model, lr=config.max_lr, weight_decay=config.weight_decay,
                            betas=betas, eps=config.adam_eps, state_dtype=state_dtype)
-    from astrai.train.muon import MuonAdamW, muon_param_groups
-
     groups = muon_param_groups(model, lr=config.max_lr, muon_lr=config.muon_lr_value,
                                weight_decay=config.weight_decay)
     return MuonAdamW(groups, lr=config.max_lr, weight_decay=config.weight_decay, betas=betas,

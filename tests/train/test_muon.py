@@ -12,7 +12,8 @@ import torch
 from astrai.config.train import TrainConfig
 from astrai.errors import ConfigError
 from astrai.model import build_model, get_preset
-from astrai.train.muon import MuonAdamW, adjusted_lr, is_hidden_matrix, newton_schulz
+from astrai.train.muon import MuonAdamW, adjusted_lr, newton_schulz
+from astrai.train.param_groups import is_hidden_matrix
 from astrai.train.optim import build_optimizer, describe_groups
 from astrai.train.schedule import SCHEDULERS
 

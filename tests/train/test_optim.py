@@ -8,7 +8,7 @@ from astrai.model import build_model, get_preset
 from astrai.model.block import DecoderBlock
 from astrai.train.compile import apply_activation_checkpointing
 from astrai.train.executor import EXECUTORS
-from astrai.train.optim import decay_param_groups
+from astrai.train.param_groups import decay_param_groups
 
 from .conftest import TINY, VOCAB, collate, pretrain_samples
 
