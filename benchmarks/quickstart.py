@@ -123,7 +123,7 @@ def peer_optimizer(model, recipe: dict) -> list[torch.optim.Optimizer]:
 def start_like_astrai(hf, config, seed: int) -> None:
     """Give the HF model astrai's initial weights for `config` and `seed` (the draw the
     quickstart's run started from), by the exporter's name map; a tied head is HF's own."""
-    from astrai.model.hf import astrai_to_hf_name
+    from astrai.model.hf_names import astrai_to_hf_name
     from astrai.model.init import build_model
 
     state = {astrai_to_hf_name(k): v for k, v in build_model(config, seed=seed).state_dict()

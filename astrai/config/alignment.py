@@ -11,17 +11,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from astrai.config.numbers import NoBoolNumbers
+from astrai.typed_config import TypedConfig
 
 DPOLossType = Literal["sigmoid", "ipo", "hinge"]
 
 
-class AlignmentOptions(NoBoolNumbers, BaseModel):
+class AlignmentOptions(TypedConfig):
     """Fields shared by TrainConfig for dpo / grpo / reward / online-* runs."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
 
     # -- reference policy (dpo, grpo KL, online-*) ------------------------------------------
     ref_model: str | None = None

@@ -10,19 +10,21 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from astrai.config.numbers import NoBoolNumbers
+from astrai.config.files import read_config_file
 from astrai.config.pairs import parse_pair
 from astrai.errors import ConfigError
+from astrai.typed_config import TypedConfig
 
 Kind = Literal["pretrain", "sft", "dpo", "grpo"]
 Mask = Literal["train", "mask"]
 
 
-class _Strict(NoBoolNumbers, BaseModel):
+class _Strict(TypedConfig):
     model_config = ConfigDict(extra="forbid", validate_assignment=True,
                               use_attribute_docstrings=True)
+    unknown_key_hint = "see `astrai preprocess --schema`"
 
 
 class Section(_Strict):
@@ -149,18 +151,6 @@ class PreprocessSpec(_Strict):
         return any(s.template or s.action != "train" for s in secs)
 
 
-def _format_error(e: ValidationError, source: str) -> str:
-    parts = []
-    for err in e.errors()[:5]:
-        loc = ".".join(str(x) for x in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key; check the spelling (see `astrai preprocess --schema`)"
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    more = f" (+{len(e.errors()) - 5} more)" if len(e.errors()) > 5 else ""
-    return f"{source}: " + "; ".join(parts) + more
-
-
 def parse_override(item: str) -> tuple[list[str], Any]:
     """`key.sub=value` -> (["key", "sub"], value); value parsed as JSON when it is JSON."""
     key, value = parse_pair(item, "--set", "packing.mode=bfd")
@@ -195,29 +185,8 @@ def load_spec(path: str | Path | None = None, overrides: list[str] | None = None
     if data is None:
         if path is None:
             raise ConfigError("no spec given: pass a spec file (see examples/specs/)")
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"{p}: spec file does not exist")
-        text = p.read_text(encoding="utf-8")
-        if p.suffix in (".yaml", ".yml"):
-            import yaml
-
-            try:
-                data = yaml.safe_load(text)
-            except yaml.YAMLError as e:
-                raise ConfigError(f"{p}: invalid YAML ({e})") from e
-        else:
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{p}:{e.lineno}: invalid JSON ({e.msg})") from e
-        if not isinstance(data, dict):
-            raise ConfigError(f"{p}: the spec must be a JSON object")
-    data = apply_overrides(data, overrides or [])
-    try:
-        return PreprocessSpec.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_format_error(e, source)) from None
+        data = read_config_file(path, what="a spec object", missing="spec file does not exist")
+    return PreprocessSpec.from_dict(apply_overrides(data, overrides or []), source)
 
 
 def spec_schema() -> dict:

@@ -7,14 +7,13 @@ meta.json, so `astrai resume RUN_DIR` needs no other argument.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from astrai.config.alignment import AlignmentOptions
+from astrai.config.files import key_line, read_config_file
 from astrai.errors import ConfigError
 
 ScheduleType = Literal["cosine", "sgdr", "wsd"]
@@ -31,6 +30,7 @@ class TrainConfig(AlignmentOptions):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True,
                               use_attribute_docstrings=True)
+    unknown_key_hint = "valid keys are the long options of `astrai train --help` with '_' for '-'"
 
     # -- what to train -------------------------------------------------------------------
     strategy: str = "seq"
@@ -298,63 +298,7 @@ class TrainConfig(AlignmentOptions):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "train config") -> TrainConfig:
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            raise ConfigError(f"{source}: {_format(e, source)}") from None
-
-
-def _format(e: ValidationError, source: str) -> str:
-    parts = []
-    for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "config"
-        if err["type"] == "extra_forbidden":
-            parts.append(f"unknown key `{loc}` (see `astrai train --help` for the valid keys)")
-        else:
-            parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
-    return "; ".join(parts)
-
-
-def read_config_file(path: str | Path, what: str = "a mapping of train options",
-                     hint: str = "") -> dict[str, Any]:
-    """The mapping in a YAML or JSON config file; errors name the file and line, say the
-    file should hold `what`, and end with `hint`."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file; expected {what} (YAML or JSON)"
-                          f"{hint}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        raise ConfigError(f"{path}: {where}invalid YAML ({getattr(e, 'problem', e)})") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected {what} (YAML or JSON), got "
-                          f"{type(data).__name__}{hint}")
-    return data
-
-
-def _key_line(path: Path, key: str) -> int | None:
-    """1-based line of top-level `key` in a YAML/JSON file (JSON is YAML), if found."""
-    try:
-        node = yaml.compose(path.read_text())
-    except yaml.YAMLError:
-        return None
-    if not isinstance(node, yaml.MappingNode):
-        return None
-    for k, _ in node.value:
-        if getattr(k, "value", None) == key:
-            return k.start_mark.line + 1
-    return None
+        return super().from_dict(data, source)
 
 
 def load_train_config(config_file: str | Path | None = None,
@@ -366,7 +310,7 @@ def load_train_config(config_file: str | Path | None = None,
         data = read_config_file(path)
         unknown = [k for k in data if k not in TrainConfig.model_fields]
         if unknown:
-            line = _key_line(path, unknown[0])
+            line = key_line(path, unknown[0])
             where = f"line {line}: " if line else ""
             raise ConfigError(
                 f"{path}: {where}unknown key `{unknown[0]}`; valid keys are the long options of "

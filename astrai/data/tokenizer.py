@@ -19,6 +19,7 @@ from astrai.data.chat import render
 from astrai.data.chat_ids import conversation_ids
 from astrai.data.stream import StreamDecoder
 from astrai.errors import ConfigError, NoTemplateError
+from astrai.jsonfile import read_json_object
 
 # Tokens that end an assistant turn in common templates; generation stops on any present.
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
@@ -29,16 +30,6 @@ def _token_str(value: Any) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return data
 
 
 def _template_from_config(value: Any) -> str | None:
@@ -87,9 +78,9 @@ class Tokenizer:
             tok = tokenizers.Tokenizer.from_file(str(file))
         except Exception as e:  # the Rust side raises a plain Exception on bad files
             raise ConfigError(f"tokenizer: {file} could not be read ({e})") from e
-        cfg = _read_json(path / "tokenizer_config.json") if (
+        cfg = read_json_object(path / "tokenizer_config.json") if (
             path / "tokenizer_config.json").is_file() else {}
-        smap = _read_json(path / "special_tokens_map.json") if (
+        smap = read_json_object(path / "special_tokens_map.json") if (
             path / "special_tokens_map.json").is_file() else {}
         special = {k: _token_str(cfg.get(k)) or _token_str(smap.get(k))
                    for k in ("bos_token", "eos_token", "pad_token")}
@@ -99,7 +90,7 @@ class Tokenizer:
         stop: list[int] = []
         gen = path / "generation_config.json"
         if gen.is_file():
-            eos = _read_json(gen).get("eos_token_id")
+            eos = read_json_object(gen).get("eos_token_id")
             stop = [eos] if isinstance(eos, int) else [i for i in (eos or []) if isinstance(i, int)]
         mml = cfg.get("model_max_length")
         out = cls(tok, **special, chat_template=template, extra_stop_ids=stop,

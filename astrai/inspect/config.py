@@ -11,15 +11,15 @@ The verdict (docs/inspect-weights.md):
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
-from astrai.errors import ConfigError
+from astrai.typed_config import TypedConfig
 
 
-class InspectConfig(BaseModel):
+class InspectConfig(TypedConfig):
     """What counts as locked, overflowed, extreme or stuck."""
 
-    model_config = ConfigDict(extra="forbid")
+    unknown_key_hint = "see docs/inspect-weights.md"
 
     lock_min_count: int = Field(16, ge=2)
     """A value must recur at least this many times in one tensor to count as locked."""
@@ -53,11 +53,5 @@ class InspectConfig(BaseModel):
     @classmethod
     def build(cls, **kwargs) -> InspectConfig:
         """Validate options; a bad one is a ConfigError naming the field."""
-        try:
-            return cls(**{k: v for k, v in kwargs.items() if v is not None})
-        except ValidationError as e:
-            err = e.errors()[0]
-            field = ".".join(str(p) for p in err["loc"]) or "option"
-            raise ConfigError(
-                f"inspect-weights: {field}: {err['msg']} (see docs/inspect-weights.md)"
-            ) from None
+        options = {k: v for k, v in kwargs.items() if v is not None}
+        return cls.from_dict(options, source="inspect-weights")

@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from astrai.inspect.config import InspectConfig
 from astrai.inspect.names import parse_name
 from astrai.inspect.scan import CheckpointScan, summarize
 from astrai.inspect.tensor import analyze_tensor
 from astrai.inspect.verdict import Finding, findings, verdict
+from astrai.typed_config import TypedConfig
 
 log = logging.getLogger("astrai.inspect.guard")
 
@@ -129,10 +130,8 @@ def grad_histograms(named_params: Iterable[tuple[str, torch.Tensor]]) -> dict[st
     return {k: v.tolist() for k, v in out.items()}
 
 
-class GuardConfig(BaseModel):
+class GuardConfig(TypedConfig):
     """When the guard runs and what it logs."""
-
-    model_config = ConfigDict(extra="forbid")
 
     every: int = Field(100, ge=1)
     """Check the weights every N optimizer steps (and at the first and last)."""

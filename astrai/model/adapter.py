@@ -22,6 +22,7 @@ from torch import nn
 
 from astrai.errors import CheckpointError, ConfigError
 from astrai.model.checkpoint import read_safetensors, save_weights
+from astrai.model.hf_names import astrai_to_hf_name, hf_to_astrai_name
 from astrai.model.lora import (
     ALL_LINEAR,
     LoraSpec,
@@ -46,8 +47,6 @@ def is_adapter_dir(path: str | Path) -> bool:
 def to_peft_name(name: str) -> str:
     """`layers.0.attn.q_proj.lora_A.weight` -> `base_model.model.model.layers.0.self_attn.
     q_proj.lora_A.weight`."""
-    from astrai.model.hf import astrai_to_hf_name
-
     module, _, rest = name.partition(".lora_")
     return PREFIX + astrai_to_hf_name(module + ".weight").removesuffix(".weight") + ".lora_" + rest
 
@@ -55,8 +54,6 @@ def to_peft_name(name: str) -> str:
 def from_peft_name(name: str) -> str | None:
     """The inverse of to_peft_name (also with PEFT's adapter name `.default.` inside);
     None for a key that is not a LoRA tensor."""
-    from astrai.model.hf import hf_to_astrai_name
-
     name = name.replace(".default.", ".")
     if not name.startswith(PREFIX) or ".lora_" not in name:
         return None

@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 from astrai import __version__
 from astrai.atomic import atomic_dir
 from astrai.errors import CheckpointError
+from astrai.jsonfile import read_json_object
 from astrai.model.config import ModelConfig
 from astrai.model.transformer import Transformer
 from astrai.tempdir import follow_umask
@@ -87,10 +88,7 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     f = Path(path) / META
     if not f.is_file():
         return {}
-    try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{f}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    return read_json_object(f, CheckpointError)
 
 
 def load_extra(path: str | Path, name: str) -> Any:

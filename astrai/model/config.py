@@ -6,21 +6,20 @@ raised as `ConfigError` naming the field and the fix.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from astrai.errors import CheckpointError, ConfigError
+from astrai.errors import CheckpointError
+from astrai.jsonfile import read_json_object
+from astrai.typed_config import TypedConfig
 
 RopeScalingType = Literal["none", "linear", "ntk", "llama3", "yarn"]
 
 
-class RopeScaling(BaseModel):
+class RopeScaling(TypedConfig):
     """RoPE frequency scaling for context extension (HF `rope_scaling` semantics)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     type: RopeScalingType = "none"
     """Scaling method: none, linear (position interpolation), ntk (static NTK-aware base
@@ -41,10 +40,8 @@ class RopeScaling(BaseModel):
     """yarn: scale applied to cos/sin; default 0.1 * ln(factor) + 1."""
 
 
-class ModelConfig(BaseModel):
+class ModelConfig(TypedConfig):
     """Architecture of a pre-norm decoder-only transformer (Llama, Qwen2, Qwen3, Mistral)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
     vocab_size: int = Field(32000, gt=0)
     """Number of token embeddings."""
@@ -147,28 +144,8 @@ class ModelConfig(BaseModel):
     @classmethod
     def from_dict(cls, data: dict, source: str = "model config") -> ModelConfig:
         """Validate a dict; errors name `source` and the offending field."""
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            raise ConfigError(f"{source}: {format_validation_error(e)}") from None
+        return super().from_dict(data, source)
 
     @classmethod
     def load(cls, path: str | Path) -> ModelConfig:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise CheckpointError(f"{path}: file not found") from None
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
-        return cls.from_dict(data, source=str(path))
-
-
-def format_validation_error(e: ValidationError) -> str:
-    """One line naming each bad field and what pydantic says about it."""
-    parts = []
-    for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "config"
-        msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}")
-    return "; ".join(parts)
+        return cls.from_dict(read_json_object(path, CheckpointError), source=str(path))

@@ -13,7 +13,6 @@ alone — no q/k permutation.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import torch
 from astrai import __version__
 from astrai.atomic import atomic_dir
 from astrai.errors import CheckpointError, ConfigError, UnsupportedModelError
+from astrai.jsonfile import read_json_object
 from astrai.model.checkpoint import (
     CONFIG,
     TOKENIZER_FILES,
@@ -34,68 +34,16 @@ from astrai.model.checkpoint import (
 )
 from astrai.model.config import ModelConfig
 from astrai.model.hf_config import config_from_hf, config_to_hf, is_hf_config
+from astrai.model.hf_names import astrai_to_hf_name, hf_to_astrai_name
 from astrai.model.transformer import Transformer
 
 INDEX = "model.safetensors.index.json"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HF_TOKENIZER_FILES = TOKENIZER_FILES + (
     "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
 )
 
-# (HF name pattern, astrai name template); {i} is the layer index.
-_LAYER_MAP = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "mlp_norm.weight",
-    **{f"self_attn.{p}_proj.{w}": f"attn.{p}_proj.{w}"
-       for p in ("q", "k", "v", "o") for w in ("weight", "bias")},
-    **{f"mlp.{p}_proj.weight": f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
-    # Qwen3's QK-norm gains
-    "self_attn.q_norm.weight": "attn.q_norm.weight",
-    "self_attn.k_norm.weight": "attn.k_norm.weight",
-}
-_TOP_MAP = {"model.embed_tokens.weight": "embed_tokens.weight", "model.norm.weight": "norm.weight",
-            "lm_head.weight": "lm_head.weight"}
-_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def hf_to_astrai_name(name: str) -> str | None:
-    """astrai state-dict name for a HF tensor name; None for tensors astrai recomputes
-    (old checkpoints store `rotary_emb.inv_freq`). Unknown names pass through unchanged so
-    the shape check lists them as unexpected."""
-    if name.endswith("rotary_emb.inv_freq"):
-        return None
-    if name in _TOP_MAP:
-        return _TOP_MAP[name]
-    m = _LAYER_RE.match(name)
-    if m and m.group(2) in _LAYER_MAP:
-        return f"layers.{m.group(1)}.{_LAYER_MAP[m.group(2)]}"
-    return name
-
-
-def astrai_to_hf_name(name: str) -> str:
-    inverse_top = {v: k for k, v in _TOP_MAP.items()}
-    if name in inverse_top:
-        return inverse_top[name]
-    m = re.match(r"^layers\.(\d+)\.(.+)$", name)
-    inverse_layer = {v: k for k, v in _LAYER_MAP.items()}
-    if m and m.group(2) in inverse_layer:
-        return f"model.layers.{m.group(1)}.{inverse_layer[m.group(2)]}"
-    raise UnsupportedModelError(f"tensor '{name}' has no HF Llama/Qwen2/Qwen3/Mistral name")
-
-
 # -- reading ------------------------------------------------------------------------------
-
-def read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: file not found") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
-
 
 def read_config(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
     """(ModelConfig, info) of a checkpoint directory of either format, without weights."""
@@ -103,7 +51,7 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
     f = path / CONFIG
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory; pass a checkpoint directory")
-    data = read_json(f)
+    data = read_json_object(f, CheckpointError)
     if not is_hf_config(data):
         return ModelConfig.from_dict(data, source=str(f)), {"format": "astrai"}
     config, notes = config_from_hf(data, source=str(f))
@@ -117,7 +65,7 @@ def hf_weight_files(path: Path) -> list[Path]:
     if (path / WEIGHTS).is_file():
         return [path / WEIGHTS]
     if (path / INDEX).is_file():
-        weight_map = read_json(path / INDEX).get("weight_map")
+        weight_map = read_json_object(path / INDEX, CheckpointError).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{path / INDEX}: no 'weight_map' object")
         names = sorted(set(weight_map.values()))
@@ -163,7 +111,7 @@ def load_pretrained(path: str | Path, device: str | torch.device = "cpu",
         return _with_max_len(model, config, max_seq_len).to(device), model.config, meta
     if max_seq_len is not None:
         config = config.model_copy(update={"max_seq_len": max_seq_len})
-    hf = read_json(path / CONFIG)
+    hf = read_json_object(path / CONFIG, CheckpointError)
     raw = read_safetensors(hf_weight_files(path))
     state: dict[str, torch.Tensor] = {}
     for name, tensor in raw.items():

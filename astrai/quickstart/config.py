@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field
 
-from astrai.errors import ConfigError
+from astrai.typed_config import TypedConfig
 
 
-class QuickstartConfig(BaseModel):
+class QuickstartConfig(TypedConfig):
     """What `astrai quickstart` builds, and how long it may take."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -106,11 +106,4 @@ class QuickstartConfig(BaseModel):
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "quickstart options"
                   ) -> QuickstartConfig:
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            parts = []
-            for err in e.errors():
-                loc = ".".join(str(p) for p in err["loc"]) or "config"
-                parts.append(f"{loc}: {err['msg']}")
-            raise ConfigError(f"{source}: {'; '.join(parts)}") from None
+        return super().from_dict(data, source)

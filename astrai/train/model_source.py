@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from astrai.config.train import read_config_file
+from astrai.config.files import read_config_file
 from astrai.errors import ConfigError
 from astrai.model.config import ModelConfig
 from astrai.model.init import build_model

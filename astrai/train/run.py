@@ -10,7 +10,6 @@ leaves no run directory behind.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from typing import Any
 from astrai.atomic import write_json_atomic
 from astrai.config.train import TrainConfig
 from astrai.errors import CheckpointError, ConfigError, DataError
+from astrai.jsonfile import read_json_object
 from astrai.model.checkpoint import load_checkpoint
 from astrai.model.config import ModelConfig
 from astrai.model.presets import PRESETS
@@ -160,19 +160,8 @@ def train(config: TrainConfig, *, data: TrainData | None = None,
         raise
 
 
-def _read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON file of the run holding an object; a one-line CheckpointError otherwise."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: line {e.lineno}: invalid JSON ({e.msg}); the run "
-                              "directory is damaged") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: unreadable ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}; "
-                              "the run directory is damaged")
-    return data
+def _run_json(path: Path) -> dict[str, Any]:
+    return read_json_object(path, CheckpointError, hint="the run directory is damaged")
 
 
 def find_resume_point(run_dir: str | Path, reward: Sequence[str] | None = None
@@ -189,11 +178,11 @@ def find_resume_point(run_dir: str | Path, reward: Sequence[str] | None = None
     cfg_file = run_dir / "train_config.json"
     ckpt_dir = run_dir / "checkpoints"
     if cfg_file.is_file():
-        saved = TrainConfig.from_dict(_read_json_object(cfg_file), source=str(cfg_file))
+        saved = TrainConfig.from_dict(_run_json(cfg_file), source=str(cfg_file))
         if saved.ckpt_dir:
             ckpt_dir = Path(saved.ckpt_dir)
     ckpt = latest_checkpoint(ckpt_dir, run_dir)
-    meta = _read_json_object(ckpt / "meta.json")
+    meta = _run_json(ckpt / "meta.json")
     if not isinstance(meta.get("train_config"), dict):
         raise CheckpointError(f"{ckpt}: meta.json has no train_config; not a training checkpoint")
     config = TrainConfig.from_dict(meta["train_config"], source=f"{ckpt}/meta.json")

@@ -73,7 +73,7 @@ def test_spec_errors(tmp_path, tok_dir):
     assert r.exit_code == 2 and "spec file does not exist" in r.output
     (tmp_path / "broken.json").write_text('{"kind": "sft",\n "inputs": [}')
     r = runner.invoke(app, ["preprocess", str(tmp_path / "broken.json")])
-    assert r.exit_code == 2 and "broken.json:2: invalid JSON" in r.output
+    assert r.exit_code == 2 and "broken.json: line 2: invalid JSON" in r.output
 
 
 @pytest.mark.parametrize("records,fields,needle", [
