@@ -121,10 +121,6 @@ class Strategy:
             metrics["moe_aux_loss_weighted"] = float(weighted.detach())
         return {"loss": loss, "metrics": metrics}
 
-    def compute_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The batch's loss as one tensor (mean over its own units)."""
-        return self(batch)["loss"]
-
     # -- validation ------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate_batch(self, batch: dict[str, torch.Tensor],
