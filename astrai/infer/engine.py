@@ -13,8 +13,8 @@ checked before they queue (intake.py).
 
 Failures stay with their request: an error while sampling or assembling one request's
 output finishes that request with finish_reason "error" (its output says why) while the
-others go on. A failed forward pass fails the requests of its step the same way, then
-raises to whoever ran the step.
+others go on. A failed forward pass fails the requests of its step the same way (a failed
+schedule: every request the engine holds), then raises to whoever ran the step.
 
 Thread-safe: requests may be added or aborted from any thread, and several threads may
 each iterate their own `generate` stream; whichever needs output drives the next step.
@@ -121,10 +121,10 @@ class Engine:
     def abort(self, request_id: str) -> bool:
         """Cancel a request, freeing its KV at once; its final output has reason "abort"."""
         with self.lock:
-            req = self._requests.get(request_id)
-            if req is None or not self.scheduler.abort(req):
+            req, now = self._requests.get(request_id), time.perf_counter()
+            if req is None or not self.scheduler.abort(req, now):
                 return False
-            out = self._last_output(req, time.perf_counter())
+            out = self._last_output(req)
             self._pending.append(out)  # the next step returns it; its stream has it now
             self._route(out)
             return True
@@ -153,36 +153,54 @@ class Engine:
         return self._chains[key]
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling step; returns the new outputs (deltas) of every request."""
+        """Run one scheduling step; returns the new outputs (deltas) of every request:
+        schedule -> run -> postprocess -> route."""
         with self.lock:
             t0 = time.perf_counter()
             outs, self._pending = self._pending, []
-            batch = self.scheduler.schedule()
-            if batch is not None:
-                try:
-                    picks = self._run(batch)
-                except Exception:
-                    self._pending = outs + self._pending  # the next step returns them
-                    raise
-                now = time.perf_counter()
-                outs += self._postprocess(batch, picks, now)
-                self._count(batch, t0, now)
+            try:
+                outs += self._advance(t0)
+            except Exception:
+                self._pending = outs + self._pending  # the next step returns them
+                raise
             for out in outs:
                 self._route(out)
             return outs
 
+    def _advance(self, t0: float) -> list[RequestOutput]:
+        """Schedule, run and postprocess one batch. When that fails outside one request's
+        draw or output, the requests concerned (the batch's; every request when scheduling
+        itself failed) finish with "error" and the exception propagates."""
+        try:
+            batch = self.scheduler.schedule()
+        except Exception as e:
+            self._fail_step(list(self._requests.values()), e)
+            raise
+        if batch is None:
+            return []
+        try:
+            picks = self._run(batch)
+            now = time.perf_counter()
+            outs = self._postprocess(batch, picks, now)
+            self._count(batch, t0, now)
+            return outs
+        except Exception as e:
+            self._fail_step(list({id(c.req): c.req for c in batch.chunks}.values()), e)
+            raise
+
+    def _fail_step(self, reqs: list[Request], error: Exception) -> None:
+        now = time.perf_counter()
+        for req in reqs:
+            if req.finished and req.id not in self._requests:
+                continue  # its last output is out already
+            out = self._fail(req, error, now)
+            self._pending.append(out)
+            self._route(out)
+
     def _run(self, batch: StepBatch) -> list[Pick | Exception]:
         """Forward the step, then sample: per sampling request its new token, or the error
-        that stopped it. A failed forward fails the whole step's requests and raises."""
-        try:
-            logits = self.runner.run(batch, self.backend())  # (B_s, V) fp32
-        except Exception as e:
-            now = time.perf_counter()
-            for req in {id(c.req): c.req for c in batch.chunks}.values():
-                out = self._fail(req, e, now)
-                self._pending.append(out)
-                self._route(out)
-            raise
+        that stopped it."""
+        logits = self.runner.run(batch, self.backend())  # (B_s, V) fp32
         reqs = batch.sampled
         if not reqs:
             return []
@@ -208,13 +226,10 @@ class Engine:
         for req, pick in zip(reqs, picks):
             if not isinstance(pick, Pick):
                 continue
-            try:
-                text, hit = output.detokenize(req, pick.token)
-                if hit is not None:  # a stop string: the text ends here
-                    if not req.finished:
-                        self.scheduler.finish(req, "stop", hit)
-                        req.metrics.finished_time = now
-                    req.finish_reason, req.stop_reason = "stop", hit
+            try:  # the end is decided (stop token, stop string, length) before pages go
+                text, end = output.detokenize(req, pick.token, self.max_context)
+                if end is not None:
+                    self.scheduler.finish(req, end[0], now, end[1])
                 outs.append(output.token_output(req, pick.token, text, pick.logprob, pick.top))
             except Exception as e:  # noqa: BLE001 - reported in that request's output
                 outs.append(self._fail(req, e, now))
@@ -225,14 +240,15 @@ class Engine:
         last output carries the message."""
         log.error("request %s failed: %s: %s", req.id, type(error).__name__, error,
                   exc_info=error)
-        if not req.finished:
-            self.scheduler.finish(req, "error")
-        req.finish_reason, req.error = "error", f"{type(error).__name__}: {error}"
-        return self._last_output(req, now)
+        message = f"{type(error).__name__}: {error}"
+        if req.finished:
+            req.finish("error", now, error=message)
+        else:
+            self.scheduler.finish(req, "error", now, error=message)
+        return self._last_output(req)
 
-    def _last_output(self, req: Request, now: float) -> RequestOutput:
+    def _last_output(self, req: Request) -> RequestOutput:
         """The output of a request that ended without a new token (abort, error)."""
-        req.metrics.finished_time = now
         try:
             return output.final_output(req)
         except Exception:  # noqa: BLE001 - the detokenizer itself failed: no more text
@@ -243,6 +259,7 @@ class Engine:
         self.streams.route(out)
         if out.finished:
             self._requests.pop(out.request_id, None)
+            self.sampler.release(out.request_id)
 
     def _count(self, batch: StepBatch, t0: float, now: float) -> None:
         dec = sum(1 for c in batch.chunks if c.n == 1)

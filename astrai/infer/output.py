@@ -1,29 +1,38 @@
 """Output assembly: what one step tells the caller about a request.
 
 For each sampled token: detokenize it (holding back text that may begin a stop string),
-find a stop string completed by it, keep its log-probabilities, and build the
-`RequestOutput` delta. A request that ends without a new token (abort, error) gets a last
-output flushing the text its detokenizer still held.
+decide whether the request ends with it (stop token, stop string, max_tokens, context),
+keep its log-probabilities, and build the `RequestOutput` delta. A request that ends
+without a new token (abort, error) gets a last output flushing the text its detokenizer
+still held.
 """
 
 from __future__ import annotations
 
 from astrai.infer.request import Request, RequestOutput, Usage
 
+End = tuple[str, int | str | None]
+"""How a request ends: (finish reason, the stop token id or stop string)."""
 
-def detokenize(req: Request, token: int) -> tuple[str, str | None]:
-    """(text the new `token` releases, the stop string it completed or None). A stop token
-    is never detokenized; when the request has finished, everything held is released."""
-    ts = req.text
-    if ts is None:
-        return "", None
-    text, hit = "", None
-    if not (req.finished and req.stop_reason == token and token in req.stop_ids):
-        text, hit = ts.push(token)
-    if hit is None and req.finished:
-        more, hit = ts.finish()
-        text += more
-    return text, hit
+
+def detokenize(req: Request, token: int, max_context: int) -> tuple[str, End | None]:
+    """(text the new `token` releases, how the request ends with it or None). A stop token
+    is never detokenized; a request that ends releases everything its detokenizer held (a
+    stop string completed by that last flush still ends it with "stop")."""
+    if token in req.stop_ids:
+        text, hit = _flush(req)
+        return text, ("stop", token if hit is None else hit)
+    text, hit = req.text.push(token) if req.text is not None else ("", None)
+    if hit is not None:
+        return text, ("stop", hit)
+    if req.num_output >= req.params.max_tokens or len(req.tokens) >= max_context:
+        more, hit = _flush(req)
+        return text + more, ("length", None) if hit is None else ("stop", hit)
+    return text, None
+
+
+def _flush(req: Request) -> tuple[str, str | None]:
+    return req.text.finish() if req.text is not None else ("", None)
 
 
 def token_output(req: Request, token: int, text: str, logprob: float | None,

@@ -9,14 +9,10 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from astrai.infer.cache.pool import KVHandle
 from astrai.infer.params import SamplingParams
 from astrai.infer.text import TextStream
-
-if TYPE_CHECKING:  # the sampler imports this module
-    from astrai.infer.sampler import PenaltyState
 
 
 class Status(enum.Enum):
@@ -101,7 +97,8 @@ class RequestOutput:
 
 
 class Request:
-    """Mutable state of one request; owned by the scheduler."""
+    """Mutable state of one request; owned by the scheduler. Its end is written in one
+    place, `finish` (status, reason, stop reason, error, finished time)."""
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                  arrival_time: float, stop_ids: frozenset[int] = frozenset(), *,
@@ -136,8 +133,16 @@ class Request:
         """Admission rounds in which a later request was admitted before this one."""
         self.logprobs: list[float] = []
         """Log-probabilities of the output tokens so far (when params ask for them)."""
-        self.sampler_state: PenaltyState | None = None
-        """The sampler's penalty bookkeeping (token counts), created on first use."""
+
+    def finish(self, reason: str, now: float, stop_reason: int | str | None = None,
+               error: str | None = None) -> None:
+        """End the request: "stop" (with the stop token or string), "length", "abort" or
+        "error" (with what went wrong). An error may still overwrite an end decided in the
+        same step (its output could not be built); the finished time stays the first."""
+        self.status = Status.FINISHED
+        self.finish_reason, self.stop_reason, self.error = reason, stop_reason, error
+        if self.metrics.finished_time is None:
+            self.metrics.finished_time = now
 
     @property
     def output_ids(self) -> list[int]:

@@ -35,16 +35,24 @@ class Pick:
 
 
 class Sampler:
+    """Draws the batch's tokens; keeps each penalised request's token counts by request id
+    until `release` (the engine calls it when the request ends)."""
+
     def __init__(self, device: torch.device | str, seed: int = 0) -> None:
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._penalties: dict[str, PenaltyState] = {}
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request's state."""
+        self._penalties.pop(request_id, None)
 
     def _penalty_state(self, req: Request, V: int) -> PenaltyState:
-        st = req.sampler_state
+        st = self._penalties.get(req.id)
         if st is None:
             pm = torch.zeros(V, dtype=torch.bool, device=self.device)
             pm[torch.tensor(req.tokens[:req.prompt_len], device=self.device)] = True
-            st = req.sampler_state = PenaltyState(
+            st = self._penalties[req.id] = PenaltyState(
                 torch.zeros(V, dtype=torch.float32, device=self.device), pm, 0)
         out = req.tokens[req.prompt_len + st.seen:]
         if out:

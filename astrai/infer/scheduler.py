@@ -77,14 +77,17 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def abort(self, req: Request) -> bool:
+    def abort(self, req: Request, now: float) -> bool:
         """Drop a waiting or running request, freeing its KV; False if already finished."""
         if req.finished:
             return False
-        self.finish(req, "abort")
+        self.finish(req, "abort", now)
         return True
 
-    def finish(self, req: Request, reason: str, stop_reason: int | str | None = None) -> None:
+    def finish(self, req: Request, reason: str, now: float,
+               stop_reason: int | str | None = None, error: str | None = None) -> None:
+        """Take `req` off the queues, give its pages back (complete ones stay in the radix
+        cache), and end it (`Request.finish`)."""
         if req.status is Status.RUNNING:
             self.running.remove(req)
         elif req.status is Status.WAITING:
@@ -92,8 +95,7 @@ class Scheduler:
         if req.kv is not None:
             self.pool.close(req.kv, req.tokens[:req.num_computed])
             req.kv = None
-        req.status = Status.FINISHED
-        req.finish_reason, req.stop_reason = reason, stop_reason
+        req.finish(reason, now, stop_reason, error)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
@@ -202,7 +204,8 @@ class Scheduler:
 
     def postprocess(self, batch: StepBatch, tokens: list[int], now: float) -> None:
         """Advance every chunk and append the sampled `tokens` (one per sampling chunk, in
-        order); finish requests on a stop token, max_tokens or the context length."""
+        order). Whether a request ends with its new token the engine decides (stop token,
+        stop string, max_tokens, context length) before it calls `finish`."""
         it = iter(tokens)
         for c in batch.chunks:
             req = c.req
@@ -222,9 +225,3 @@ class Scheduler:
             if m.first_token_time is None:
                 m.first_token_time = now
             m.token_times.append(now)
-            if tok in req.stop_ids:
-                self.finish(req, "stop", tok)
-            elif req.num_output >= req.params.max_tokens or len(req.tokens) >= self.max_context:
-                self.finish(req, "length")
-            if req.finished:
-                m.finished_time = now

@@ -136,7 +136,9 @@ def test_repetition_penalty_matches_naive_loop(model):
     prompt = random_prompts((8,), seed=2)[0]
     p = SamplingParams.greedy(10, repetition_penalty=1.5, frequency_penalty=0.3,
                               presence_penalty=0.2)
-    out = engine(model).generate(prompt, p)[0].token_ids
+    eng = engine(model)
+    out = eng.generate(prompt, p)[0].token_ids
+    assert not eng.sampler._penalties  # the sampler forgets a request when it ends
     ids, ref = list(prompt), []
     for _ in range(10):
         lg = model(torch.tensor([ids])).logits[0, -1].clone()

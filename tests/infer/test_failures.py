@@ -134,3 +134,60 @@ def test_a_failed_forward_reaches_every_stream(model):
     assert tail and tail[-1].finished and tail[-1].finish_reason == "error"
     assert eng.step() and not eng.has_unfinished()  # the failed step's outputs, once
     assert eng.pool.stats().utilization == 0.0
+
+
+def test_a_failed_schedule_fails_every_request_and_the_engine_recovers(model, monkeypatch):
+    eng = make(model)
+    prompts = random_prompts((4, 7), seed=3)
+    rids = [eng.add_request(p, SamplingParams.greedy(NEW)) for p in prompts]
+    monkeypatch.setattr(eng.scheduler, "schedule", lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        eng.step()
+    monkeypatch.undo()
+    outs = eng.step()
+    assert sorted(o.request_id for o in outs) == sorted(rids)
+    assert all(o.finish_reason == "error" and "ZeroDivisionError" in o.error for o in outs)
+    assert_no_leak(eng)
+
+
+def test_the_serve_loop_fails_only_the_failed_steps_requests(model):
+    """One row at a time: the first request's step fails; the queued one, not in that step,
+    still finishes with its greedy tokens."""
+    import threading
+
+    from astrai.infer import SchedulerConfig
+    from astrai.serve.loop import EngineLoop
+
+    class FailsOnce(Breaks):
+        def attend(self, q, k, v, layer, ctx):
+            if self.fail:
+                self.fail = False
+                raise RuntimeError("device lost")
+            return super().attend(q, k, v, layer, ctx)
+
+    backend = FailsOnce()
+    backend.fail = True
+    eng = Engine(model, None, CacheConfig(page_size=4, max_kv_tokens=1024, max_requests=8),
+                 backend, scheduler_config=SchedulerConfig(max_running=1))
+    a, b = random_prompts((5, 6), seed=4)
+    got: dict[str, list] = {"a": [], "b": []}
+    done = {k: threading.Event() for k in got}
+
+    def sink(key):
+        def deliver(item):
+            got[key].append(item)
+            if isinstance(item, BaseException) or item.finished:
+                done[key].set()
+        return deliver
+
+    loop = EngineLoop(eng, max_in_flight=8)
+    loop.submit([("a", a, SamplingParams.greedy(NEW))], sink("a"))  # both are added
+    loop.submit([("b", b, SamplingParams.greedy(NEW))], sink("b"))  # before the first step
+    loop.start()
+    try:
+        assert done["a"].wait(60) and done["b"].wait(60)
+    finally:
+        loop.stop(10)
+    assert got["a"][-1].finish_reason == "error" and "device lost" in got["a"][-1].error
+    assert got["b"][-1].finish_reason == "length"
+    assert got["b"][-1].token_ids == naive_greedy(model, b, NEW)

@@ -1,10 +1,13 @@
 """The scheduler alone (pure Python, no model): admission, ragged and chunked prefill,
-decode batching, preemption, stops and cancellation."""
+decode batching, preemption, stops and cancellation. Each step ends as the engine's does:
+`postprocess` advances the requests, `output.detokenize` decides which end, `finish`
+ends them."""
 
 from __future__ import annotations
 
 import torch
 
+from astrai.infer import output
 from astrai.infer.cache import PagePool
 from astrai.infer.config import CacheConfig, SchedulerConfig
 from astrai.infer.params import SamplingParams
@@ -26,11 +29,20 @@ def req(i, n, max_tokens=8, stop_ids=(), base=0):
                    SamplingParams.greedy(max_tokens), 0.0, frozenset(stop_ids))
 
 
+def advance(sched, batch, tokens, now=1.0):
+    """The engine's postprocess without a model: advance, then end what ends."""
+    sched.postprocess(batch, tokens, now)
+    for req, tok in zip(batch.sampled, tokens):
+        _text, end = output.detokenize(req, tok, sched.max_context)
+        if end is not None:
+            sched.finish(req, end[0], now, end[1])
+
+
 def run_step(sched, token=5):
     batch = sched.schedule()
     if batch is None:
         return None
-    sched.postprocess(batch, [token] * len(batch.sampled), now=1.0)
+    advance(sched, batch, [token] * len(batch.sampled))
     return batch
 
 
@@ -50,7 +62,7 @@ def test_ragged_prefill_of_mixed_lengths_in_one_step():
     b = s.schedule()
     assert [(c.req.id, c.start, c.n, c.sample) for c in b.chunks] == [
         ("r0", 0, 3, True), ("r1", 0, 11, True), ("r2", 0, 1, True), ("r3", 0, 7, True)]
-    s.postprocess(b, [5, 5, 5, 5], 1.0)
+    advance(s, b, [5, 5, 5, 5])
     b2 = s.schedule()
     assert b2.is_decode and [c.start for c in b2.chunks] == [3, 11, 1, 7]
 
@@ -125,12 +137,12 @@ def test_abort_frees_kv_at_once():
     s.add(b)
     run_step(s)
     used = pool.allocator.num_used()
-    assert s.abort(a) and a.finish_reason == "abort" and a.kv is None
+    assert s.abort(a, 2.0) and a.finish_reason == "abort" and a.kv is None
     assert pool.allocator.num_used() == used - 3 and a not in s.running
-    assert not s.abort(a)
+    assert not s.abort(a, 2.0)
     c = req(2, 4)
     s.add(c)
-    assert s.abort(c) and not s.waiting
+    assert s.abort(c, 2.0) and not s.waiting
 
 
 def test_prefix_hits_skip_cached_pages_and_are_counted():
@@ -157,7 +169,7 @@ def test_in_batch_prefix_sharing_defers_the_twin():
         s.add(r)
     first = s.schedule()
     assert [ch.req.id for ch in first.chunks] == ["a", "c"]  # b waits for a's pages
-    s.postprocess(first, [5, 5], 1.0)
+    advance(s, first, [5, 5])
     second = s.schedule()
     twin = next(ch for ch in second.chunks if ch.req is b)
     assert twin.start == 12 and b.cached_tokens == 12
@@ -177,7 +189,7 @@ def test_cached_prefixes_go_first_but_nobody_starves():
         s.add(Request(f"hit{i}", shared + [50 + i], SamplingParams.greedy(1), 0.0))
     first = s.schedule()
     assert [c.req.id for c in first.chunks] == ["hit0", "hit1"]  # hits jump the queue
-    s.postprocess(first, [5] * len(first.sampled), 1.0)
+    advance(s, first, [5] * len(first.sampled))
     assert cold.passed_over == 1
     # keep the rows busy with hits: cold is passed over until it has waited AGE_LIMIT rounds
     _s2_pool, s2 = setup(pages=64, page_size=4, rows=1, step_tokens=16)
