@@ -41,9 +41,9 @@ from astrai.train.data import TrainData, open_train_data
 from astrai.train.executors.process_group import dist_env
 from astrai.train.model_source import ModelSource
 from astrai.train.plan import TrainPlan
+from astrai.train.rewards.trust import absolute_reward, confirm_rewards
 from astrai.train.run_dir import Claim, claim_new_run_dir
 from astrai.train.run_lock import hold_run
-from astrai.train.rewards.trust import absolute_reward, confirm_rewards
 from astrai.train.trainer import Trainer
 
 
@@ -219,8 +219,8 @@ def resume(run_dir: str | Path, *, reward: Sequence[str] | None = None,
     kw = {"reward": reward, "data": data, "callbacks": callbacks, "progress": progress,
           "console": console, "tensorboard": tensorboard}
     d = Path(run_dir)
-    if dist_env().rank != 0 or not (d / "train_config.json").is_file() \
-            and not (d / "checkpoints").is_dir():  # not a run: find_resume_point says so
+    looks_like_run = (d / "train_config.json").is_file() or (d / "checkpoints").is_dir()
+    if dist_env().rank != 0 or not looks_like_run:  # find_resume_point says what it is
         return _resume(d, **kw)
     with hold_run(d, "astrai resume"):
         return _resume(d, **kw)
