@@ -23,9 +23,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from safetensors import SafetensorError, safe_open
+
 from astrai.atomic import write_text_atomic
 from astrai.errors import CheckpointError
 from astrai.model.checkpoint import CONFIG, META, WEIGHTS, load_extra, read_meta, save_checkpoint
+from astrai.train.checkpoint_errors import (
+    damaged_hint,
+    disk_full_message,
+    is_disk_full,
+    load_failure,
+)
 
 if TYPE_CHECKING:
     from astrai.train.context import TrainContext
@@ -144,13 +152,21 @@ def save_training_checkpoint(ctx: TrainContext, callbacks: list[Any]) -> Path | 
         }
         path = ctx.paths.ckpt_dir / step_dir_name(s.step)
         weights, write_adapter = split_adapter(ctx, weights)
-        save_checkpoint(
-            path, weights, ctx.model_config, tokenizer_dir=ctx.tokenizer_dir, meta=meta,
-            extras={"optimizer": optimizer, "scheduler": ctx.scheduler.state_dict(),
-                    "trainer_state": trainer_state_payload(ctx, callbacks)},
-            write_more=write_adapter,
-        )
-        write_pointer(ctx.paths.run_dir, path)
+        extras = {"optimizer": optimizer, "scheduler": ctx.scheduler.state_dict(),
+                  "trainer_state": trainer_state_payload(ctx, callbacks)}
+        try:
+            save_checkpoint(path, weights, ctx.model_config, tokenizer_dir=ctx.tokenizer_dir,
+                            meta=meta, extras=extras, write_more=write_adapter)
+            write_pointer(ctx.paths.run_dir, path)
+        except (OSError, RuntimeError, SafetensorError) as e:
+            if not is_disk_full(e):
+                raise
+            # the temporary directory of the save is gone (atomic_dir); the older
+            # checkpoints are untouched, since pruning comes only after a save succeeds
+            done = list_checkpoints(ctx.paths.ckpt_dir)
+            raise CheckpointError(disk_full_message(
+                ctx.paths.ckpt_dir, s.step, done[-1][1] if done else None,
+                ctx.paths.run_dir)) from None
         prune(ctx.paths.ckpt_dir, ctx.config.keep_last)
     ctx.executor.barrier()
     return path
@@ -159,24 +175,40 @@ def save_training_checkpoint(ctx: TrainContext, callbacks: list[Any]) -> Path | 
 def latest_checkpoint(ckpt_dir: Path, run_dir: Path) -> Path:
     """The newest complete checkpoint of a run, or CheckpointError saying what to do."""
     found = list_checkpoints(ckpt_dir)
-    if not found:
+    if found:
+        return found[-1][1]
+    if (run_dir / "train_config.json").is_file():  # a run stopped before its first save
         raise CheckpointError(
-            f"{run_dir}: no complete checkpoint under {ckpt_dir}; nothing to resume "
-            "(start the run again with `astrai train`)"
-        )
-    return found[-1][1]
+            f"{run_dir}: no complete checkpoint yet under {ckpt_dir} (the run stopped before "
+            "its first save): run the same `astrai train` command again; it starts afresh "
+            "in this directory")
+    raise CheckpointError(f"{run_dir}: no complete checkpoint under {ckpt_dir}; nothing to "
+                          "resume (start a run with `astrai train --out DIR`)")
 
 
-def load_failure(e: Exception) -> str:
-    """One short line for a failed torch.load: PyTorch's weights_only refusal is many lines
-    of advice about unpickling untrusted files; its reason is the line after the marker."""
-    text = str(e)
-    marker = "WeightsUnpickler error:"
-    if marker in text:
-        rest = [x.strip() for x in text.split(marker, 1)[1].splitlines() if x.strip()]
-        return f"not a file torch.save wrote with plain tensors ({rest[0] if rest else 'refused'})"
-    lines = [x.strip() for x in text.splitlines() if x.strip()]
-    return lines[0] if lines else type(e).__name__
+def older_checkpoint(path: Path) -> Path | None:
+    """The newest complete checkpoint before `path` in its directory, if any."""
+    m = STEP_DIR.match(path.name)
+    step = int(m.group(1)) if m else None
+    older = [p for s, p in list_checkpoints(path.parent) if step is None or s < step]
+    return older[-1] if older else None
+
+
+def check_weight_files(path: Path) -> None:
+    """Open the safetensors files of checkpoint `path` (their header against the file's
+    size, not the data): a truncated one is a CheckpointError naming the checkpoint to
+    resume from instead."""
+    for f in (path / WEIGHTS, path / ADAPTER_DIR / "adapter_model.safetensors"):
+        if not f.is_file():
+            continue
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            reason = next((x.strip() for x in str(e).splitlines() if x.strip()),
+                          type(e).__name__)
+            raise CheckpointError(f"{f}: truncated or damaged ({reason}); "
+                                  f"{damaged_hint(path, older_checkpoint(path))}") from None
 
 
 def load_training_state(path: Path) -> tuple[dict, dict, dict, dict]:
@@ -187,8 +219,8 @@ def load_training_state(path: Path) -> tuple[dict, dict, dict, dict]:
             extras[name] = load_extra(path, name)
         except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
             raise CheckpointError(
-                f"{path / (name + '.pt')}: unreadable ({load_failure(e)}); the checkpoint is "
-                f"damaged: move {path} away to resume from the one before it") from None
+                f"{path / (name + '.pt')}: unreadable ({load_failure(e)}); "
+                f"{damaged_hint(path, older_checkpoint(path))}") from None
         if extras[name] is None:
             raise CheckpointError(f"{path}: missing {name}.pt; not a training checkpoint")
     return read_meta(path), extras["optimizer"], extras["scheduler"], extras["trainer_state"]

@@ -90,12 +90,13 @@ def launch_train(config: TrainConfig, *, launch: LaunchOptions | None = None,
                  progress: bool = False, console: Any = None):
     """Train a new run on nnodes x nprocs processes (or in this one)."""
     from astrai.train import run
+    from astrai.train.run_dir import probe_new_run_dir
 
     if not needs_launch(config):
         with _external_group():
             return run.train(config, progress=progress, console=console)
     config.require("out")
-    run._check_new_run_dir(run.run_paths(config))
+    probe_new_run_dir(run.run_paths(config))  # the workers' rank 0 takes the lock
     run.plan_run(config)  # every user error surfaces here, before any process starts
     return _launch("train", config.model_dump(mode="json"), config, launch or LaunchOptions(),
                    progress)
@@ -108,7 +109,10 @@ def launch_resume(run_dir: str | Path, *, reward: list[str] | None = None,
     --reward specs, required again when they are Python code (astrai.train.rewards.trust);
     `tensorboard`: turn TensorBoard event files on from here."""
     from astrai.train import run
+    from astrai.train.run_lock import probe_run
 
+    if Path(run_dir).is_dir():
+        probe_run(run_dir)  # a live run holds it: say so before reading its checkpoints
     config, _ = run.find_resume_point(run_dir, reward)
     if not needs_launch(config):
         with _external_group():

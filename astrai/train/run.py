@@ -4,8 +4,9 @@
     train(config)                    -> TrainSummary  (a new run directory)
     resume(run_dir)                  -> TrainSummary  (continue from its newest checkpoint)
 
-Nothing is written before every input has been validated, so a bad flag, dataset or model
-leaves no run directory behind.
+One process owns a run directory while it trains (astrai.train.run_lock). A new run's
+directory is created and locked first, but nothing is written into it before every input
+has been validated, and a bad flag, dataset or model removes the directory it created.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from astrai.atomic import write_json_atomic
 from astrai.config.train import TrainConfig
-from astrai.errors import CheckpointError, ConfigError, DataError
+from astrai.errors import CheckpointError, DataError
 from astrai.jsonfile import read_json_object
 from astrai.model.checkpoint import load_checkpoint
 from astrai.model.config import ModelConfig
@@ -29,6 +30,7 @@ from astrai.train.callbacks import Callback, default_callbacks
 from astrai.train.callbacks.tensorboard import require_tensorboard
 from astrai.train.checkpointing import (
     ADAPTER_DIR,
+    check_weight_files,
     clean_leftovers,
     latest_checkpoint,
     list_checkpoints,
@@ -40,6 +42,8 @@ from astrai.train.executors.process_group import dist_env
 from astrai.train.model_source import ModelSource
 from astrai.train.plan import TrainPlan
 from astrai.train.rewards.trust import absolute_reward, confirm_rewards
+from astrai.train.run_dir import Claim, claim_new_run_dir
+from astrai.train.run_lock import hold_run
 from astrai.train.trainer import Trainer
 
 
@@ -101,15 +105,6 @@ def plan_run(config: TrainConfig, *, data: TrainData | None = None) -> TrainPlan
     return prepare(config, _data(config, data)).plan
 
 
-def _check_new_run_dir(paths: RunPaths) -> None:
-    d = paths.run_dir
-    if d.exists() and (not d.is_dir() or any(d.iterdir())):
-        raise ConfigError(
-            f"out: {d} already exists and is not empty; continue it with `astrai resume {d}` "
-            "or choose another --out"
-        )
-
-
 def _execute(ctx: TrainContext, callbacks: list[Callback], states: dict[str, Any],
              resumed_from: str | None) -> TrainSummary:
     for cb in callbacks:
@@ -135,29 +130,38 @@ def _execute(ctx: TrainContext, callbacks: list[Callback], states: dict[str, Any
 def train(config: TrainConfig, *, data: TrainData | None = None,
           callbacks: Sequence[Callback] = (), progress: bool = False,
           console: Any = None) -> TrainSummary:
-    """Train a new run into config.out. `callbacks` run after the default ones."""
+    """Train a new run into config.out (missing, empty, or a run stopped before its first
+    checkpoint: astrai.train.run_dir). `callbacks` run after the default ones."""
     config.require("out")
     if config.tensorboard:
         require_tensorboard()
     config = absolute_paths(config)
     paths = run_paths(config)
-    if dist_env().rank == 0:  # the other ranks of a launched run write nothing
-        _check_new_run_dir(paths)
-    prepared = prepare(config, _data(config, data))
+    if dist_env().rank != 0:  # the other ranks of a launched run write nothing
+        return _train_new(config, paths, data, callbacks, progress, console, None)
+    with claim_new_run_dir(paths) as claim:  # locked until the run ends
+        try:
+            return _train_new(config, paths, data, callbacks, progress, console, claim)
+        except BaseException:
+            # A run that fails before its first checkpoint made nothing to resume: leave no
+            # run directory behind that it created (still locked: nobody else's yet).
+            if claim.made and not list_checkpoints(paths.ckpt_dir):
+                shutil.rmtree(paths.run_dir, ignore_errors=True)
+            raise
+
+
+def _train_new(config: TrainConfig, paths: RunPaths, data: TrainData | None,
+               callbacks: Sequence[Callback], progress: bool, console: Any,
+               claim: Claim | None) -> TrainSummary:
+    prepared = prepare(config, _data(config, data))  # every user error before any write
     ctx, states = build_context(prepared)
-    made = ctx.is_main and not paths.run_dir.exists()
     if ctx.is_main:
+        if claim is not None:
+            claim.clear_stale()  # a stopped run's config, metrics and torn saves
         paths.run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(paths.config, config.to_dict())
     cbs = default_callbacks(config, progress=progress, console=console) + list(callbacks)
-    try:
-        return _execute(ctx, cbs, states, None)
-    except BaseException:
-        # A run that fails before its first checkpoint made nothing to resume: leave no run
-        # directory behind that `astrai train` would refuse and `astrai resume` could not use.
-        if made and not list_checkpoints(paths.ckpt_dir):
-            shutil.rmtree(paths.run_dir, ignore_errors=True)
-        raise
+    return _execute(ctx, cbs, states, None)
 
 
 def _run_json(path: Path) -> dict[str, Any]:
@@ -198,8 +202,24 @@ def resume(run_dir: str | Path, *, reward: Sequence[str] | None = None,
     """Continue a run from its newest complete checkpoint: weights, optimizer, scheduler,
     sampler position, RNG states and counters; metrics.jsonl continues without duplicates.
     `reward`: the run's --reward specs, required again when they name Python code.
-    `tensorboard` turns TensorBoard event files on from here (kept in later checkpoints)."""
+    `tensorboard` turns TensorBoard event files on from here (kept in later checkpoints).
+    The run directory is locked while it trains (astrai.train.run_lock): a second resume
+    of it, or a train into it, is refused naming this process."""
+    kw = {"reward": reward, "data": data, "callbacks": callbacks, "progress": progress,
+          "console": console, "tensorboard": tensorboard}
+    d = Path(run_dir)
+    looks_like_run = (d / "train_config.json").is_file() or (d / "checkpoints").is_dir()
+    if dist_env().rank != 0 or not looks_like_run:  # find_resume_point says what it is
+        return _resume(d, **kw)
+    with hold_run(d, "astrai resume"):
+        return _resume(d, **kw)
+
+
+def _resume(run_dir: Path, *, reward: Sequence[str] | None, data: TrainData | None,
+            callbacks: Sequence[Callback], progress: bool, console: Any,
+            tensorboard: bool) -> TrainSummary:
     config, ckpt = find_resume_point(run_dir, reward)
+    check_weight_files(ckpt)  # a truncated file: say so before anything is built
     if tensorboard:
         config.tensorboard = True
     if config.tensorboard:

@@ -155,3 +155,79 @@ def test_a_repeated_signal_after_the_stop_still_exits_75(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == EXIT_PREEMPTED, proc.stderr.read()[-2000:]
+
+
+class Evil:
+    """Unpickling this would run a shell command; weights_only=True refuses it unrun."""
+
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+def test_a_malicious_pickle_is_refused_with_its_reason_and_no_unsafe_advice(run_dir, tmp_path):
+    import torch
+
+    d = copy_of(run_dir, tmp_path)
+    torch.save({"state": Evil()}, d / "checkpoints" / "step_3" / "trainer_state.pt")
+    line = one_line(invoke("resume", d), "trainer_state.pt: unreadable",
+                    "GLOBAL posix.system", "move", "step_3 away to resume from step_2")
+    for advice in ("weights_only", "safe_globals", "likely succeed", "trust"):
+        assert advice not in line, line
+
+
+@pytest.mark.parametrize("older", [True, False])
+def test_truncated_weights_point_at_the_older_checkpoint(run_dir, tmp_path, older):
+    d = copy_of(run_dir, tmp_path)
+    if not older:
+        shutil.rmtree(d / "checkpoints" / "step_2")
+    f = d / "checkpoints" / "step_3" / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # a copy cut short
+    line = one_line(invoke("resume", d), "model.safetensors: truncated or damaged",
+                    "step_3 away")
+    assert ("to resume from step_2" in line) == older, line
+    assert older or "run the same `astrai train` command again" in line
+    assert "download" not in line and "re-export" not in line
+
+
+def _full_disk(kind):
+    """save_weights that writes part of the file, then fails as a full disk makes it."""
+    import errno
+
+    import astrai.model.checkpoint as mc
+
+    real = mc.save_weights
+
+    def save_weights(state, path):
+        if not Path(path).parent.name.startswith(".step_4.tmp-"):
+            return real(state, path)
+        Path(path).write_bytes(b"\0" * 100)
+        if kind == "oserror":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 1600 "
+                           "vs 1492")
+
+    return save_weights
+
+
+@pytest.mark.parametrize("kind", ["oserror", "torch"])
+def test_disk_full_at_a_save_is_one_line_naming_the_last_good_checkpoint(tmp_path,
+                                                                          monkeypatch, kind):
+    import astrai.model.checkpoint as mc
+    from astrai.data.testing import tiny_dataset
+
+    monkeypatch.setattr(mc, "save_weights", _full_disk(kind))
+    data = tiny_dataset(tmp_path, "pretrain", n=16, n_val=2)
+    out = tmp_path / "run"
+    r = invoke("train", "--data", data, "--out", out, "--model", "tiny", "--window-size", "32",
+               "--model-overrides", "dim=32", "--model-overrides", "n_layers=1",
+               "--batch-size", "2", "--max-steps", "4", "--ckpt-interval", "2",
+               "--device", "cpu", "--peak-tflops", "1")
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and sum("error" in x for x in r.stderr.splitlines()) == 1
+    for needle in (f"{out / 'checkpoints'}: disk full while saving checkpoint step_4",
+                   "MiB free", "last good checkpoint is step_2", f"astrai resume {out}"):
+        assert needle in last, last
+    ckpts = out / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_2"]  # no partial temp dir
+    assert [s for s, _ in list_checkpoints(ckpts)] == [2]
