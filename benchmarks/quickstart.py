@@ -136,9 +136,9 @@ def start_like_astrai(hf, config, seed: int) -> None:
 
 def batch_order(n_rows: int, batch: int, steps: int, seed: int) -> list[list[int]]:
     """The rows of each of `steps` batches in the order astrai's trainer reads them: the
-    seeded permutation of each epoch (astrai.data.sampler), cut into batches, the last one
+    seeded permutation of each epoch (astrai.data.rdsampler), cut into batches, the last one
     of an epoch shorter."""
-    from astrai.data.sampler import RDSampler
+    from astrai.data.rdsampler import RDSampler
 
     sampler, batches, epoch = RDSampler(n_rows, seed=seed), [], 0
     while len(batches) < steps:

@@ -10,7 +10,7 @@ from typing import Any
 
 _EXPORTS = {
     "Tokenizer": "astrai.data.tokenizer",
-    "StreamDecoder": "astrai.data.stream",
+    "StreamDecoder": "astrai.data.detokenize",
     "conversation_ids": "astrai.data.chat_ids",
     "ChatIds": "astrai.data.chat_ids",
     "NAMED_TEMPLATES": "astrai.data.chat_templates",
@@ -22,7 +22,7 @@ _EXPORTS = {
     "make_collate": "astrai.data.dataset",
     "read_manifest": "astrai.data.manifest",
     "dataset_tokenizer_dir": "astrai.data.manifest",
-    "RDSampler": "astrai.data.sampler",
+    "RDSampler": "astrai.data.rdsampler",
 }
 
 __all__ = list(_EXPORTS)

@@ -17,7 +17,7 @@ import tokenizers
 
 from astrai.data.chat import render
 from astrai.data.chat_ids import conversation_ids
-from astrai.data.stream import StreamDecoder
+from astrai.data.detokenize import StreamDecoder
 from astrai.errors import ConfigError, NoTemplateError
 from astrai.jsonfile import read_json_object
 

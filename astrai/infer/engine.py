@@ -8,7 +8,7 @@
 A step reads as schedule -> run -> postprocess (nano-vllm): the scheduler picks the step's
 tokens, the model (its own forward, through the runner) computes them and the sampler
 draws a token per finished chunk, then the requests advance and their outputs are
-assembled (output.py) and routed to their streams (streams.py). Requests are built and
+assembled (output.py) and routed to their streams (routing.py). Requests are built and
 checked before they queue (intake.py).
 
 Failures stay with their request: an error while sampling or assembling one request's
@@ -45,7 +45,7 @@ from astrai.infer.request import Request, RequestOutput
 from astrai.infer.runner import ModelRunner
 from astrai.infer.sampler import Pick, Sampler
 from astrai.infer.scheduler import Scheduler, StepBatch
-from astrai.infer.streams import Streams, drain
+from astrai.infer.routing import Streams, drain
 from astrai.model.context import AttentionBackend
 
 log = logging.getLogger("astrai.infer")

@@ -1,5 +1,5 @@
 """Batch sampling: gathers per-request settings into row tensors and applies the pure
-functions of `sampling.py`, skipping every stage no request in the batch uses."""
+functions of `sampling_math.py`, skipping every stage no request in the batch uses."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from astrai.infer import sampling as S
+from astrai.infer import sampling_math as S
 from astrai.infer.request import Request
 
 

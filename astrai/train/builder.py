@@ -69,7 +69,7 @@ def sampler_for(data: TrainData, config: TrainConfig, rank: int, world_size: int
     """The seeded, rank-sharded sampler of the training set (shuffled per epoch)."""
     if data.sampler_fn is not None:
         return data.sampler_fn(len(data.dataset), config.seed, rank, world_size)
-    from astrai.data.sampler import RDSampler
+    from astrai.data.rdsampler import RDSampler
 
     return RDSampler(len(data.dataset), seed=config.seed, rank=rank, world_size=world_size,
                      shuffle=True)

@@ -109,7 +109,7 @@ class TrainContext:
     """The training samples: dicts of 1-D tensors."""
     sampler: Any
     """Resumable sampler: set_epoch(e), __iter__, __len__, state_dict(consumed=...),
-    load_state_dict (this rank's share; astrai.data.sampler.RDSampler by default)."""
+    load_state_dict (this rank's share; astrai.data.rdsampler.RDSampler by default)."""
     collate_fn: Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]]
     total_steps: int
     """Optimizer steps of the whole run."""

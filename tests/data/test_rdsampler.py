@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from astrai.data.sampler import RDSampler
+from astrai.data.rdsampler import RDSampler
 from astrai.errors import CheckpointError, ConfigError
 
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from astrai.infer import sampling as S
+from astrai.infer import sampling_math as S
 
 NEG = float("-inf")
 
