@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from astrai.errors import CheckpointError, ConfigError
+from astrai.serve.address import check_listen
 from astrai.serve.app import ServerState, create_app
 from astrai.serve.config import ServeConfig
 from astrai.serve.loop import EngineLoop
@@ -76,7 +77,9 @@ class Server:
 
     @classmethod
     def from_config(cls, config: ServeConfig) -> Server:
+        """Validate, check the address is free, then load the model (the slow part)."""
         config.validate()
+        check_listen(config.host, config.port)
         return cls(load_engine(config), config)
 
     @property
@@ -93,8 +96,9 @@ class Server:
         finally:
             self.loop.stop(timeout=5.0)
         if self._uv.failed:
-            raise ConfigError(f"could not listen on {self.config.host}:{self.config.port} "
-                              "(in use?): choose another --port")
+            raise ConfigError(f"--port {self.config.port}: could not listen on "
+                              f"{self.config.host}:{self.config.port} (in use?); choose "
+                              "another port, or --port 0 for a free one")
 
     def start(self, timeout: float = 60.0) -> Server:
         """Serve from a background thread; returns once it accepts connections."""
@@ -135,7 +139,10 @@ class _Uvicorn:
                     self.should_exit = True
 
             async def startup(self, sockets: Any = None) -> None:
-                await super().startup(sockets)
+                try:
+                    await super().startup(sockets)
+                except SystemExit:  # uvicorn exits (status 3) when the bind fails
+                    self.should_exit = True
                 if self.should_exit:  # bind failed
                     outer.failed = True
                     return
