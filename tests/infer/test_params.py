@@ -28,7 +28,7 @@ BAD = [
     ("include_stop_str_in_output", None),
     # sizes: every stop string costs a search after each token
     ("stop", ["x"] * 17), ("stop", ["x" * 257]), ("stop_token_ids", [1] * 17),
-    ("stop", ["s%d" % i for i in range(100_000)]),
+    ("stop", [f"s{i}" for i in range(100_000)]),
 ]
 
 
