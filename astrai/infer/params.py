@@ -9,6 +9,7 @@ new one.
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Integral, Real
@@ -22,6 +23,12 @@ INT32_MAX = 2**31 - 1
 """Bound of fields that become int32/int64 tensor entries (top_k, stop token ids)."""
 SEED_RANGE = (-(2**63), 2**64 - 1)
 """What torch.Generator.manual_seed accepts."""
+MAX_STOP = 16
+"""Most stop strings (and most stop token ids) one request may give. OpenAI's API allows 4;
+16 leaves room for chat formats with several end markers while keeping the per-token stop
+check (one search per string over a bounded tail, docs/engine.md) small."""
+MAX_STOP_CHARS = 256
+"""Longest stop string, in characters: the text held back after each token is shorter."""
 
 
 @dataclass(frozen=True)
@@ -86,8 +93,9 @@ class SamplingParams:
 
 
 def _bad(name: str, value: Any, why: str) -> ConfigError:
-    # "sampling NAME=VALUE: why" -- callers (the HTTP server) read the field name from it
-    return ConfigError(f"sampling {name}={value!r}: {why}")
+    # "sampling NAME=VALUE: why" -- callers (the HTTP server) read the field name from it;
+    # reprlib keeps a long list or string to one short line
+    return ConfigError(f"sampling {name}={reprlib.repr(value)}: {why}")
 
 
 def _is_int(x: Any) -> bool:
@@ -125,12 +133,25 @@ def _check(p: SamplingParams) -> None:
         lo, hi = SEED_RANGE
         integer("seed", lambda v: lo <= v <= hi,
                 "must be None or an integer in [-2**63, 2**64 - 1]")
-    if not all(isinstance(s, str) and s for s in p.stop):
-        raise _bad("stop", p.stop, "stop strings must be non-empty strings")
-    if not all(_is_int(t) and 0 <= t <= INT32_MAX for t in p.stop_token_ids):
-        raise _bad("stop_token_ids", p.stop_token_ids, f"must be token ids in [0, {INT32_MAX}]")
+    _check_stops(p)
     for name in ("ignore_eos", "include_stop_str_in_output", "logprobs"):
         if not isinstance(getattr(p, name), bool):
             raise _bad(name, getattr(p, name), "must be true or false")
     integer("top_logprobs", lambda v: 0 <= v <= MAX_TOP_LOGPROBS,
             f"must be an integer in [0, {MAX_TOP_LOGPROBS}]")
+
+
+def _check_stops(p: SamplingParams) -> None:
+    """Stop strings and ids: their types, and the count and length bounds (MAX_STOP,
+    MAX_STOP_CHARS) that keep the per-token stop check small."""
+    if len(p.stop) > MAX_STOP:
+        raise _bad("stop", p.stop, f"{len(p.stop)} stop strings; at most {MAX_STOP}")
+    if not all(isinstance(s, str) and s for s in p.stop):
+        raise _bad("stop", p.stop, "stop strings must be non-empty strings")
+    if any(len(s) > MAX_STOP_CHARS for s in p.stop):
+        raise _bad("stop", p.stop, f"a stop string is longer than {MAX_STOP_CHARS} characters")
+    if len(p.stop_token_ids) > MAX_STOP:
+        raise _bad("stop_token_ids", p.stop_token_ids,
+                   f"{len(p.stop_token_ids)} stop token ids; at most {MAX_STOP}")
+    if not all(_is_int(t) and 0 <= t <= INT32_MAX for t in p.stop_token_ids):
+        raise _bad("stop_token_ids", p.stop_token_ids, f"must be token ids in [0, {INT32_MAX}]")

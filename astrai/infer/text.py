@@ -3,7 +3,9 @@
 Text is released as soon as it cannot be the start of a stop string: after each token the
 longest suffix that is a proper prefix of some stop string is held back. Any later match
 must then begin inside the held-back text, so searching `held + new piece` finds every
-stop string exactly once, at its earliest position.
+stop string exactly once, at its earliest position. The held text is shorter than the
+longest stop string, so each token's check reads that tail and the new piece only: its
+cost does not grow with the length of the output.
 """
 
 from __future__ import annotations
@@ -59,11 +61,18 @@ class TextStream:
         return out, None
 
     def _partial(self, buf: str) -> int:
-        """Length of the longest suffix of buf that is a proper prefix of a stop string."""
-        best = 0
+        """Length of the longest suffix of buf that is a proper prefix of a stop string.
+
+        Only starts inside the last len(s) - 1 characters can begin one, and only starts
+        that would beat the best so far are tried, each found by a C-level `find` of the
+        string's first character: the cost is bounded by the number of stop strings
+        (SamplingParams.MAX_STOP) times that tail, whatever came before it."""
+        best, n = 0, len(buf)
         for s in self.stop:
-            for k in range(min(len(s) - 1, len(buf)), best, -1):
-                if buf.endswith(s[:k]):
-                    best = k
+            i = buf.find(s[0], max(n - len(s) + 1, 0), n - best)
+            while i != -1:
+                if s.startswith(buf[i:]):
+                    best = n - i
                     break
+                i = buf.find(s[0], i + 1, n - best)
         return best

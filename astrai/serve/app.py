@@ -2,32 +2,33 @@
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
 GET /metrics. Every error is OpenAI's error object with the status the OpenAI API and vLLM
-use; bad input never reaches the engine, so it cannot disturb other requests. A client
-that disconnects has its engine requests aborted at once (their KV pages freed).
+use; bad input never reaches the engine, so it cannot disturb other requests. The work a
+request body costs before the engine sees it (JSON decoding, validation, tokenization,
+the chat template) runs in a worker thread, so the event loop keeps answering other
+clients (/health included) while a large body is read; running it is jobs.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from astrai.errors import AstraiError
+from astrai.serve.auth import authorized
+from astrai.serve.body import decode_json
 from astrai.serve.errors import APIError, bad_request
-from astrai.serve.loop import EngineLoop, QueueFull
+from astrai.serve.jobs import run_job
+from astrai.serve.limits import check_capacity
+from astrai.serve.loop import EngineLoop
 from astrai.serve.metrics import ServerMetrics
 from astrai.serve.protocol import Job, parse
-from astrai.serve.responses import ResponseBuilder, sse
 
 access = logging.getLogger("astrai.serve.access")
 
@@ -41,6 +42,7 @@ class ServerState:
     vocab_size: int
     metrics: ServerMetrics
     api_key: str | None = None
+    """Compared as UTF-8 bytes with the Authorization header's bytes (auth.py)."""
     max_body_bytes: int = 4 * 1024 * 1024
     created: int = 0
 
@@ -104,7 +106,14 @@ ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/
 
 def create_app(state: ServerState) -> Any:
     app = FastAPI(title="astrai serve", docs_url=None, redoc_url=None, openapi_url=None)
+    _error_handlers(app)
+    _probe_routes(app, state)
+    _api_routes(app, state)
+    state.created = int(time.time())
+    return AccessLog(app, state)
 
+
+def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
         return error_response(e)
@@ -120,29 +129,9 @@ def create_app(state: ServerState) -> Any:
         return error_response(APIError(500, f"internal error: {type(e).__name__}",
                                        type="internal_server_error"))
 
-    def auth(request: Request) -> None:
-        key = state.api_key
-        if key is None:
-            return
-        got = request.headers.get("authorization", "")
-        scheme, _, token = got.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), key):
-            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                           type="authentication_error", code="invalid_api_key")
 
-    async def body_of(request: Request) -> Any:
-        raw = await request.body()
-        try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise bad_request(f"the body is not valid JSON: {e}") from None
-
-    def check_model(job: Job) -> None:
-        if job.model is not None and job.model != state.model_name:
-            raise APIError(404, f"the model '{job.model}' does not exist; this server serves "
-                           f"'{state.model_name}'", type="not_found_error", param="model",
-                           code="model_not_found")
-
+def _probe_routes(app: FastAPI, state: ServerState) -> None:
+    """/health and /metrics: open (no key) for probes and scrapers."""
     @app.get("/health")
     async def health() -> Response:
         if not state.loop.alive():
@@ -160,6 +149,16 @@ def create_app(state: ServerState) -> Any:
         return PlainTextResponse(state.metrics.render(stats, in_flight),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
+
+def _api_routes(app: FastAPI, state: ServerState) -> None:
+    """The /v1 routes, each behind the API key when there is one."""
+    key = None if state.api_key is None else state.api_key.encode("utf-8")
+
+    def auth(request: Request) -> None:
+        if key is not None and not authorized(request.headers.get("authorization"), key):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                           type="authentication_error", code="invalid_api_key")
+
     @app.get("/v1/models")
     async def models(request: Request) -> dict:
         auth(request)
@@ -169,14 +168,9 @@ def create_app(state: ServerState) -> Any:
 
     async def generate(request: Request, kind: str) -> Response:
         auth(request)
-        body = await body_of(request)
-        try:
-            job = parse(kind, body, tokenizer=state.tokenizer, vocab_size=state.vocab_size,
-                        max_context=state.max_context)
-        except AstraiError as e:  # e.g. a chat template that rejects the conversation
-            raise bad_request(str(e)) from None
-        check_model(job)
-        return await run_job(request, job)
+        raw = await request.body()
+        job = await asyncio.to_thread(read_job, state, kind, raw)
+        return await run_job(state.loop, request, job, state.model_name, state.tokenizer)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
@@ -186,104 +180,25 @@ def create_app(state: ServerState) -> Any:
     async def completions(request: Request) -> Response:
         return await generate(request, "completion")
 
-    async def run_job(request: Request, job: Job) -> Response:
-        rid = f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        n = job.n
-        items = [(f"{rid}-{i}", job.prompts[i // n], p) for i, p in enumerate(job.params)]
-        index = {item[0]: i for i, item in enumerate(items)}
-        if state.loop.post is None:  # deliveries run on this (the server's) event loop
-            state.loop.post = asyncio.get_running_loop().call_soon_threadsafe
-        q: asyncio.Queue = asyncio.Queue()
-        try:
-            state.loop.submit(items, q.put_nowait)
-        except QueueFull:
-            raise APIError(503, "the server is at capacity (max-running + max-queue requests "
-                           "in flight); retry later", type="service_unavailable",
-                           code="queue_full", headers={"Retry-After": "1"}) from None
-        builder = ResponseBuilder(job, rid, state.model_name, state.tokenizer)
-        pending = set(index)
 
-        async def next_output() -> Any:
-            out = await q.get()
-            if isinstance(out, BaseException):
-                if isinstance(out, AstraiError):
-                    raise bad_request(str(out))
-                raise out
-            if out.finished:
-                pending.discard(out.request_id)
-            return out
+def read_job(state: ServerState, kind: str, raw: bytes) -> Job:
+    """Body bytes -> a validated Job for this server (in a worker thread: decoding,
+    tokenizing and rendering a large body never hold the event loop)."""
+    body = decode_json(raw)
+    loop = state.loop
 
-        def abandon() -> None:
-            if pending:
-                state.loop.abort(sorted(pending))
+    def admit(choices: int) -> None:
+        check_capacity(choices, loop.in_flight, loop.max_in_flight)
 
-        if job.stream:
-            first = await _first_or_disconnect(request, next_output, abandon)
-            return StreamingResponse(_events(builder, index, first, next_output, pending,
-                                             abandon, job.include_usage),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-
-        async def collect() -> dict:
-            while pending:
-                out = await next_output()
-                builder.add(index[out.request_id], out)
-            return builder.final()
-
-        return JSONResponse(await _or_disconnect(request, collect(), abandon))
-
-    state.created = int(time.time())
-    return AccessLog(app, state)
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        msg = await request.receive()
-        if msg["type"] == "http.disconnect":
-            return
-
-
-async def _or_disconnect(request: Request, work: Any, abandon: Any) -> Any:
-    """Await `work`; if the client goes away first, abort its requests and give up."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_wait_disconnect(request))
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        task.cancel()
-        abandon()
-        raise asyncio.CancelledError
-    finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-            abandon()
-
-
-async def _first_or_disconnect(request: Request, next_output: Any, abandon: Any) -> Any:
-    """The first output before the stream's headers go out, so a request the engine refuses
-    still gets its 4xx instead of a broken stream."""
-    return await _or_disconnect(request, next_output(), abandon)
-
-
-async def _events(builder: ResponseBuilder, index: dict[str, int], first: Any,
-                  next_output: Any, pending: set[str], abandon: Any,
-                  include_usage: bool) -> AsyncIterator[str]:
-    try:
-        out = first
-        while True:
-            for chunk in builder.chunks(index[out.request_id], out):
-                yield sse(chunk)
-            if not pending:
-                break
-            try:
-                out = await next_output()
-            except APIError as e:
-                yield sse(e.body())
-                return
-        if include_usage:
-            yield sse(builder.usage_chunk())
-        yield sse("[DONE]")
-    finally:  # the client went away (the task was cancelled) or the stream ended
-        abandon()
+        job = parse(kind, body, tokenizer=state.tokenizer, vocab_size=state.vocab_size,
+                    max_context=state.max_context, admit=admit)
+    except AstraiError as e:  # e.g. a chat template that rejects the conversation
+        raise bad_request(str(e)) from None
+    except RecursionError:
+        raise bad_request("the body is nested too deeply to be a request") from None
+    if job.model is not None and job.model != state.model_name:
+        raise APIError(404, f"the model '{job.model}' does not exist; this server serves "
+                       f"'{state.model_name}'", type="not_found_error", param="model",
+                       code="model_not_found")
+    return job

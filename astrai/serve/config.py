@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from astrai.errors import ConfigError
 from astrai.infer.config import CacheConfig, SchedulerConfig
+from astrai.serve.auth import key_problem
 
 
 @dataclass
@@ -19,7 +20,8 @@ class ServeConfig:
     port: int = 8000
     """TCP port; 0 picks a free one."""
     api_key: str | None = None
-    """When set, every /v1 request needs `Authorization: Bearer KEY` (401 otherwise)."""
+    """When set, every /v1 request needs `Authorization: Bearer KEY` (401 otherwise); any
+    non-empty UTF-8 text without control characters or surrounding spaces."""
     served_model_name: str | None = None
     """The model id clients send and /v1/models lists; None = the directory's name."""
     max_running: int = 64
@@ -59,5 +61,6 @@ class ServeConfig:
             raise ConfigError(f"--drain-timeout {self.drain_timeout}: must be >= 0")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes={self.max_body_bytes}: must be >= 1024")
-        if self.api_key is not None and not self.api_key:
-            raise ConfigError("--api-key is empty: give a key or leave the option out")
+        problem = key_problem(self.api_key)
+        if problem is not None:
+            raise ConfigError(problem)

@@ -5,17 +5,28 @@ extra sampling fields vLLM accepts (top_k, min_p, repetition_penalty, ignore_eos
 stop_token_ids, include_stop_str_in_output). A null field counts as absent. Any other
 field, or a field with a value we cannot honour, is a 400 naming it: never silently
 ignored. With `n` > 1 and a seed, choice i uses seed + i (as vLLM does), so the choices
-differ and the whole response is reproducible.
+differ and the whole response is reproducible. The sizes a request may have (prompts,
+messages, stop strings, n) are bounded in limits.py.
 """
 
 from __future__ import annotations
 
+import reprlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from astrai.errors import ConfigError
 from astrai.infer.params import SamplingParams
 from astrai.serve.errors import bad_request
+from astrai.serve.limits import (
+    MAX_MESSAGES,
+    MAX_N,
+    MAX_PROMPTS,
+    MAX_STOP,
+    MAX_STOP_CHARS,
+    MAX_TOP_LOGPROBS,
+)
 from astrai.serve.prompts import chat_prompt_ids
 
 SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
@@ -28,8 +39,6 @@ HARMLESS = {"echo": False, "best_of": 1, "logit_bias": {}, "tools": [], "tool_ch
             "response_format": {"type": "text"}, "parallel_tool_calls": False}
 """Fields we do not implement, accepted only at the value that means "not used"."""
 ROLES = ("system", "user", "assistant")
-MAX_TOP_LOGPROBS = 20
-MAX_N = 64
 
 
 @dataclass
@@ -60,19 +69,19 @@ def _num(body: dict, key: str, lo: float | None = None, hi: float | None = None,
         return None
     kind = "an integer" if integer else "a number"
     if not _is_num(v) or (integer and not isinstance(v, int)):
-        raise bad_request(f"'{key}' must be {kind}, got {v!r}", key)
+        raise bad_request(f"'{key}' must be {kind}, got {reprlib.repr(v)}", key)
     low_bad = lo is not None and (v <= lo if lo_open else v < lo)
     if low_bad or (hi is not None and v > hi):
         left = "(" if lo_open else "["
         raise bad_request(f"'{key}' must be in {left}{lo}, {hi if hi is not None else 'inf'}"
-                          f"], got {v!r}", key)
+                          f"], got {reprlib.repr(v)}", key)
     return v
 
 
 def _bool(body: dict, key: str) -> bool | None:
     v = body.get(key)
     if v is not None and not isinstance(v, bool):
-        raise bad_request(f"'{key}' must be true or false, got {v!r}", key)
+        raise bad_request(f"'{key}' must be true or false, got {reprlib.repr(v)}", key)
     return v
 
 
@@ -96,6 +105,10 @@ def _stop(body: dict) -> list[str]:
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise bad_request("'stop' must be a non-empty string or a list of them", "stop")
+    if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise bad_request(f"'stop' allows at most {MAX_STOP} strings of at most "
+                          f"{MAX_STOP_CHARS} characters each; got {len(stops)} strings, the "
+                          f"longest {max(map(len, stops))} characters", "stop")
     return stops
 
 
@@ -104,6 +117,8 @@ def _token_ids(body: dict, key: str) -> list[int]:
     if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool)
                                           and t >= 0 for t in v):
         raise bad_request(f"'{key}' must be a list of token ids >= 0", key)
+    if len(v) > MAX_STOP:
+        raise bad_request(f"'{key}' allows at most {MAX_STOP} token ids; got {len(v)}", key)
     return v
 
 
@@ -150,6 +165,9 @@ def _messages(body: dict) -> list[dict[str, str]]:
     if not isinstance(msgs, list) or not msgs:
         raise bad_request("'messages' must be a non-empty list of {\"role\", \"content\"} "
                           "objects", "messages")
+    if len(msgs) > MAX_MESSAGES:
+        raise bad_request(f"'messages' holds {len(msgs)} messages; at most {MAX_MESSAGES} per "
+                          "request", "messages")
     out = []
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
@@ -192,37 +210,35 @@ def _completion_prompts(body: dict, tokenizer: Any) -> list[list[int] | str]:
         prompts = list(p)
     else:
         raise err
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"'prompt' holds {len(prompts)} prompts; at most {MAX_PROMPTS} per "
+                          "request", "prompt")
     if any(isinstance(s, str) for s in prompts) and tokenizer is None:
         raise bad_request("this model has no tokenizer: send the prompt as token ids", "prompt")
     return prompts
 
 
 def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, vocab_size: int,
-          max_context: int, default_seed: int | None = None) -> Job:
-    """Validate one request body into a Job; raises APIError (400) naming the field."""
+          max_context: int, default_seed: int | None = None,
+          admit: Callable[[int], None] | None = None) -> Job:
+    """Validate one request body into a Job; raises APIError (400) naming the field.
+
+    `admit(k)` is called with the request's number of choices (prompts x n) once the body
+    is validated and before any prompt is tokenized or rendered and any SamplingParams
+    built: a request that cannot be served now costs no more than its validation."""
     body = _check_fields(body, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("'model' must be a string", "model")
     n = _num(body, "n", 1, MAX_N, integer=True) or 1
     stream, include_usage = _stream(body)
-    if kind == "chat":
-        lp = _bool(body, "logprobs")
-        top = _num(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
-        if top is not None and not lp:
-            raise bad_request("'top_logprobs' needs logprobs=true", "top_logprobs")
-        top_logprobs = (top or 0) if lp else None
-        kw = _sampling(body, "max_completion_tokens", default_seed)
-        msgs = _messages(body)
-        if tokenizer is None:
-            raise bad_request("this model has no tokenizer: use /v1/completions with token ids")
-        raw: list = [chat_prompt_ids(tokenizer, msgs)]
-    else:
-        top_logprobs = _num(body, "logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
-        kw = _sampling(body, "max_tokens", default_seed)
-        raw = _completion_prompts(body, tokenizer)
+    top_logprobs, kw, raw = _prompt_source(kind, body, tokenizer, default_seed)
     if kw["stop"] and tokenizer is None:
         raise bad_request("'stop' strings need a tokenizer; use stop_token_ids", "stop")
+    if admit is not None:
+        admit(len(raw) * n)
+    if kind == "chat":
+        raw = [chat_prompt_ids(tokenizer, raw[0])]
     prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in raw]
     params = []
     for ids in prompts:
@@ -236,6 +252,25 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
                 pk.update(logprobs=True, top_logprobs=top_logprobs)
             params.append(_params(pk))
     return Job(kind, model, prompts, params, n, stream, include_usage, top_logprobs)
+
+
+def _prompt_source(kind: str, body: dict, tokenizer: Any, default_seed: int | None
+                   ) -> tuple[int | None, dict[str, Any], list]:
+    """(top_logprobs, sampling kwargs, the prompts still untokenized: for chat one
+    validated message list, for completions strings or token-id lists)."""
+    if kind == "chat":
+        lp = _bool(body, "logprobs")
+        top = _num(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
+        if top is not None and not lp:
+            raise bad_request("'top_logprobs' needs logprobs=true", "top_logprobs")
+        kw = _sampling(body, "max_completion_tokens", default_seed)
+        msgs = _messages(body)
+        if tokenizer is None:
+            raise bad_request("this model has no tokenizer: use /v1/completions with token ids")
+        return (top or 0) if lp else None, kw, [msgs]
+    top_logprobs = _num(body, "logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
+    kw = _sampling(body, "max_tokens", default_seed)
+    return top_logprobs, kw, _completion_prompts(body, tokenizer)
 
 
 def _check_prompt(ids: list[int], max_tokens: int | None, vocab: int, ctx: int) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from astrai.errors import CheckpointError, ConfigError
+from astrai.serve.address import check_listen
 from astrai.serve.app import ServerState, create_app
 from astrai.serve.config import ServeConfig
 from astrai.serve.loop import EngineLoop
@@ -34,15 +35,10 @@ def load_engine(config: ServeConfig) -> Any:
     from astrai.infer.engine import Engine
     from astrai.infer.loading import load_model, load_tokenizer
 
-    path = Path(config.model_path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: not a checkpoint directory; point to an astrai "
-                              "checkpoint or a HF model directory")
+    path = check_paths(config)
     tok = load_tokenizer(path)
     if config.chat_template is not None:
         tpl = Path(config.chat_template)
-        if not tpl.is_file():
-            raise ConfigError(f"--chat-template {tpl}: no such file; give a Jinja template file")
         if tok is None:
             raise ConfigError(f"--chat-template: {path} has no tokenizer.json to apply it to")
         tok.chat_template = tpl.read_text(encoding="utf-8")
@@ -50,6 +46,18 @@ def load_engine(config: ServeConfig) -> Any:
     cache = dataclasses.replace(config.cache, max_requests=config.max_running)
     sched = dataclasses.replace(config.scheduler, max_running=config.max_running)
     return Engine(model, tok, cache, config.backend, scheduler_config=sched, seed=config.seed)
+
+
+def check_paths(config: ServeConfig) -> Path:
+    """The model directory, once it and the chat template file are known to exist."""
+    path = Path(config.model_path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a checkpoint directory; point to an astrai "
+                              "checkpoint or a HF model directory")
+    if config.chat_template is not None and not Path(config.chat_template).is_file():
+        raise ConfigError(f"--chat-template {config.chat_template}: no such file; give a "
+                          "Jinja template file")
+    return path
 
 
 class Server:
@@ -76,7 +84,11 @@ class Server:
 
     @classmethod
     def from_config(cls, config: ServeConfig) -> Server:
+        """Validate, check the paths and that the address is free, then load the model (the
+        slow part)."""
         config.validate()
+        check_paths(config)
+        check_listen(config.host, config.port)
         return cls(load_engine(config), config)
 
     @property
@@ -93,8 +105,9 @@ class Server:
         finally:
             self.loop.stop(timeout=5.0)
         if self._uv.failed:
-            raise ConfigError(f"could not listen on {self.config.host}:{self.config.port} "
-                              "(in use?): choose another --port")
+            raise ConfigError(f"--port {self.config.port}: could not listen on "
+                              f"{self.config.host}:{self.config.port} (in use?); choose "
+                              "another port, or --port 0 for a free one")
 
     def start(self, timeout: float = 60.0) -> Server:
         """Serve from a background thread; returns once it accepts connections."""
@@ -135,7 +148,10 @@ class _Uvicorn:
                     self.should_exit = True
 
             async def startup(self, sockets: Any = None) -> None:
-                await super().startup(sockets)
+                try:
+                    await super().startup(sockets)
+                except SystemExit:  # uvicorn exits (status 3) when the bind fails
+                    self.should_exit = True
                 if self.should_exit:  # bind failed
                     outer.failed = True
                     return

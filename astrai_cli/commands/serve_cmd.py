@@ -7,6 +7,7 @@ line per request) and the "listening on" line go to stderr.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -71,7 +72,10 @@ def register(app: typer.Typer) -> None:
         """Serve a model over the OpenAI API: chat/completions (streaming), models, metrics."""
         from astrai.infer.config import CacheConfig, SchedulerConfig
         from astrai.serve import ServeConfig, serve
+        from astrai.serve.auth import open_warning
 
+        if api_key is None:  # click reads an empty variable as unset: refuse it instead
+            api_key = os.environ.get("ASTRAI_API_KEY")
         checkpoint = checkpoint_path(checkpoint)  # a run directory: its newest checkpoint
         config = ServeConfig(
             model_path=str(checkpoint), host=host, port=port, api_key=api_key,
@@ -84,6 +88,9 @@ def register(app: typer.Typer) -> None:
                               max_context=max_context),
             scheduler=SchedulerConfig(max_step_tokens=max_step_tokens))
         config.validate()  # bad flags fail before the weights load
+        warning = open_warning(host, config.api_key)
+        if warning is not None:
+            print(f"astrai serve: warning: {warning}", file=sys.stderr, flush=True)
         if threads is not None:
             use_threads(threads)
         handler = logging.StreamHandler(sys.stderr)

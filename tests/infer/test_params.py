@@ -26,6 +26,9 @@ BAD = [
     ("seed", True), ("stop", None), ("stop", [3]), ("stop_token_ids", [True]),
     ("stop_token_ids", 5), ("logprobs", 1), ("ignore_eos", "yes"),
     ("include_stop_str_in_output", None),
+    # sizes: every stop string costs a search after each token
+    ("stop", ["x"] * 17), ("stop", ["x" * 257]), ("stop_token_ids", [1] * 17),
+    ("stop", [f"s{i}" for i in range(100_000)]),
 ]
 
 
@@ -44,6 +47,8 @@ def test_valid_values_including_numpy_scalars():
                        top_logprobs=20, min_p=0, frequency_penalty=-2)
     assert p.stop == ["END"] and p.stop_token_ids == [3] and p.seed == 2**64 - 1
     assert SamplingParams(seed=-(2**63)).seed == -(2**63)
+    most = SamplingParams(stop=["x" * 256] * 16, stop_token_ids=list(range(16)))
+    assert len(most.stop) == 16 and len(most.stop_token_ids) == 16
 
 
 def test_frozen_and_replace_checks_again():

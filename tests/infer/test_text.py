@@ -67,3 +67,39 @@ def test_held_text_is_not_released_early():
     assert ts.push(0) == ("Hel", None)
     assert ts.push(8) == ("", None)  # "E" might start "END"
     assert ts.push(9) == ("", "END")
+
+
+def _naive(pieces, stop, include):
+    """The text searched anew after each token: the first token that completes a stop
+    string ends it, at that string's earliest start (the first listed one on a tie)."""
+    for end in range(1, len(pieces) + 1):
+        text = "".join(pieces[:end])
+        hits = [(text.find(s), k, s) for k, s in enumerate(stop) if s in text]
+        if hits:
+            i, _, s = min(hits)
+            return text[: i + len(s)] if include else text[:i], s
+    return "".join(pieces), None
+
+
+def test_incremental_equals_searching_the_whole_text_after_each_token():
+    import random
+
+    rng = random.Random(0)
+    alphabet = "ab\n"
+    for _ in range(400):
+        pieces = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 3)))
+                  for _ in range(rng.randint(1, 12))]
+        stop = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 5)))
+                for _ in range(rng.randint(1, 4))]
+        include = rng.random() < 0.5
+        ts = TextStream(CharDecoder(pieces), stop, include)
+        out, hit = [], None
+        for t in range(len(pieces)):
+            d, hit = ts.push(t)
+            out.append(d)
+            if hit:
+                break
+        if hit is None:
+            d, hit = ts.finish()
+            out.append(d)
+        assert ("".join(out), hit) == _naive(pieces, stop, include), (pieces, stop)
