@@ -19,7 +19,7 @@ from typing import Any
 from astrai.errors import ConfigError, DataError
 from astrai.infer.params import SamplingParams
 from astrai.infer.request import Request
-from astrai.infer.text import TextStream
+from astrai.infer.text_stream import TextStream
 
 log = logging.getLogger("astrai.infer")
 Prompt = str | Sequence[int]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from astrai.infer.cache.pool import KVHandle
 from astrai.infer.params import SamplingParams
-from astrai.infer.text import TextStream
+from astrai.infer.text_stream import TextStream
 
 
 class Status(enum.Enum):

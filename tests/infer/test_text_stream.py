@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from astrai.infer.text import TextStream
+from astrai.infer.text_stream import TextStream
 
 
 class CharDecoder:
