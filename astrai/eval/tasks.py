@@ -38,7 +38,9 @@ def run_tasks(checkpoint: str | Path, tasks: list[str], *, num_fewshot: int | No
     from lm_eval.tasks import TaskManager
 
     from astrai.eval.harness import AstraiLM
+    from astrai.model.hf import read_config
 
+    read_config(checkpoint)  # a directory that is no checkpoint says so before anything else
     if not tasks:
         raise ConfigError("--tasks: name at least one task (e.g. --tasks hellaswag,arc_easy)")
     manager = TaskManager(include_path=str(include_path) if include_path else None)

@@ -36,6 +36,8 @@ from astrai.model.hf_config import config_from_hf, config_to_hf, is_hf_config
 from astrai.model.transformer import Transformer
 
 INDEX = "model.safetensors.index.json"
+EXPECTED = ("an astrai checkpoint (config.json + model.safetensors, e.g. RUN/checkpoints/"
+            "step_N) or a Hugging Face model directory (config.json + *.safetensors)")
 HF_TOKENIZER_FILES = TOKENIZER_FILES + (
     "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
 )
@@ -102,6 +104,8 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
     f = path / CONFIG
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory; pass a checkpoint directory")
+    if not f.is_file():
+        raise CheckpointError(f"{path}: not a checkpoint (no {CONFIG}); expected {EXPECTED}")
     data = read_json(f)
     if not is_hf_config(data):
         return ModelConfig.from_dict(data, source=str(f)), {"format": "astrai"}
