@@ -55,6 +55,18 @@ def _check_limit(limit: float | None, documents: bool) -> None:
                           "or a fraction between 0 and 1")
 
 
+def _offline_unless_hub_reachable() -> None:
+    """Without network, put `datasets` and `huggingface_hub` (not imported yet) in offline
+    mode: cached and local datasets load at once instead of after half a minute of retries
+    (astrai/eval/hub.py). A user's own HF_*_OFFLINE setting is left as it is."""
+    import os
+
+    from astrai.eval.hub import OFFLINE_VARS, hub_reachable, offline_chosen
+
+    if not offline_chosen() and not hub_reachable():
+        os.environ.update(dict.fromkeys(OFFLINE_VARS, "1"))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_cmd(
@@ -73,7 +85,8 @@ def register(app: typer.Typer) -> None:
             "--tasks", help="lm-evaluation-harness tasks, comma-separated (e.g. "
             "hellaswag,arc_easy); needs `pip install 'astrai\\[eval]'`.")] = None,
         include_path: Annotated[Path | None, typer.Option(
-            "--include-path", help="With --tasks: a folder of extra task YAMLs.")] = None,
+            "--include-path", help="With --tasks: a folder of extra task YAMLs (a local "
+            "task runs offline: examples/eval/tiny_task).")] = None,
         num_fewshot: Annotated[int | None, typer.Option(
             "--num-fewshot", help="With --tasks: few-shot examples per prompt.")] = None,
         limit: Annotated[float | None, typer.Option(
@@ -126,6 +139,7 @@ def register(app: typer.Typer) -> None:
             from astrai.eval.tasks import require_lm_eval, result_rows, run_tasks
 
             require_lm_eval()
+            _offline_unless_hub_reachable()
             n = None if limit is None else (limit if limit < 1 else int(limit))
             results = run_tasks(checkpoint, _split(tasks), num_fewshot=num_fewshot, limit=n,
                                 seed=seed, apply_chat_template=apply_chat_template,
