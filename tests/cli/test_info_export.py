@@ -191,6 +191,16 @@ def test_export_to_an_uncreatable_path_is_one_line(tmp_path):
         msg = one_line_error(runner.invoke(app, ["export", str(tmp_path / "ck"), out]))
         assert "cannot create it" in msg
 
+
+def test_a_directory_that_is_no_checkpoint_says_what_was_expected(tmp_path):
+    (tmp_path / "notes").mkdir()
+    for cmd, extra in (("info", "a preset (tiny, small, 125m, 1.2b)"), ("export", "")):
+        args = [cmd, str(tmp_path / "notes")] + ([str(tmp_path / "o")] if cmd == "export" else [])
+        msg = one_line_error(runner.invoke(app, args))
+        assert "notes: not a checkpoint (no config.json); expected " in msg
+        assert "an astrai checkpoint (config.json + model.safetensors" in msg and extra in msg
+        assert "Hugging Face model directory" in msg
+
 def test_export_errors(tmp_path):
     make_checkpoint(tmp_path / "moe", n_experts=2, moe_top_k=1)
     out = str(tmp_path / "o")
