@@ -14,8 +14,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Iterable, Iterator
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from astrai.errors import CheckpointError
@@ -52,6 +52,27 @@ def replace_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
+
+
+def first_unowned(root: str | Path, owned: Iterable[str]) -> str | None:
+    """The first entry under directory `root` (a relative POSIX path, in sorted order) that a
+    writer does not own: neither one of its `owned` paths nor a directory on the way to one,
+    or any symlink (writers here create none). None when `root` holds only what it owns:
+    the test a writer passes before replacing a directory it wrote earlier, so that a
+    user's file put inside is never deleted with it."""
+    owned = {PurePosixPath(p) for p in owned}
+    allowed = owned | {d for p in owned for d in p.parents}
+    root = Path(root)
+    for cur, dirs, files in os.walk(root):  # symlinks are listed, never followed
+        rel = PurePosixPath(Path(cur).relative_to(root).as_posix())
+        dirs.sort()
+        for name in sorted(files):
+            if rel / name not in owned or os.path.islink(os.path.join(cur, name)):
+                return str(rel / name)
+        for name in dirs:
+            if rel / name not in allowed or os.path.islink(os.path.join(cur, name)):
+                return str(rel / name)
+    return None
 
 
 @contextlib.contextmanager

@@ -19,6 +19,9 @@ from astrai.typed_config import TypedConfig
 
 Kind = Literal["pretrain", "sft", "dpo", "grpo"]
 Mask = Literal["train", "mask"]
+# The longest row a spec may ask for (2^20 tokens): past it a row's attention mask and a
+# model's RoPE table no longer fit in memory, so a larger figure is a typo, not a plan.
+MAX_ROW_TOKENS = 1 << 20
 
 
 class _Strict(TypedConfig):
@@ -60,7 +63,7 @@ class Packing(_Strict):
     """none: one record per row; simple: sequential fill; bfd: best-fit decreasing;
     bfd_split: split records longer than max_seq_len, then bfd. Default: bfd_split for
     pretrain, none otherwise."""
-    max_len: int | None = Field(None, ge=2)
+    max_len: int | None = Field(None, ge=2, le=MAX_ROW_TOKENS)
     """Capacity of a packed row in tokens (default: max_seq_len)."""
     buffer: int = Field(2048, ge=1)
     """bfd works on this many records at a time, so memory stays flat on any input size."""
@@ -83,7 +86,8 @@ class PreprocessSpec(_Strict):
     """Dataset directory to create (written to a temporary directory, then renamed)."""
     overwrite: bool = False
     """Replace an existing output that is a dataset astrai wrote (its manifest.json) and
-    holds none of the inputs; any other existing output is refused."""
+    holds none of the inputs and no file its manifest does not list; any other existing
+    output is refused."""
     chat_template: str | None = None
     """Chat template for template sections, dpo and grpo, replacing the tokenizer's own: a
     name (chatml, llama3, qwen2.5, mistral, llama2) or a .jinja file. The dataset's copy of
@@ -98,7 +102,7 @@ class PreprocessSpec(_Strict):
     """Record filters (pretrain text only)."""
     max_records: int | None = Field(None, ge=1)
     """Read at most this many records of the training inputs."""
-    max_seq_len: int = Field(2048, ge=2)
+    max_seq_len: int = Field(2048, ge=2, le=MAX_ROW_TOKENS)
     """Longest record in tokens; longer ones are truncated (bfd_split splits them instead)."""
     truncation: Literal["right", "left"] = "right"
     """Which end of an over-long record is cut."""

@@ -1,15 +1,16 @@
 """A dataset directory being written: refused when it would replace something that is not
-a dataset, built in a locked temporary directory beside it, renamed into place at the end
+a dataset (or a dataset holding files it does not own), built in a locked temporary directory beside it, renamed into place at the end
 (an interrupted or failed run never leaves a dataset that looks complete)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from astrai.atomic import replace_dir
+from astrai.atomic import first_unowned, replace_dir
 from astrai.data.manifest import MANIFEST
 from astrai.errors import ConfigError
 from astrai.tempdir import remove_abandoned, sibling_tempdir
@@ -32,6 +33,37 @@ def check_output(out: Path, overwrite: bool, inputs: list[Path]) -> None:
         if f.resolve().is_relative_to(root):
             raise ConfigError(f"output: {out} holds the input {f}; overwriting it would delete "
                               "the input, so choose another output")
+    foreign = first_unowned(out, owned_files(out))
+    if foreign is not None:
+        raise ConfigError(f"output: {out} holds {foreign}, which the dataset does not own (its "
+                          f"{MANIFEST} does not list it); overwriting would delete it, so move "
+                          "it out or choose another output")
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def owned_files(out: Path) -> set[str]:
+    """What a dataset directory's manifest says it holds (docs/formats.md "Dataset
+    directory"): the manifest, the tokenizer copy, every split's shards (a bin shard is a
+    directory of one .bin and one .idx per key)."""
+    try:
+        m = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+        tok = m["tokenizer"]["dir"]
+        owned = {MANIFEST, *(f"{tok}/{name}" for name in TOKENIZER_FILES)}
+        for split, s in m["splits"].items():
+            owned.add(split)
+            for shard in s["shards"]:
+                path = shard["path"]
+                owned.add(path)
+                if m["format"] == "bin":
+                    owned.update(f"{path}/{k}.{ext}" for k in m["keys"] for ext in ("bin", "idx"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError,
+            AttributeError) as e:
+        raise ConfigError(f"output: {out / MANIFEST} is unreadable ({type(e).__name__}: {e}), "
+                          "so what the dataset owns is unknown; remove it yourself or choose "
+                          "another output") from None
+    return {str(p) for p in owned}
 
 
 def _start_output(out: Path, held: contextlib.ExitStack) -> Path:

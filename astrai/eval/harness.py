@@ -21,6 +21,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 
+from astrai.errors import CheckpointError
 from astrai.eval.score import Scorer
 from astrai.infer import CacheConfig, Engine, SamplingParams
 from astrai.infer.loading import load_model, load_tokenizer
@@ -50,7 +51,9 @@ class AstraiLM(TemplateLM):
                                adapter=adapter)
             tok = load_tokenizer(pretrained)
             if tok is None:
-                raise ValueError(f"{pretrained} has no tokenizer.json: lm-eval tasks are text")
+                raise CheckpointError(f"{pretrained} has no tokenizer.json: lm-eval tasks are "
+                                      "text; copy the tokenizer the model was trained with "
+                                      "into it")
         self.model, self.tok = model, tok
         self.name = str(pretrained or "astrai")
         self.max_length = int(max_length or model.config.max_seq_len)

@@ -137,7 +137,9 @@ def evaluate_perplexity(checkpoint: str | Path, data: str | Path, *, field: str 
     """Bits per byte and perplexity of `checkpoint` on a JSONL file or a dataset directory;
     `adapter`: a PEFT LoRA directory merged in (default: a LoRA checkpoint's own)."""
     from astrai.infer.loading import load_model, load_tokenizer
+    from astrai.model.hf import read_config
 
+    read_config(checkpoint)  # a directory that is no checkpoint says so before anything else
     data = Path(data)
     if not data.exists():
         raise DataError(f"--data {data}: no such file or directory")

@@ -7,13 +7,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from astrai.errors import AstraiError, ConfigError
+from astrai.errors import AstraiError, ConfigError, DataError
 
 INSTALL = "pip install 'astrai[eval]'"
+LOCAL_TASK = "examples/eval/tiny_task"
 
 
 class MissingDependencyError(AstraiError):
@@ -38,7 +42,9 @@ def run_tasks(checkpoint: str | Path, tasks: list[str], *, num_fewshot: int | No
     from lm_eval.tasks import TaskManager
 
     from astrai.eval.harness import AstraiLM
+    from astrai.model.hf import read_config
 
+    read_config(checkpoint)  # a directory that is no checkpoint says so before anything else
     if not tasks:
         raise ConfigError("--tasks: name at least one task (e.g. --tasks hellaswag,arc_easy)")
     manager = TaskManager(include_path=str(include_path) if include_path else None)
@@ -48,10 +54,53 @@ def run_tasks(checkpoint: str | Path, tasks: list[str], *, num_fewshot: int | No
                           "lists them, --include-path adds a folder of task YAMLs")
     lm = AstraiLM(str(checkpoint), device=device, dtype=dtype, batch_tokens=batch_tokens,
                   max_gen_toks=max_gen_toks, seed=seed, adapter=adapter)
-    return lm_eval.simple_evaluate(
-        model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit, task_manager=manager,
-        apply_chat_template=apply_chat_template, random_seed=seed, numpy_random_seed=seed,
-        torch_random_seed=seed, fewshot_random_seed=seed, log_samples=False)
+    try:
+        with _git_hash_from_files():
+            return lm_eval.simple_evaluate(
+                model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
+                task_manager=manager, apply_chat_template=apply_chat_template,
+                random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+                fewshot_random_seed=seed, log_samples=False)
+    except _offline_errors() as e:
+        raise DataError(f"--tasks {','.join(tasks)}: lm-eval could not fetch a task's dataset "
+                        f"from the Hugging Face Hub ({e}); run once with network to fill the "
+                        "datasets cache (later runs read it offline), or score a local task: "
+                        f"--include-path {LOCAL_TASK} --tasks tiny_task (docs/eval.md, "
+                        "\"Offline\")") from None
+
+
+def _offline_errors() -> tuple[type[BaseException], ...]:
+    """What `datasets` / `huggingface_hub` raise for a dataset neither the Hub (offline, or
+    in offline mode) nor the cache can give."""
+    errors: list[type[BaseException]] = [ConnectionError]
+    try:
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        errors.append(LocalEntryNotFoundError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+@contextlib.contextmanager
+def _git_hash_from_files() -> Iterator[None]:
+    """lm-eval records the current directory's git commit by running `git describe`, whose
+    `fatal: not a git repository` reaches the terminal outside a repository; read the
+    commit from .git's files instead (lm-eval's own fallback), which prints nothing."""
+    from lm_eval import evaluator
+
+    try:
+        from lm_eval.loggers.utils import get_commit_from_path
+    except ImportError:  # another lm-eval layout: leave it be
+        yield
+        return
+    saved = getattr(evaluator, "get_git_commit_hash", None)
+    evaluator.get_git_commit_hash = lambda: get_commit_from_path(os.getcwd())
+    try:
+        yield
+    finally:
+        if saved is not None:
+            evaluator.get_git_commit_hash = saved
 
 
 def result_rows(results: dict[str, Any]) -> list[dict[str, Any]]:

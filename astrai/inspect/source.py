@@ -161,6 +161,9 @@ def open_source(path: str | Path) -> WeightSource:
     if not path.exists():
         raise CheckpointError(f"{path}: no such file or directory; pass a checkpoint directory "
                               "or a .safetensors file")
+    if not path.is_file() and not path.is_dir():  # a device, FIFO or socket (or a link to one)
+        raise CheckpointError(f"{path}: not a regular file or a directory of weights; pass a "
+                              "checkpoint directory or a .safetensors file")
     if path.is_file():
         if path.suffix != ".safetensors":
             raise CheckpointError(f"{path}: not a .safetensors file; pass a checkpoint "

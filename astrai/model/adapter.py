@@ -14,6 +14,7 @@ HF module names come from astrai.model.hf (the only place that knows them):
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,20 @@ def find_adapter(checkpoint: str | Path, adapter: str | Path | None = None) -> P
         return Path(adapter)
     own = Path(checkpoint) / "adapter"
     return own if is_adapter_dir(own) else None
+
+
+def copy_adapter(src: str | Path, dst: str | Path, base_model: str) -> Path:
+    """The adapter `src` copied into `dst` (its two PEFT files), its
+    `base_model_name_or_path` naming `base_model`: PEFT's AutoPeftModelForCausalLM loads the
+    base from there, so an exported adapter names the exported base (an absolute path; PEFT
+    reads a relative one as a Hub id)."""
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True)
+    conf = json.loads((src / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    conf["base_model_name_or_path"] = base_model
+    (dst / ADAPTER_CONFIG).write_text(json.dumps(conf, indent=2) + "\n", encoding="utf-8")
+    shutil.copy2(src / ADAPTER_WEIGHTS, dst / ADAPTER_WEIGHTS)
+    return dst
 
 
 def merge_adapter(model: nn.Module, adapter: str | Path) -> nn.Module:

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from astrai.errors import CheckpointError, ConfigError
-from astrai.model.checkpoint import read_meta
-from astrai.model.hf import read_config
+from astrai.model.checkpoint import CONFIG, read_meta
+from astrai.model.hf import EXPECTED, read_config
 from astrai.model.presets import PRESETS, get_preset
 from astrai.model.stats import model_stats
 
@@ -17,6 +17,9 @@ def describe(target: str | Path, seq_len: int | None = None) -> dict[str, Any]:
     """{"source", "config", "params", "flops_per_token", "weight_memory_bytes"}."""
     path = Path(target)
     if path.is_dir():
+        if not (path / CONFIG).is_file():
+            raise CheckpointError(f"{path}: not a checkpoint (no {CONFIG}); expected a preset "
+                                  f"({', '.join(PRESETS)}), {EXPECTED}")
         config, info = read_config(path)
         source: dict[str, Any] = {"kind": "checkpoint", "path": str(path), **info}
         if info["format"] == "astrai":

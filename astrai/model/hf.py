@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from astrai import __version__
-from astrai.atomic import atomic_dir
 from astrai.errors import CheckpointError, ConfigError, UnsupportedModelError
 from astrai.jsonfile import read_json_object
 from astrai.model.checkpoint import (
@@ -39,6 +38,8 @@ from astrai.model.transformer import Transformer
 
 INDEX = "model.safetensors.index.json"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+EXPECTED = ("an astrai checkpoint (config.json + model.safetensors, e.g. RUN/checkpoints/"
+            "step_N) or a Hugging Face model directory (config.json + *.safetensors)")
 HF_TOKENIZER_FILES = TOKENIZER_FILES + (
     "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
 )
@@ -51,6 +52,8 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
     f = path / CONFIG
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory; pass a checkpoint directory")
+    if not f.is_file():
+        raise CheckpointError(f"{path}: not a checkpoint (no {CONFIG}); expected {EXPECTED}")
     data = read_json_object(f, CheckpointError)
     if not is_hf_config(data):
         return ModelConfig.from_dict(data, source=str(f)), {"format": "astrai"}
@@ -142,12 +145,15 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, dtype: torch.dtype
               adapter: str | Path | None = None) -> Path:
     """Write a HF-format directory (config.json, model.safetensors, generation_config.json and
     the tokenizer files) that transformers' AutoModelForCausalLM.from_pretrained loads.
-    Written atomically; an existing `out_dir` is replaced only with `overwrite`.
+    Written atomically, with the marker of astrai/model/export_output.py; an existing
+    `out_dir` is replaced only with `overwrite`, and only when it is an earlier export.
 
     LoRA: the adapter is `adapter` or the checkpoint's own `adapter/`. `merge_lora` folds it
     into the weights (W + s·B A, PEFT's merge_and_unload); otherwise the base is written and
-    the adapter copied to OUT_DIR/adapter for PeftModel.from_pretrained."""
-    from astrai.model.adapter import find_adapter, merge_adapter
+    the adapter copied to OUT_DIR/adapter, naming OUT_DIR as its base, for PeftModel and
+    AutoPeftModelForCausalLM.from_pretrained."""
+    from astrai.model.adapter import copy_adapter, find_adapter, merge_adapter
+    from astrai.model.export_output import check_export_output, export_output
 
     checkpoint, out_dir = Path(checkpoint), Path(out_dir)
     config, info = read_config(checkpoint)
@@ -155,8 +161,7 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, dtype: torch.dtype
     config_to_hf(config)  # refuse MoE before reading any weights
     if out_dir.resolve() == checkpoint.resolve():
         raise CheckpointError(f"{out_dir}: is the checkpoint itself; choose another OUT_DIR")
-    if out_dir.exists() and not overwrite and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise CheckpointError(f"{out_dir}: already exists; choose another path or pass --overwrite")
+    check_export_output(out_dir, overwrite)
     lora = find_adapter(checkpoint, adapter)
     if merge_lora and lora is None:
         raise CheckpointError(f"{checkpoint}: no LoRA adapter to merge (no adapter/ inside); "
@@ -169,7 +174,7 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, dtype: torch.dtype
     hf_config = config_to_hf(config, dtype_name, family=info.get("model_type"))
     special = special_token_ids(checkpoint)
     hf_config.update({k: v for k, v in special.items() if v is not None})
-    with atomic_dir(out_dir, overwrite=True) as tmp:
+    with export_output(out_dir, checkpoint) as tmp:
         (tmp / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
         save_weights(state, tmp / WEIGHTS)
         gen = {"_from_model_config": True, "producer": f"astrai {__version__}",
@@ -184,7 +189,7 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, dtype: torch.dtype
         if (tmp / "tokenizer.json").is_file():
             _tokenizer_json_authoritative(tmp / "tokenizer_config.json")
         if lora is not None and not merge_lora:
-            shutil.copytree(lora, tmp / "adapter")
+            copy_adapter(lora, tmp / "adapter", str(out_dir.resolve()))
     return out_dir
 
 

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from astrai_cli.options import Adapter, threads_option, use_threads
+from astrai_cli.options import Adapter, checkpoint_path, threads_option, use_threads
 
 METRICS = ("bpb", "ppl")
 
@@ -41,11 +41,38 @@ def render_tasks(rows: list[dict], console: Console) -> None:
     console.print(table)
 
 
+def _check_limit(limit: float | None, documents: bool) -> None:
+    """--limit: a count of documents with --data; a count, or a fraction below 1, per task."""
+    from astrai.errors import ConfigError
+
+    if limit is None:
+        return
+    if documents and (limit < 1 or limit != int(limit)):
+        raise ConfigError(f"--limit {limit:g}: with --data it counts documents; give a whole "
+                          "number, 1 or more")
+    if limit <= 0 or (limit > 1 and limit != int(limit)):
+        raise ConfigError(f"--limit {limit:g}: give a count of examples per task (1 or more) "
+                          "or a fraction between 0 and 1")
+
+
+def _offline_unless_hub_reachable() -> None:
+    """Without network, put `datasets` and `huggingface_hub` (not imported yet) in offline
+    mode: cached and local datasets load at once instead of after half a minute of retries
+    (astrai/eval/hub.py). A user's own HF_*_OFFLINE setting is left as it is."""
+    import os
+
+    from astrai.eval.hub import OFFLINE_VARS, hub_reachable, offline_chosen
+
+    if not offline_chosen() and not hub_reachable():
+        os.environ.update(dict.fromkeys(OFFLINE_VARS, "1"))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_cmd(
         checkpoint: Annotated[Path, typer.Argument(
-            help="An astrai checkpoint or HF Llama/Qwen2/Mistral directory with its tokenizer.")],
+            help="An astrai checkpoint, a training run directory (its newest checkpoint) or "
+            "a HF Llama/Qwen2/Mistral directory, with its tokenizer.")],
         data: Annotated[Path | None, typer.Option(
             "--data", help="Held-out text: a JSONL file (text or chat records) or a dataset "
             "directory of `astrai preprocess` (its validation split).")] = None,
@@ -58,7 +85,8 @@ def register(app: typer.Typer) -> None:
             "--tasks", help="lm-evaluation-harness tasks, comma-separated (e.g. "
             "hellaswag,arc_easy); needs `pip install 'astrai\\[eval]'`.")] = None,
         include_path: Annotated[Path | None, typer.Option(
-            "--include-path", help="With --tasks: a folder of extra task YAMLs.")] = None,
+            "--include-path", help="With --tasks: a folder of extra task YAMLs (a local "
+            "task runs offline: examples/eval/tiny_task).")] = None,
         num_fewshot: Annotated[int | None, typer.Option(
             "--num-fewshot", help="With --tasks: few-shot examples per prompt.")] = None,
         limit: Annotated[float | None, typer.Option(
@@ -75,7 +103,7 @@ def register(app: typer.Typer) -> None:
             "--dtype", help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on "
             "CPU).")] = None,
         batch_tokens: Annotated[int, typer.Option(
-            "--batch-tokens", help="Tokens scored per forward pass.")] = 1024,
+            "--batch-tokens", min=1, help="Tokens scored per forward pass.")] = 1024,
         as_json: Annotated[bool, typer.Option(
             "--json", help="Print the results as JSON instead of a table.")] = False,
         json_out: Annotated[Path | None, typer.Option(
@@ -90,7 +118,9 @@ def register(app: typer.Typer) -> None:
         if (data is None) == (tasks is None):
             raise ConfigError("give --data FILE.jsonl (bits per byte, perplexity) or --tasks "
                               "NAMES (lm-evaluation-harness), not both or neither")
+        _check_limit(limit, data is not None)
         use_threads(threads)
+        checkpoint = checkpoint_path(checkpoint)  # a run directory: its newest checkpoint
         console = Console()
         if data is not None:
             from astrai.eval.perplexity import evaluate_perplexity
@@ -109,6 +139,7 @@ def register(app: typer.Typer) -> None:
             from astrai.eval.tasks import require_lm_eval, result_rows, run_tasks
 
             require_lm_eval()
+            _offline_unless_hub_reachable()
             n = None if limit is None else (limit if limit < 1 else int(limit))
             results = run_tasks(checkpoint, _split(tasks), num_fewshot=num_fewshot, limit=n,
                                 seed=seed, apply_chat_template=apply_chat_template,

@@ -37,7 +37,9 @@ def register(app: typer.Typer) -> None:
             "--dtype", help="Weight dtype to write; auto keeps the checkpoint's.")
         ] = ExportDtype.auto,
         overwrite: Annotated[bool, typer.Option(
-            "--overwrite", help="Replace an existing OUT_DIR.")] = False,
+            "--overwrite", help="Replace an earlier export at OUT_DIR (one holding the "
+            ".astrai-export marker and only the files it lists); anything else is refused.")
+        ] = False,
         merge_lora: Annotated[bool, typer.Option(
             "--merge-lora", help="Fold the LoRA adapter (--adapter, or the checkpoint's "
             "adapter/) into the weights: full merged weights, no adapter needed.")] = False,
@@ -52,5 +54,5 @@ def register(app: typer.Typer) -> None:
         checkpoint = checkpoint_path(checkpoint)
         out = export_hf(checkpoint, out_dir, dtype=torch_dtype, overwrite=overwrite,
                         merge_lora=merge_lora, adapter=adapter)
-        files = ", ".join(sorted(p.name for p in out.iterdir()))
+        files = ", ".join(sorted(p.name for p in out.iterdir() if not p.name.startswith(".")))
         Console(highlight=False).print(f"exported {checkpoint} → {out} ({fmt.value}): {files}")

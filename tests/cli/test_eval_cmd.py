@@ -1,6 +1,7 @@
 """`astrai eval`: the --data table and --json file, and one-line errors (exit 2)."""
 
 import json
+import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -54,12 +55,42 @@ def test_data_table_and_json(tmp_path, ckpt, held, one_thread):
     (["--data", "x.jsonl", "--tasks", "arc_easy"], "not both"),
     (["--data", "{held}", "--metric", "acc"], "--metric acc"),
     (["--data", "{tmp}/none.jsonl"], "no such file"),
+    (["--data", "{held}", "--batch-tokens", "0"], "--batch-tokens"),
+    (["--data", "{held}", "--limit", "-1"], "--limit -1: with --data it counts documents"),
+    (["--data", "{held}", "--limit", "0.5"], "--limit 0.5: with --data it counts documents"),
+    (["--tasks", "arc_easy", "--limit", "-1"], "--limit -1: give a count of examples"),
+    (["--tasks", "arc_easy", "--limit", "0"], "--limit 0: give a count of examples"),
 ])
 def test_mistakes_are_one_line(tmp_path, ckpt, held, args, message):
     args = [a.format(held=held, tmp=tmp_path) for a in args]
     r = runner.invoke(app, ["eval", str(ckpt), "--device", "cpu", *args])
-    assert r.exit_code == 2 and message in r.output
-    assert "Traceback" not in r.output
+    assert r.exit_code == 2 and message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not r.stdout, r.output
+
+
+def test_a_run_directory_stands_for_its_newest_checkpoint(tmp_path, ckpt, held, one_thread):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copytree(ckpt, run / "checkpoints" / "step_3")
+    r = runner.invoke(app, ["eval", str(run), "--data", str(held), "--device", "cpu",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    assert "using its newest checkpoint" in r.stderr
+    assert json.loads(r.stdout)["bpb"] == pytest.approx(
+        evaluate_perplexity(ckpt, held, device="cpu").bpb)
+
+
+@pytest.mark.parametrize("mode", [["--data", "{held}"], ["--tasks", "arc_easy"]])
+def test_a_directory_that_is_no_checkpoint_says_what_was_expected(tmp_path, held, mode):
+    if "--tasks" in mode:
+        pytest.importorskip("lm_eval")
+    (tmp_path / "notes").mkdir()
+    mode = [a.format(held=held) for a in mode]
+    r = runner.invoke(app, ["eval", str(tmp_path / "notes"), *mode, "--device", "cpu"])
+    assert r.exit_code == 2, r.output
+    line = r.stderr.strip()
+    assert "not a checkpoint (no config.json); expected an astrai checkpoint" in line
+    assert "Hugging Face model directory" in line and "copy" not in line
 
 
 def test_without_lm_eval_says_how_to_install(monkeypatch, ckpt):

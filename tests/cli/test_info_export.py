@@ -157,6 +157,50 @@ def test_export_dtype_and_overwrite(tmp_path):
     assert "lm_head.weight" not in keys  # tied: HF re-ties on load
 
 
+
+def test_export_overwrite_replaces_only_an_earlier_export(tmp_path):
+    make_checkpoint(tmp_path / "ck")
+    home = tmp_path / "home"  # a user's directory named as OUT_DIR by mistake
+    (home / ".ssh").mkdir(parents=True)
+    (home / "thesis.tex").write_text("keep")
+    (home / ".ssh" / "id_ed25519").write_text("keep")
+    (tmp_path / "notes.txt").write_text("keep")
+    for target, needle in ((home, "a directory without .astrai-export"),
+                           (tmp_path / "notes.txt", "a file, not an earlier astrai export")):
+        msg = one_line_error(runner.invoke(app, ["export", str(tmp_path / "ck"), str(target),
+                                                 "--overwrite"]))
+        assert needle in msg
+    assert (home / "thesis.tex").read_text() == (home / ".ssh" / "id_ed25519").read_text()
+    assert (tmp_path / "notes.txt").read_text() == "keep"
+    # an earlier export is replaced; one a user put a file into is refused, the file named
+    args = ["export", str(tmp_path / "ck"), str(tmp_path / "hf"), "--overwrite"]
+    assert runner.invoke(app, args).exit_code == 0
+    marker = json.loads((tmp_path / "hf" / ".astrai-export").read_text())
+    assert "model.safetensors" in marker["files"] and "config.json" in marker["files"]
+    assert runner.invoke(app, args).exit_code == 0
+    (tmp_path / "hf" / "README.md").write_text("mine")
+    assert "holds README.md" in one_line_error(runner.invoke(app, args))
+    assert (tmp_path / "hf" / "README.md").read_text() == "mine"
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_export_to_an_uncreatable_path_is_one_line(tmp_path):
+    make_checkpoint(tmp_path / "ck")
+    (tmp_path / "afile").write_text("x")
+    for out in ("/proc/astrai-export-test", str(tmp_path / "afile" / "hf")):
+        msg = one_line_error(runner.invoke(app, ["export", str(tmp_path / "ck"), out]))
+        assert "cannot create it" in msg
+
+
+def test_a_directory_that_is_no_checkpoint_says_what_was_expected(tmp_path):
+    (tmp_path / "notes").mkdir()
+    for cmd, extra in (("info", "a preset (tiny, small, 125m, 1.2b)"), ("export", "")):
+        args = [cmd, str(tmp_path / "notes")] + ([str(tmp_path / "o")] if cmd == "export" else [])
+        msg = one_line_error(runner.invoke(app, args))
+        assert "notes: not a checkpoint (no config.json); expected " in msg
+        assert "an astrai checkpoint (config.json + model.safetensors" in msg and extra in msg
+        assert "Hugging Face model directory" in msg
+
 def test_export_errors(tmp_path):
     make_checkpoint(tmp_path / "moe", n_experts=2, moe_top_k=1)
     out = str(tmp_path / "o")

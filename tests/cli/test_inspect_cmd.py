@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -109,6 +110,15 @@ def test_bad_input_exit_2_one_line(args, message):
     assert message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
+
+
+def test_a_device_is_not_a_checkpoint(tmp_path):
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    for target in (tmp_path / "zero", Path("/dev/null")):
+        r = run(str(target))
+        assert r.exit_code == 2, r.output
+        assert "not a regular file or a directory of weights" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
 
 def test_variance_on_a_checkpoint(tmp_path):
     cfg = tiny_config(n_layers=2)

@@ -82,6 +82,8 @@ def test_spec_errors(tmp_path, tok_dir):
     ([TEXT, "[" * 100_000 + "]" * 100_000], {}, "nested too deeply"),
     ([TEXT, '{"text": "\\ud800"}'], {}, "lone surrogate"),
     ([TEXT], {"max_seq_len": True}, "max_seq_len: expected a number, got true"),
+    ([TEXT], {"max_seq_len": 100_000_000_000}, "less than or equal to 1048576"),
+    ([TEXT], {"packing": {"max_len": 1 << 21}}, "packing.max_len: Input should be less than"),
 ])
 def test_hostile_specs_and_records_are_one_line(tmp_path, tok_dir, records, fields, needle):
     (tmp_path / "afile").write_text("x")

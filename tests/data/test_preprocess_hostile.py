@@ -21,6 +21,32 @@ def _rows(out):
     return len(open_dataset(out))
 
 
+
+@pytest.mark.parametrize("fmt", ["h5", "bin"])
+def test_overwrite_refuses_a_dataset_holding_files_it_does_not_own(spec_for, tmp_path,
+                                                                    write_jsonl, fmt):
+    f = write_jsonl(tmp_path / "in.jsonl", [{"text": LONG + str(i)} for i in range(4)])
+    out = tmp_path / "ds"
+    build_dataset(spec_for("pretrain", [f], output=str(out), format=fmt))
+    # a dataset astrai wrote, as it is, is replaced: everything in it is listed
+    build_dataset(spec_for("pretrain", [f], output=str(out), format=fmt, overwrite=True))
+    for foreign in (out / "thesis.tex", out / "train" / "notes.txt", out / "tokenizer" / "x",
+                    out / ".ssh" / "id_ed25519"):
+        foreign.parent.mkdir(parents=True, exist_ok=True)
+        foreign.write_text("keep")
+        rel = foreign.relative_to(out).parts[0] if ".ssh" in foreign.parts else (
+            foreign.relative_to(out).as_posix())  # a foreign directory is named, not its files
+        with pytest.raises(ConfigError, match=f"holds {rel}, which the dataset does not own"):
+            build_dataset(spec_for("pretrain", [f], output=str(out), format=fmt,
+                                   overwrite=True))
+        assert foreign.read_text() == "keep"
+        foreign.unlink()
+        if foreign.parent.name == ".ssh":
+            foreign.parent.rmdir()
+    (out / "train" / "link").symlink_to(f)  # a symlink is never the dataset's
+    with pytest.raises(ConfigError, match="holds train/link"):
+        build_dataset(spec_for("pretrain", [f], output=str(out), format=fmt, overwrite=True))
+
 def test_bom_at_file_start_is_not_part_of_the_first_record(spec_for, tmp_path):
     f = tmp_path / "in.jsonl"
     body = b"".join(json.dumps({"text": LONG + str(i)}).encode() + b"\n" for i in range(3))

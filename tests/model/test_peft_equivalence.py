@@ -5,6 +5,8 @@ equals PEFT's `merge_and_unload`."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -53,6 +55,22 @@ def test_astrai_adapter_loads_in_peft_with_equal_logits(tmp_path, targets, qkv_b
     with torch.no_grad():
         torch.testing.assert_close(ours(x).logits, theirs(input_ids=x).logits, **TOL)
 
+
+
+def test_exported_adapter_names_the_exported_base(tmp_path, monkeypatch):
+    """AutoPeftModelForCausalLM reads the base from the adapter's base_model_name_or_path:
+    it must be the exported HF directory (absolute: a relative path is a Hub id to PEFT)."""
+    ckpt, ours = lora_checkpoint(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    hf_dir = export_hf(ckpt, "hf")  # a relative OUT_DIR
+    conf = json.loads((hf_dir / "adapter" / "adapter_config.json").read_text())
+    assert conf["base_model_name_or_path"] == str((tmp_path / "hf").resolve())
+    monkeypatch.chdir(ckpt)  # loads from anywhere
+    theirs = peft.AutoPeftModelForCausalLM.from_pretrained(
+        str(tmp_path / "hf" / "adapter"), dtype=torch.float32).eval()
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x).logits, theirs(input_ids=x).logits, **TOL)
 
 def test_merge_lora_equals_peft_merge_and_unload(tmp_path):
     ckpt, ours = lora_checkpoint(tmp_path)
