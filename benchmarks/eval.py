@@ -30,7 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from astrai.data.testing import tiny_corpus_path, tiny_tokenizer
 from astrai.model import build_model, get_preset
 from astrai.model.checkpoint import save_checkpoint
-from astrai.model.hf import export_hf
+from astrai.model.hf_export import export_hf
 
 
 def write_tasks(root: Path, questions: int, gen: int, seed: int = 0) -> None:

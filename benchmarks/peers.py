@@ -8,7 +8,7 @@ import torch
 
 from astrai.model.checkpoint import save_checkpoint
 from astrai.model.config import ModelConfig
-from astrai.model.hf import export_hf
+from astrai.model.hf_export import export_hf
 
 
 def hf_twin(model, tmp: Path):

@@ -42,7 +42,7 @@ def make_hf_dir(tmp: Path, preset: str) -> Path:
     from astrai.data.testing import tiny_tokenizer
     from astrai.model import build_model, get_preset
     from astrai.model.checkpoint import save_checkpoint
-    from astrai.model.hf import export_hf
+    from astrai.model.hf_export import export_hf
 
     tok = tiny_tokenizer(tmp)
     cfg = get_preset(preset, vocab_size=tok.vocab_size, init_std=0.1)

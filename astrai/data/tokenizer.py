@@ -20,9 +20,8 @@ from astrai.data.chat_ids import conversation_ids
 from astrai.data.detokenize import StreamDecoder
 from astrai.errors import ConfigError, NoTemplateError
 from astrai.jsonfile import read_json_object
+from astrai.model.tokenizer_files import END_OF_TURN
 
-# Tokens that end an assistant turn in common templates; generation stops on any present.
-END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
 
 
 def _token_str(value: Any) -> str | None:

@@ -7,7 +7,7 @@ what astrai trains and astrai loads what PEFT trains (PEFT docs, "LoRA" and
     DIR/adapter_model.safetensors  base_model.model.<HF module>.lora_A.weight [r, in]
                                    base_model.model.<HF module>.lora_B.weight [out, r]
 
-HF module names come from astrai.model.hf (the only place that knows them):
+HF module names come from astrai.model.hf_names (the only place that knows them):
 `layers.0.attn.q_proj` here is `model.layers.0.self_attn.q_proj` there.
 """
 

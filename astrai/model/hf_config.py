@@ -1,6 +1,6 @@
 """HF `config.json` ⇄ `ModelConfig` for the Llama, Qwen2, Qwen3 and Mistral families.
 
-Only this module and `hf.py` know HF names (STYLE.md habit 8: convert at the boundary).
+Only this module and `hf_names.py` know HF names (STYLE.md habit 8: convert at the boundary).
 Both transformers layouts are read: 4.x (`rope_theta` + `rope_scaling` at top level) and
 5.x (`rope_parameters` holding `rope_type`, `rope_theta` and the scaling keys). Exports
 write both, so any transformers from 4.45 on reads them.

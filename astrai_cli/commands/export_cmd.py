@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         """Export a checkpoint to Hugging Face format (AutoModelForCausalLM.from_pretrained)."""
         import torch  # lazily: `astrai --help` stays fast
 
-        from astrai.model.hf import export_hf
+        from astrai.model.hf_export import export_hf
 
         torch_dtype = None if dtype is ExportDtype.auto else getattr(torch, dtype.value)
         checkpoint = checkpoint_path(checkpoint)

@@ -11,7 +11,7 @@ import torch
 from astrai.data.testing import tiny_tokenizer
 from astrai.model import build_model, get_preset
 from astrai.model.checkpoint import save_checkpoint
-from astrai.model.hf import export_hf
+from astrai.model.hf_export import export_hf
 
 # lm-eval reads local JSON data through `datasets`: never reach for the hub.
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

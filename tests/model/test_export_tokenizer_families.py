@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from astrai.data.tokenizer import Tokenizer
-from astrai.model.hf import export_hf
+from astrai.model.hf_export import export_hf
 from tests.real_tokenizers import FAMILIES, tiny_hf_model
 
 pytest.importorskip("transformers")

@@ -10,13 +10,9 @@ from safetensors.torch import save_file
 
 from astrai.errors import CheckpointError, ConfigError, UnsupportedModelError
 from astrai.model.checkpoint import save_checkpoint
-from astrai.model.hf import (
-    astrai_to_hf_name,
-    export_hf,
-    hf_to_astrai_name,
-    load_pretrained,
-    read_config,
-)
+from astrai.model.hf import load_pretrained, read_config
+from astrai.model.hf_export import export_hf
+from astrai.model.hf_names import astrai_to_hf_name, hf_to_astrai_name
 from astrai.model.hf_config import config_from_hf, config_to_hf
 
 LLAMA = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 48,

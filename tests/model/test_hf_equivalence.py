@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from astrai.model.checkpoint import save_checkpoint
-from astrai.model.hf import export_hf, load_pretrained
+from astrai.model.hf import load_pretrained
+from astrai.model.hf_export import export_hf
 
 transformers = pytest.importorskip("transformers")
 

@@ -12,7 +12,8 @@ import torch
 
 from astrai.model.adapter import load_adapter, write_adapter
 from astrai.model.checkpoint import save_checkpoint
-from astrai.model.hf import export_hf, load_pretrained
+from astrai.model.hf import load_pretrained
+from astrai.model.hf_export import export_hf
 from astrai.model.lora import LoraSpec, apply_lora, lora_layers
 
 from .conftest import random_model, small_config

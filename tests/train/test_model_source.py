@@ -9,7 +9,7 @@ from astrai.data.testing import tiny_tokenizer
 from astrai.errors import ConfigError
 from astrai.model import build_model, get_preset
 from astrai.model.checkpoint import save_checkpoint
-from astrai.model.hf import export_hf
+from astrai.model.hf_export import export_hf
 from astrai.train.model_source import resolve_model
 
 SMALL = {"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64, "max_seq_len": 64}
