@@ -164,6 +164,11 @@ def next_commands(checkpoint: str, run_dir: str) -> list[dict[str, str]]:
     import shlex
 
     ck, run = shlex.quote(checkpoint), shlex.quote(run_dir)
+    # Fine-tuning data must be tokenized by the model's own tokenizer (the bundled spec
+    # names another); beside OUT, not in it, so that --overwrite can replace OUT later.
+    out = Path(run_dir).parent
+    sft = out.with_name(f"{out.name}-sft")
+    sft_data, sft_run = shlex.quote(str(sft / "data")), shlex.quote(str(sft / "run"))
     return [
         {"what": "chat with the model (a base model: it continues your text)",
          "command": f"astrai chat {ck} --no-template"},
@@ -174,6 +179,13 @@ def next_commands(checkpoint: str, run_dir: str) -> list[dict[str, str]]:
         {"what": "benchmark serving it (TTFT, TPOT, throughput)",
          "command": f"astrai serve-bench {ck} --num-prompts 16 --input-len 32:128 "
                     "--output-len 32:64"},
+        {"what": "fine-tune it on the bundled chat data (from the repository root): first "
+                 "tokenize the data with the model's own tokenizer",
+         "command": f"astrai preprocess examples/specs/sft.json --set tokenizer={ck} "
+                    f"--set output={sft_data}"},
+        {"what": "then train it on that data (SFT)",
+         "command": f"astrai train --strategy sft --data {sft_data} --model {ck} "
+                    f"--out {sft_run}"},
     ]
 
 

@@ -96,7 +96,7 @@ def prepare(config: TrainConfig, data: TrainData, *, world_size: int | None = No
         config.require("model")
         source = resolve_model(config.model, vocab_size=data.vocab_size, seq_len=data.seq_len,
                                seed=config.seed, overrides=config.model_overrides,
-                               tokenizer_fingerprint=data.fingerprint)
+                               tokenizer_fingerprint=data.fingerprint, dataset=data.path)
     n = len(data.dataset)
     groups = None if config.lora else planned_groups(source.config, config,
                                                      strategy_cls.prepare_model)

@@ -113,9 +113,17 @@ def test_fastest_threads_picks_a_measured_count_and_restores():
 def test_next_commands_quote_paths():
     cmds = next_commands("my runs/run/checkpoints/step_9", "my runs/run")
     by = {shlex.split(c["command"])[1]: shlex.split(c["command"]) for c in cmds}
-    assert set(by) == {"chat", "resume", "inspect-weights", "serve-bench"}
+    assert set(by) == {"chat", "resume", "inspect-weights", "serve-bench", "preprocess",
+                       "train"}
     assert by["chat"][2] == "my runs/run/checkpoints/step_9"
     assert by["resume"][2] == "my runs/run"
+    # Fine-tuning: the bundled SFT data rebuilt with the checkpoint's own tokenizer, then
+    # trained from the checkpoint (beside the quickstart's directory, not in it).
+    assert by["preprocess"][2:] == ["examples/specs/sft.json", "--set",
+                                    "tokenizer=my runs/run/checkpoints/step_9", "--set",
+                                    "output=my runs-sft/data"]
+    assert by["train"][2:] == ["--strategy", "sft", "--data", "my runs-sft/data", "--model",
+                               "my runs/run/checkpoints/step_9", "--out", "my runs-sft/run"]
     assert "--no-template" in by["chat"]  # a base model continues text
 
 
