@@ -324,7 +324,7 @@ def register(app: typer.Typer) -> None:
             from astrai.viz.lockin import lockin_figure
 
             saved = save_figure(lockin_figure(report.scans, overflow=cfg.overflow), plot)
-            Console(stderr=True, highlight=False).print(f"lock-in picture: {saved}")
+            typer.echo(f"wrote {saved}", err=True)  # as `astrai plot`; stdout is the report
         if as_json:
             typer.echo(json.dumps(report.to_dict(), indent=2))
         else:
