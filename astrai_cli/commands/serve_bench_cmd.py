@@ -41,11 +41,9 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str]]]] = [
         ("Total token throughput (tok/s)", "total_token_throughput", "{:.1f}"),
         # vLLM's two peaks count per 1-second bucket: a request counts in every second
         # it touches, so they exceed the exact in-flight count (docs/serve-bench.md).
-        ("Requests active in the busiest second (vLLM max_concurrent_requests)",
-         "max_concurrent_requests", "{:d}"),
-        ("Output tokens in the busiest second (vLLM max_output_tokens_per_s)",
-         "max_output_tokens_per_s", "{:.0f}"),
-        ("Most requests in flight at one instant", "peak_concurrency", "{:d}"),
+        ("Busiest second: requests active (vLLM)", "max_concurrent_requests", "{:d}"),
+        ("Busiest second: output tokens (vLLM)", "max_output_tokens_per_s", "{:.0f}"),
+        ("Most requests in flight at once", "peak_concurrency", "{:d}"),
         ("Mean requests in flight", "mean_concurrency", "{:.2f}"),
     ]),
 ]
@@ -230,7 +228,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(report, indent=2))
         else:
-            render(report, Console(highlight=False))
+            from astrai_cli.options import log_console
+
+            render(report, log_console())
 
 
 def _run(config: Any) -> Any:

@@ -145,6 +145,6 @@ def test_table_labels_say_what_each_concurrency_counts():
     render(report, console)
     text = console.export_text()
     assert "model 'tiny' served at http://127.0.0.1:8000" in text
-    assert "Requests active in the busiest second (vLLM max_concurrent_requests)" in text
-    assert "Most requests in flight at one instant" in text
+    assert "Busiest second: requests active (vLLM)" in text
+    assert "Most requests in flight at once" in text
     assert " - " not in text and "KV pool" not in text  # not measured: no row, no "-"
