@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from astrai_cli.options import (
@@ -84,7 +85,9 @@ def render(report: dict, console: Console) -> None:
              f"{w['name']} workload · {w['num_prompts']} prompts (input {w['input_len'][0]}-"
              f"{w['input_len'][1]}, output {w['output_len'][0]}-{w['output_len'][1]}) · "
              f"arrivals {rate} · max concurrency {conc}")
-    table = Table(title=title, title_justify="left")
+    # Above the table, not its title: a title wraps at the table's (narrow) width.
+    console.print(escape(title))
+    table = Table()
     table.add_column("metric", style="cyan")
     runs = report["runs"]
     for run in runs:
