@@ -124,6 +124,10 @@ def test_next_commands_quote_paths():
                                     "output=my runs-sft/data"]
     assert by["train"][2:] == ["--strategy", "sft", "--data", "my runs-sft/data", "--model",
                                "my runs/run/checkpoints/step_9", "--out", "my runs-sft/run"]
+    # a shorter model than the spec's 256 tokens: the rows are cut to fit it
+    short = {shlex.split(c["command"])[1]: shlex.split(c["command"])
+             for c in next_commands("ck", "q/run", seq_len=64)}
+    assert short["preprocess"][-2:] == ["--set", "max_seq_len=64"]
     assert "--no-template" in by["chat"]  # a base model continues text
 
 
