@@ -50,3 +50,20 @@ Adapter = Annotated[Path | None, typer.Option(
     "adapter/.")]
 MaxContext = Annotated[int | None, typer.Option(
     "--max-context", help="Context length (default: the model's max_seq_len).")]
+
+
+LOG_WIDTH = 200
+"""Columns a console takes when it is not a terminal (rich's default there is 80)."""
+
+
+def log_console(stderr: bool = False, file: Any = None) -> Any:
+    """A rich Console that wraps lines only on a terminal. Written to a log file or a pipe
+    (`2>log`), rich would hard-wrap every line at 80 columns, mid-sentence; there a line
+    keeps its length (soft wrap) and tables get LOG_WIDTH columns to lay out in."""
+    from rich.console import Console
+
+    console = Console(stderr=stderr, file=file, highlight=False)
+    if not console.is_terminal:
+        console.soft_wrap = True
+        console.width = max(console.width, LOG_WIDTH)
+    return console

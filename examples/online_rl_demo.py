@@ -140,7 +140,7 @@ def run_demo(out: str | Path, *, n_train: int = 600, n_val: int = 64, copy_steps
             batch_size=batch_size, max_steps=rl_steps, max_lr=rl_lr, schedule="wsd",
             group_size=group_size, rollout_max_tokens=6, rollout_temperature=1.0,
             reward=["exact"], eval_interval=eval_interval, kl_coef=0.0, beta=0.1, seed=seed)
-        key = "grpo_reward_mean" if strategy == "online-grpo" else "dpo_reward_mean"
+        key = "reward" if strategy == "online-grpo" else "dpo_reward_mean"
         acc = [(0, summary["start_accuracy"])] + [
             (r["step"], r["val_accuracy"]) for r in recs if "val_accuracy" in r]
         summary[strategy] = {

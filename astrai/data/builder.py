@@ -238,11 +238,14 @@ def _split_units(spec: PreprocessSpec, shard: tuple[int, int] | None) -> dict[st
 
 def build_dataset(spec: PreprocessSpec, *, workers: int | None = 1, on_error: str = "fail",
                   progress: ProgressFn | None = None,
-                  shard: tuple[int, int] | None = None) -> BuildResult:
+                  shard: tuple[int, int] | None = None,
+                  command: dict | None = None) -> BuildResult:
     """Run the spec; return the summary. Raises ConfigError / DataError on bad input, leaving
     the output directory untouched. `workers` None: the cores, fewer for a small input
     (the dataset is the same for any count). `shard` (I, N): build only shard I of N of the
-    inputs (`astrai preprocess merge` joins the N datasets)."""
+    inputs (`astrai preprocess merge` joins the N datasets). `command`: the spec file and
+    --set overrides it came from ({"spec", "set"}), kept in the manifest so a rebuild can
+    be spelled out (`retokenize_command`)."""
     t0 = time.perf_counter()
     if on_error not in ("fail", "skip"):
         raise ConfigError(f"--on-error '{on_error}': choose fail or skip")
@@ -276,7 +279,8 @@ def build_dataset(spec: PreprocessSpec, *, workers: int | None = 1, on_error: st
             write_manifest(tmp / MANIFEST, spec=spec, tok=tok, token_dtype=token_dtype,
                            dtypes=dtypes_for(spec, token_dtype, offline),
                            stats=all_stats, offline_grpo=offline,
-                           shard={"index": shard[0], "count": shard[1]} if shard else None)
+                           shard={"index": shard[0], "count": shard[1]} if shard else None,
+                           command=command)
         finally:
             encoders.close()
     return BuildResult(str(out), spec.kind, spec.format, all_stats, errors, elapsed, startup)

@@ -22,7 +22,7 @@ FORMAT_VERSION = 1
 
 def write_manifest(path: Path, *, spec: PreprocessSpec, tok: Tokenizer, token_dtype: str,
                    dtypes: dict[str, str], stats: dict, offline_grpo: bool,
-                   shard: dict | None = None) -> dict:
+                   shard: dict | None = None, command: dict | None = None) -> dict:
     splits = {}
     for name, s in stats.items():
         d = asdict(s)
@@ -50,6 +50,7 @@ def write_manifest(path: Path, *, spec: PreprocessSpec, tok: Tokenizer, token_dt
         "splits": splits,
         "shard": shard,
         "spec": spec.model_dump(mode="json"),
+        "command": command,
     }
     path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
@@ -80,3 +81,30 @@ def dataset_tokenizer_dir(root: str | Path) -> Path:
     if not (d / "tokenizer.json").is_file():
         raise DataError(f"{d}: the dataset's tokenizer copy is missing; rebuild the dataset")
     return d
+
+
+REBUILT_FIELDS = ("tokenizer", "output", "overwrite")
+"""Spec fields a rebuild with another tokenizer sets itself (the recorded --set of these
+are dropped)."""
+
+
+def retokenize_command(root: str | Path, tokenizer: str | Path) -> tuple[str, Path]:
+    """(the `astrai preprocess` command that rebuilds dataset `root` with `tokenizer`, the
+    directory it writes). The command repeats the spec file and --set overrides the dataset
+    was built with (the manifest's `command`), sets the tokenizer, and writes beside the
+    dataset (ROOT-<tokenizer dir name>); 'SPEC' stands for the spec file when the manifest
+    names none (a dataset built from Python)."""
+    import shlex
+
+    root, tokenizer = Path(root), Path(tokenizer)
+    try:
+        built = read_manifest(root).get("command") or {}
+    except DataError:
+        built = {}
+    sets = [s for s in built.get("set") or []
+            if s.partition("=")[0].strip() not in REBUILT_FIELDS]
+    out = root.parent / f"{root.name}-{tokenizer.name}"
+    sets += [f"tokenizer={tokenizer}", f"output={out}"]
+    spec = shlex.quote(built["spec"]) if built.get("spec") else "SPEC"
+    return " ".join(["astrai preprocess", spec,
+                     *(f"--set {shlex.quote(s)}" for s in sets)]), out

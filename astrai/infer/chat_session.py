@@ -201,8 +201,8 @@ class ChatSession:
         ids, dropped = self.fit(user)
         notice = None
         if dropped:
-            notice = (f"the context is full: dropped the oldest {dropped} turn"
-                      f"{'s' if dropped > 1 else ''}")
+            turns = "turn" if dropped == 1 else f"{dropped} turns"
+            notice = f"the context is full: dropped the oldest {turns}"
         stream = self.engine.generate(ids, self.params, stream=True)
         return Reply(self, stream, user, len(ids), notice)
 

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.")
 _EMBED = re.compile(r"(?:^|\.)(?:embed_tokens|wte|tok_embeddings|word_embeddings)\.weight$")
 _HEAD = re.compile(r"(?:^|\.)(?:lm_head|output)\.weight$")
+# The hidden matrices astrai's Muon trains (astrai.train.param_groups.is_hidden_matrix, which
+# tests hold this to): 2-D weights of a block's attention or MLP, the MoE router excepted.
+_HIDDEN = re.compile(r"(?:^|\.)layers\.\d+\.(?:attn|mlp)\.(?!router\.).*weight$")
 
 
 @dataclass(frozen=True)
@@ -55,3 +58,9 @@ def parse_name(name: str, ndim: int) -> ParamName:
     else:
         role = "scalar"
     return ParamName(name, layer, kind, role)
+
+
+def is_muon_matrix(param: ParamName, ndim: int) -> bool:
+    """Whether an astrai run with `optimizer: muon` updated this tensor with Muon (at
+    muon_lr) rather than AdamW (at the run's lr)."""
+    return ndim == 2 and _HIDDEN.search(param.name) is not None

@@ -11,7 +11,7 @@ from typing import Any
 from astrai.errors import CheckpointError
 from astrai.inspect.config import InspectConfig
 from astrai.inspect.patterns import Pattern
-from astrai.inspect.scan import CheckpointScan, Progress, scan_checkpoint
+from astrai.inspect.scan import CheckpointScan, Progress, scan_checkpoint, tensor_lr
 from astrai.inspect.source import open_source
 from astrai.inspect.stuck import StuckReport, diff_checkpoints
 from astrai.inspect.tensor import TensorStats
@@ -129,6 +129,7 @@ def _tensor_dict(st: TensorStats, lr: float | None) -> dict[str, Any]:
 def _scan_dict(s: CheckpointScan, cfg: InspectConfig) -> dict[str, Any]:
     return {
         "path": s.path, "format": s.format, "step": s.step, "lr": s.lr, "lr_source": s.lr_source,
+        "muon_lr": s.muon_lr,
         "n_params": s.n_params,
         "totals": {"locked": s.locked, "nonfinite": s.nonfinite, "overflow": s.overflowed,
                    "extreme_rows": s.extreme_rows},
@@ -145,12 +146,13 @@ def _scan_dict(s: CheckpointScan, cfg: InspectConfig) -> dict[str, Any]:
         } for g in s.gains],
         "dead_zone": [{
             "lr": z.lr, "fraction": z.fraction, "entries": z.entries, "total": z.total,
-            "matrix_fraction": z.matrix_fraction,
+            "matrix_fraction": z.matrix_fraction, "muon_lr": z.muon_lr,
         } for z in s.dead_zone],
         "offenders": [st.name for st in s.offenders(cfg.top)],
         "top_entries": [{"tensor": n, "row": r, "col": c, "value": _num(v)}
                         for n, (r, c), v in s.top_entries(cfg.top)],
-        "tensors": [_tensor_dict(st, s.lr) for st in s.tensors],
+        "tensors": [_tensor_dict(st, s.lr and tensor_lr(st, s.lr, s.muon_lr))
+                    for st in s.tensors],
     }
 
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from astrai.inspect.config import InspectConfig
-from astrai.inspect.names import parse_name
+from astrai.inspect.names import is_muon_matrix, parse_name
 from astrai.inspect.patterns import (
     GainSummary,
     OverflowGroup,
@@ -15,7 +15,7 @@ from astrai.inspect.patterns import (
     locked_patterns,
     overflow_groups,
 )
-from astrai.inspect.source import WeightSource
+from astrai.inspect.source import WeightSource, find_muon_lr
 from astrai.inspect.tensor import TensorStats, analyze_tensor
 
 Progress = Callable[[str, int, int], None]
@@ -31,6 +31,9 @@ class DeadZone:
     total: int
     matrix_entries: int
     matrix_total: int
+    muon_lr: float | None = None
+    """Muon's lr, used instead of `lr` for the hidden matrices a Muon run updated with it
+    (the run's row only)."""
 
     @property
     def fraction(self) -> float:
@@ -52,6 +55,8 @@ class CheckpointScan:
     """The learning rate used for the dead-zone figure (flag, else meta.json)."""
     lr_source: str | None
     tensors: list[TensorStats]
+    muon_lr: float | None = None
+    """The lr Muon stepped the hidden matrices with (a Muon run's meta.json), else None."""
     patterns: list[Pattern] = field(default_factory=list)
     gain_patterns: list[Pattern] = field(default_factory=list)
     overflow: list[OverflowGroup] = field(default_factory=list)
@@ -96,29 +101,43 @@ class CheckpointScan:
         return sorted(allv, key=lambda t: -abs(t[2]) if t[2] == t[2] else 0)[:n]
 
 
-def dead_zones(tensors: list[TensorStats], lrs: list[float]) -> list[DeadZone]:
+def tensor_lr(st: TensorStats, lr: float, muon_lr: float | None) -> float:
+    """The lr that stepped tensor `st`: muon_lr for a Muon run's hidden matrices, else lr."""
+    return muon_lr if muon_lr and is_muon_matrix(st.param, len(st.shape)) else lr
+
+
+def dead_zones(tensors: list[TensorStats], lrs: list[float],
+               muon_lr: float | None = None) -> list[DeadZone]:
+    """One DeadZone per lr; the first (the run's) steps the hidden matrices at `muon_lr`
+    when the run used Muon."""
     out = []
     live = [st for st in tensors if st.skipped is None]
     total = sum(st.numel - st.nonfinite for st in live)
     mats = [st for st in live if st.param.role != "gain" and st.param.role != "scalar"]
     mtotal = sum(st.numel - st.nonfinite for st in mats)
-    for lr in lrs:
+    for i, lr in enumerate(lrs):
+        muon = muon_lr if i == 0 else None
         out.append(DeadZone(
-            lr=lr, entries=sum(st.dead_zone(lr) for st in live), total=total,
-            matrix_entries=sum(st.dead_zone(lr) for st in mats), matrix_total=mtotal,
+            lr=lr, entries=sum(st.dead_zone(tensor_lr(st, lr, muon)) for st in live),
+            total=total, matrix_entries=sum(st.dead_zone(tensor_lr(st, lr, muon))
+                                            for st in mats),
+            matrix_total=mtotal, muon_lr=muon,
         ))
     return out
 
 
 def summarize(path: str, fmt: str, step: int | None, lr: float | None, lr_source: str | None,
-              tensors: list[TensorStats], cfg: InspectConfig) -> CheckpointScan:
+              tensors: list[TensorStats], cfg: InspectConfig,
+              muon_lr: float | None = None) -> CheckpointScan:
     """Group per-tensor results into a CheckpointScan (shared by files and live models)."""
     lrs = ([lr] if lr else []) + [x for x in cfg.dead_zone_lrs if x != lr]
+    muon_lr = muon_lr if lr else None  # only beside a known run lr
     return CheckpointScan(
         path=path, format=fmt, step=step, lr=lr, lr_source=lr_source, tensors=tensors,
+        muon_lr=muon_lr,
         patterns=locked_patterns(tensors), gain_patterns=locked_patterns(tensors, gains=True),
         overflow=overflow_groups(tensors), gains=gain_summaries(tensors),
-        dead_zone=dead_zones(tensors, lrs),
+        dead_zone=dead_zones(tensors, lrs, muon_lr),
     )
 
 
@@ -141,11 +160,13 @@ def scan_checkpoint(source: WeightSource, cfg: InspectConfig,
                 param, info.shape, info.torch_dtype, cfg,
             )
         stats.append(st)
-    if cfg.lr is not None:
+    muon_lr = None
+    if cfg.lr is not None:  # the user's one lr for every tensor
         lr, lr_src = cfg.lr, "--lr"
     else:
         lr, lr_src = source.lr_from_meta()
         lr_src = f"meta.json:{lr_src}" if lr_src else None
+        muon_lr, _ = find_muon_lr(source.meta)
     step = source.meta.get("step")
     return summarize(str(source.path), source.format, step if isinstance(step, int) else None,
-                     lr, lr_src, stats, cfg)
+                     lr, lr_src, stats, cfg, muon_lr)

@@ -108,6 +108,18 @@ def find_lr(meta: dict[str, Any]) -> tuple[float | None, str | None]:
     return None, None
 
 
+def find_muon_lr(meta: dict[str, Any]) -> tuple[float | None, str | None]:
+    """(Muon's lr, its meta.json key) when the run trained with `optimizer: muon` (its
+    train config, top level or nested, says so), else (None, None)."""
+    stack: list[tuple[str, Any]] = [("", meta)]
+    while stack:
+        prefix, d = stack.pop(0)
+        if d.get("optimizer") == "muon" and _is_rate(d.get("muon_lr")):
+            return float(d["muon_lr"]), f"{prefix}muon_lr"
+        stack.extend((f"{prefix}{k}.", v) for k, v in d.items() if isinstance(v, dict))
+    return None, None
+
+
 def _is_rate(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
 

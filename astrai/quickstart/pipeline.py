@@ -159,11 +159,22 @@ def _prepare_out(config: QuickstartConfig) -> Path:
     return out
 
 
-def next_commands(checkpoint: str, run_dir: str) -> list[dict[str, str]]:
-    """The commands printed at the end, on what the quickstart made."""
+SFT_SPEC, SFT_SPEC_MAX_LEN = "examples/specs/sft.json", 256
+"""The bundled SFT spec the next commands fine-tune with, and its max_seq_len."""
+
+
+def next_commands(checkpoint: str, run_dir: str,
+                  seq_len: int = SFT_SPEC_MAX_LEN) -> list[dict[str, str]]:
+    """The commands printed at the end, on what the quickstart made (`seq_len`: the
+    model's context, which the fine-tuning rows must fit)."""
     import shlex
 
     ck, run = shlex.quote(checkpoint), shlex.quote(run_dir)
+    # Fine-tuning data must be tokenized by the model's own tokenizer (the bundled spec
+    # names another); beside OUT, not in it, so that --overwrite can replace OUT later.
+    out = Path(run_dir).parent
+    sft = out.with_name(f"{out.name}-sft")
+    sft_data, sft_run = shlex.quote(str(sft / "data")), shlex.quote(str(sft / "run"))
     return [
         {"what": "chat with the model (a base model: it continues your text)",
          "command": f"astrai chat {ck} --no-template"},
@@ -174,6 +185,14 @@ def next_commands(checkpoint: str, run_dir: str) -> list[dict[str, str]]:
         {"what": "benchmark serving it (TTFT, TPOT, throughput)",
          "command": f"astrai serve-bench {ck} --num-prompts 16 --input-len 32:128 "
                     "--output-len 32:64"},
+        {"what": "fine-tune it on the bundled chat data (from the repository root): first "
+                 "tokenize the data with the model's own tokenizer",
+         "command": f"astrai preprocess {SFT_SPEC} --set tokenizer={ck} "
+                    f"--set output={sft_data}"
+                    + (f" --set max_seq_len={seq_len}" if seq_len < SFT_SPEC_MAX_LEN else "")},
+        {"what": "then train it on that data (SFT)",
+         "command": f"astrai train --strategy sft --data {sft_data} --model {ck} "
+                    f"--out {sft_run}"},
     ]
 
 
@@ -344,7 +363,7 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
         val_loss=val.get("val_loss"), val_ppl=val.get("val_ppl"), val_bpb=val.get("val_bpb"),
         val_bytes=text_bytes(corpus.val), sample_prompt=config.sample_prompt, sample=sample,
         stage_s=stage_s, preempted=summary.preempted,
-        commands=next_commands(ckpt_shown, str(run_dir)) if ckpt_shown else [],
+        commands=next_commands(ckpt_shown, str(run_dir), config.seq_len) if ckpt_shown else [],
     )
     result.loss_plot = plot_loss(run_dir, out / LOSS_PLOT)
     result.total_s = round(time.perf_counter() - t0, 2)

@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 from astrai.errors import ConfigError
 from astrai.infer.bench.arrivals import arrival_offsets
-from astrai.infer.bench.config import BenchConfig
+from astrai.infer.bench.config import BenchConfig, fit_lengths
 from astrai.infer.bench.metrics import RequestRecord, compute_metrics
 from astrai.infer.bench.serve import (
     BenchReport,
@@ -71,6 +71,9 @@ def get_json(ep: Endpoint, path: str) -> Any:
         conn.request("GET", ep.prefix() + path, headers=ep.headers())
         resp = conn.getresponse()
         data = resp.read()
+        if resp.status == 401:
+            raise ConfigError(f"{ep.base_url}{path}: HTTP 401 unauthorized: pass the server's "
+                              "key with --api-key KEY (or set OPENAI_API_KEY)")
         if resp.status != 200:
             raise ConfigError(f"{ep.base_url}{path}: HTTP {resp.status} "
                               f"{data[:200].decode(errors='replace')}")
@@ -204,12 +207,31 @@ def _scrape(ep: Endpoint) -> dict[str, float]:
     return out
 
 
-def _vocab(path: Path, tokenizer: Any) -> int:
+def _model_config(path: Path) -> dict[str, Any]:
     cfg = path / "config.json"
-    if cfg.is_file():
-        v = json.loads(cfg.read_text()).get("vocab_size")
-        if isinstance(v, int):
-            return v
+    if not cfg.is_file():
+        return {}
+    data = json.loads(cfg.read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def _context(path: Path, server_max_len: Any) -> int | None:
+    """The context requests must fit: the server's max_model_len (vLLM and astrai serve list
+    it in /v1/models), else the model directory's config.json (astrai's max_seq_len, HF's
+    max_position_embeddings), else unknown."""
+    if isinstance(server_max_len, int) and server_max_len > 0:
+        return server_max_len
+    cfg = _model_config(path)
+    for key in ("max_seq_len", "max_position_embeddings"):
+        if isinstance(cfg.get(key), int) and cfg[key] > 0:
+            return cfg[key]
+    return None
+
+
+def _vocab(path: Path, tokenizer: Any) -> int:
+    v = _model_config(path).get("vocab_size")
+    if isinstance(v, int):
+        return v
     if tokenizer is None:
         raise ConfigError(f"{path}: neither config.json nor tokenizer.json; give the model "
                           "directory the server serves")
@@ -237,8 +259,9 @@ def http_serve_bench(config: BenchConfig, progress: Any = None) -> BenchReport:
     max_len = next((m.get("max_model_len") for m in models if m.get("id") == ep.model), None)
     target = Target(SimpleNamespace(config=SimpleNamespace(vocab_size=_vocab(path, tok))), tok,
                     {})
+    config = fit_lengths(config, _context(path, max_len))
     name, requests = build_workload(config, target)
-    if max_len:
+    if max_len:  # the model directory's own length is only a guess at the server's
         check_fits(requests, int(max_len))
     offsets = arrival_offsets(len(requests), config.request_rate, config.burstiness,
                               config.seed)
@@ -266,6 +289,6 @@ def http_serve_bench(config: BenchConfig, progress: Any = None) -> BenchReport:
     for key in ("threads", "cache", "scheduler"):  # the server's, not ours
         settings.pop(key)
     settings.update(base_url=ep.base_url, endpoint=ep.path)
-    model = {"kind": "server", "name": ep.model, "path": str(path), "dtype": "-",
-             "device": ep.base_url}
+    # dtype and device are the server's own and not reported: left out, not guessed.
+    model = {"kind": "server", "name": ep.model, "path": str(path), "base_url": ep.base_url}
     return BenchReport(model, describe_workload(name, requests, config), settings, [BenchRun(label, metrics, records)])

@@ -96,7 +96,7 @@ def prepare(config: TrainConfig, data: TrainData, *, world_size: int | None = No
         config.require("model")
         source = resolve_model(config.model, vocab_size=data.vocab_size, seq_len=data.seq_len,
                                seed=config.seed, overrides=config.model_overrides,
-                               tokenizer_fingerprint=data.fingerprint)
+                               tokenizer_fingerprint=data.fingerprint, dataset=data.path)
     n = len(data.dataset)
     groups = None if config.lora else planned_groups(source.config, config,
                                                      strategy_cls.prepare_model)
@@ -108,7 +108,7 @@ def prepare(config: TrainConfig, data: TrainData, *, world_size: int | None = No
         raise DataError(
             f"data: {data.path} has {n} samples, fewer than one optimizer step needs "
             f"(batch_size {config.batch_size} x grad_accum_steps {config.grad_accum_steps} x "
-            f"{world_size} processes); lower them or add data"
+            f"{world_size} process{'es' if world_size != 1 else ''}); lower them or add data"
         )
     adapter = adapter or (Path(config.adapter) if config.adapter else None)
     if adapter is not None:

@@ -43,8 +43,11 @@ def _fingerprint(tokenizer_dir: Path) -> str | None:
 
 def resolve_model(spec: str, *, vocab_size: int, seq_len: int, seed: int,
                   overrides: dict[str, Any] | None = None,
-                  tokenizer_fingerprint: str | None = None) -> ModelSource:
-    """Validate `spec` against the dataset (vocab, length) and say how to build it."""
+                  tokenizer_fingerprint: str | None = None,
+                  dataset: str | Path | None = None) -> ModelSource:
+    """Validate `spec` against the dataset (vocab, length) and say how to build it.
+    `dataset`: the dataset directory, so that a checkpoint whose tokenizer does not fit it
+    is refused with the command that rebuilds it with the checkpoint's tokenizer."""
     overrides = dict(overrides or {})
     path = Path(spec)
     if spec in PRESETS:
@@ -75,14 +78,15 @@ def resolve_model(spec: str, *, vocab_size: int, seq_len: int, seed: int,
                 "drop model_overrides or start from a preset"
             )
         model, config, _ = load_pretrained(path, dtype=None)
-        _check_vocab(config, vocab_size, str(path))
+        _check_vocab(config, vocab_size, str(path), _retokenize_hint(path, dataset))
         if tokenizer_fingerprint is not None:
             theirs = _fingerprint(path)
             if theirs is not None and theirs != tokenizer_fingerprint:
                 raise ConfigError(
                     f"{path}: the model's tokenizer differs from the dataset's (fingerprint "
-                    f"{theirs} vs {tokenizer_fingerprint}); preprocess the data with the "
-                    "model's tokenizer"
+                    f"{theirs} vs {tokenizer_fingerprint}); "
+                    + (_retokenize_hint(path, dataset)
+                       or "preprocess the data with the model's tokenizer")
                 )
         if config.max_seq_len < seq_len:
             raise ConfigError(
@@ -97,12 +101,27 @@ def resolve_model(spec: str, *, vocab_size: int, seq_len: int, seed: int,
     )
 
 
-def _check_vocab(config: ModelConfig, vocab_size: int, source: str) -> None:
+def _retokenize_hint(checkpoint: Path, dataset: str | Path | None) -> str | None:
+    """How to rebuild `dataset` with the checkpoint's tokenizer (the exact command), or None
+    when the dataset is unknown or the checkpoint carries no tokenizer."""
+    import shlex
+
+    from astrai.data.manifest import retokenize_command
+
+    if dataset is None or not (checkpoint / "tokenizer.json").is_file():
+        return None
+    command, out = retokenize_command(dataset, checkpoint)
+    return (f"rebuild the data with the checkpoint's tokenizer: {command}, then train with "
+            f"--data {shlex.quote(str(out))}")
+
+
+def _check_vocab(config: ModelConfig, vocab_size: int, source: str,
+                 fix: str | None = None) -> None:
     if config.vocab_size < vocab_size:
         raise ConfigError(
             f"{source}: vocab_size {config.vocab_size} is smaller than the dataset "
-            f"tokenizer's {vocab_size}; the model cannot embed every token id "
-            "(use a matching model, or let a preset take the tokenizer's vocabulary)"
+            f"tokenizer's {vocab_size}; the model cannot embed every token id; "
+            + (fix or "use a matching model, or let a preset take the tokenizer's vocabulary")
         )
     if config.vocab_size != vocab_size and source.startswith("preset"):
         raise ConfigError(

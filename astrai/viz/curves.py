@@ -9,7 +9,7 @@ from typing import Any
 
 from astrai.errors import ConfigError, DataError
 from astrai.viz.figure import new_figure
-from astrai.viz.metrics import X_LABELS, ema, read_metrics, scalar_keys, series
+from astrai.viz.metrics import X_LABELS, ema, metric_name, read_metrics, scalar_keys, series
 
 DEFAULT_METRICS = ("loss", "val_bpb", "lr", "grad_norm", "tokens_per_s")
 """Shown when --metrics is not given (those no run has are left out; val_loss stands in
@@ -48,6 +48,7 @@ def choose_metrics(records: Sequence[list[dict[str, Any]]],
                   for m in DEFAULT_METRICS]
         chosen = [m for m in wanted if m in have]
         return chosen or list(have)[:4]
+    metrics = [metric_name(m) for m in metrics]  # an earlier run's name asks for its metric
     missing = [m for m in metrics if m not in have]
     if missing:
         raise ConfigError(f"--metrics: {', '.join(missing)} in none of the runs' metrics.jsonl; "

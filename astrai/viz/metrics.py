@@ -20,6 +20,23 @@ X_AXES = {"step": "step", "tokens": "consumed_tokens", "time": "elapsed_s"}
 X_LABELS = {"step": "optimizer step", "tokens": "tokens consumed", "time": "seconds of training"}
 
 
+RENAMED = {
+    "grpo_reward_mean": "reward", "grpo_reward_std": "reward_std", "grpo_kl": "kl",
+    "grpo_clip_fraction": "clip_ratio/region_mean",
+    "dpo_chosen_reward": "rewards/chosen", "dpo_rejected_reward": "rewards/rejected",
+    "dpo_margin": "rewards/margins", "dpo_accuracy": "rewards/accuracies",
+}
+"""Metric names of earlier runs -> the TRL names the grpo and dpo strategies log now
+(docs/alignment.md), so old and new metrics.jsonl files plot on the same panels. The old
+grpo_reward_std was the population std, and with --dpo-reduction mean the old dpo_* used
+mean log-ratios: their curves keep those definitions."""
+
+
+def metric_name(name: str) -> str:
+    """The current name of a metric (an earlier run's name maps through RENAMED)."""
+    return RENAMED.get(name, name)
+
+
 def metrics_file(run: str | Path) -> Path:
     """RUN_DIR/metrics.jsonl (a metrics.jsonl path itself is accepted too)."""
     run = Path(run)
@@ -39,7 +56,8 @@ def read_metrics(run: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue  # a line cut by a kill
         if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-            by_step[rec["step"]] = rec
+            by_step[rec["step"]] = {metric_name(k) if metric_name(k) not in rec else k: v
+                                    for k, v in rec.items()}
     return [by_step[s] for s in sorted(by_step)]
 
 

@@ -103,6 +103,15 @@ def _setup_readline(history_file: Path | None) -> Any:
     return readline
 
 
+def length_note(reply: Any, session: Any) -> str:
+    """Why a reply that finished with "length" stopped: its --max-tokens, or the context."""
+    n = reply.stats().output_tokens
+    if n >= session.params.max_tokens:
+        return f"(reply cut at --max-tokens {session.params.max_tokens})"
+    return (f"(reply cut at the context length: prompt and reply filled all "
+            f"{session.max_context} tokens)")
+
+
 def run_interactive(session: Any, err: Console, history_file: Path | None, title: str) -> None:
     from astrai.errors import AstraiError
     from astrai.infer.chat_session import collect_message
@@ -149,7 +158,7 @@ def run_interactive(session: Any, err: Console, history_file: Path | None, title
         elif reply.finish_reason == "error":
             err.print(f"[bold red]error:[/] the reply failed: {escape(reply.error or '')}")
         elif reply.finish_reason == "length":
-            err.print("[dim](reply cut at max_tokens or the context length)[/]")
+            err.print(f"[dim]{escape(length_note(reply, session))}[/]")
         return True
 
     with sigint_raises():
@@ -237,6 +246,8 @@ def register(app: typer.Typer) -> None:
             if reply.finish_reason == "error":
                 err.print(f"error: the reply failed: {escape(reply.error or '')}")
                 raise typer.Exit(1)
+            if reply.finish_reason == "length":  # stdout holds the reply alone, as it is
+                err.print(escape(length_note(reply, session)))
             return
         n = sum(p.numel() for p in session.engine.model.parameters())
         title = f"{checkpoint} · {n / 1e6:.1f}M params · context {session.max_context}"

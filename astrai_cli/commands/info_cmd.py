@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -34,6 +34,16 @@ def _config_value(key: str, value) -> str:
     return str(value)
 
 
+def _meta_value(key: str, value: Any) -> str:
+    """A meta.json scalar for the table: the save time (Unix seconds) as ISO 8601 local
+    time with its UTC offset; the JSON keeps the number."""
+    if key == "timestamp" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        from datetime import datetime
+
+        return datetime.fromtimestamp(value).astimezone().isoformat(timespec="seconds")
+    return str(value)
+
+
 def render(info: dict, console: Console) -> None:
     src = info["source"]
     if src["kind"] == "preset":
@@ -50,7 +60,7 @@ def render(info: dict, console: Console) -> None:
             continue
         cfg.add_row(key, _config_value(key, value))
     for key, value in (src.get("meta") or {}).items():
-        cfg.add_row(f"meta.{key}", str(value))
+        cfg.add_row(f"meta.{key}", _meta_value(key, value))
     for note in src.get("notes") or []:
         cfg.add_row("note", note)
     console.print(cfg)

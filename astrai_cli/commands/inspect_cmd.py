@@ -40,7 +40,8 @@ def render_report(report, console: Console, show_tensors: bool) -> None:
         head = f"[bold]{scan.path}[/] ({scan.format}"
         head += f", step {scan.step}" if scan.step is not None else ""
         head += f", {scan.n_params:,} parameters"
-        head += f", lr {scan.lr:g} from {scan.lr_source})" if scan.lr else ", lr unknown)"
+        head += f", lr {scan.lr:g} from {scan.lr_source}" if scan.lr else ", lr unknown"
+        head += f", Muon lr {scan.muon_lr:g} on the hidden matrices)" if scan.muon_lr else ")"
         console.print(head)
 
         table = Table(title="Affected parameters", title_justify="left")
@@ -103,14 +104,22 @@ def render_report(report, console: Console, show_tensors: bool) -> None:
                           _g(g.min), _g(g.max), locked)
             console.print(t)
 
+        # A Muon run's row pairs two rates: AdamW's (embeddings, head, gains) / Muon's
+        # (the hidden matrices it stepped), as the optimizer applied them.
         t = Table(title="BF16 dead zone: an update of size lr is under half a BF16 ULP "
-                        "(2^-7 at 1.0)", title_justify="left")
+                        "(2^-7 at 1.0)", title_justify="left",
+                  caption="run: AdamW lr / Muon lr (hidden matrices)" if scan.muon_lr
+                  else None, caption_justify="left")
         for c in ("lr", "stuck when |w| ≥", "all weights", "matrices"):
             t.add_column(c, justify="right")
         for z in scan.dead_zone:
             mark = " (run)" if scan.lr and z.lr == scan.lr else ""
-            t.add_row(f"{z.lr:g}{mark}", _g(dead_zone_threshold(z.lr)),
-                      f"{100 * z.fraction:.2f}%", f"{100 * z.matrix_fraction:.2f}%")
+            lr, stuck = f"{z.lr:g}", _g(dead_zone_threshold(z.lr))
+            if z.muon_lr:
+                lr += f" / {z.muon_lr:g}"
+                stuck += f" / {_g(dead_zone_threshold(z.muon_lr))}"
+            t.add_row(lr + mark, stuck, f"{100 * z.fraction:.2f}%",
+                      f"{100 * z.matrix_fraction:.2f}%")
         console.print(t)
         if show_tensors:
             _tensor_table(scan, console)
@@ -324,7 +333,7 @@ def register(app: typer.Typer) -> None:
             from astrai.viz.lockin import lockin_figure
 
             saved = save_figure(lockin_figure(report.scans, overflow=cfg.overflow), plot)
-            Console(stderr=True, highlight=False).print(f"lock-in picture: {saved}")
+            typer.echo(f"wrote {saved}", err=True)  # as `astrai plot`; stdout is the report
         if as_json:
             typer.echo(json.dumps(report.to_dict(), indent=2))
         else:

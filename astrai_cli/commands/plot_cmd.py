@@ -46,4 +46,5 @@ def register(app: typer.Typer) -> None:
         names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
         fig = plot_runs(runs, metrics=names, x=x.value, smooth=smooth_weight if smooth else 0.0,
                         size=wh)
-        typer.echo(str(save_figure(fig, out)))
+        # The path goes to stderr, as inspect-weights --plot says it (its stdout is the report).
+        typer.echo(f"wrote {save_figure(fig, out)}", err=True)

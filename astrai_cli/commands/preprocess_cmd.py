@@ -184,7 +184,8 @@ def register(app: typer.Typer) -> None:
 
         def run(progress=None):
             return build_dataset(cfg, workers=workers, on_error=on_error.value, progress=progress,
-                                 shard=part)
+                                 shard=part, command={"spec": str(spec),
+                                                      "set": [*(overrides or []), *extra]})
 
         if as_json:
             res = run()

@@ -7,6 +7,7 @@ go to stdout (or JSON with --json). The work is `astrai.quickstart.run_quickstar
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,11 +30,18 @@ LABELS = {"tokenizer": "train tokenizer", "preprocess": "preprocess", "size": "s
 
 
 class StageDisplay:
-    """Renders StageEvents: live rows with bars on a terminal, one line per stage elsewhere."""
+    """Renders StageEvents: live rows with bars on a terminal; elsewhere one line per stage's
+    start and end, and a progress line every `interval_s` seconds in between (as `astrai
+    train` prints), so a log of the minutes-long training stage is never silent."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, interval_s: float = 30.0,
+                 clock: Any = time.monotonic) -> None:
         self.console = console
         self.live = console.is_terminal
+        self.interval_s = interval_s
+        self.clock = clock
+        self._started: dict[str, float] = {}
+        self._last: dict[str, float] = {}
         self.tasks: dict[str, Any] = {}
         self.progress: Progress | None = None
         if self.live:
@@ -59,10 +67,7 @@ class StageDisplay:
         label = LABELS.get(ev.stage, ev.stage)
         n = f"[{STAGES.index(ev.stage) + 1}/{len(STAGES)}]" if ev.stage in STAGES else ""
         if self.progress is None:
-            if ev.kind == "start":
-                self.console.print(f"{n} {label} ...", highlight=False)
-            elif ev.kind == "end":
-                self.console.print(f"{n} {label}: done {escape(ev.info)}", highlight=False)
+            self._line(ev, f"{n} {label}")
             return
         p = self.progress
         if ev.kind == "start":
@@ -80,6 +85,24 @@ class StageDisplay:
             total = total or 1
             p.update(task, total=total, completed=total, **fields)
             p.stop_task(task)
+
+
+    def _line(self, ev: Any, name: str) -> None:
+        now = self.clock()
+        if ev.kind == "start":
+            self._started[ev.stage] = self._last[ev.stage] = now
+            self.console.print(f"{name} ...", highlight=False)
+        elif ev.kind == "end":
+            self.console.print(f"{name}: done {escape(ev.info)}", highlight=False)
+        elif ev.completed and ev.total and now - self._last.get(ev.stage, now) >= \
+                self.interval_s:
+            self._last[ev.stage] = now
+            per = (now - self._started[ev.stage]) / ev.completed
+            eta = round(per * max(0, ev.total - ev.completed))
+            info = f" · {escape(ev.info)}" if ev.info else ""
+            self.console.print(f"{name}: {ev.completed}/{ev.total} "
+                               f"({100 * ev.completed // ev.total}%){info} · ETA "
+                               f"{eta // 60}m{eta % 60:02d}s", highlight=False)
 
 
 def render(res: dict[str, Any], console: Console) -> None:
@@ -212,13 +235,15 @@ def register(app: typer.Typer) -> None:
             "threads": threads, "optimizer": optimizer, "weight_decay": weight_decay,
             **({} if fallback else {"fallback_overrides": None}),
         }, source="quickstart options")
-        err = Console(stderr=True, highlight=False)
+        from astrai_cli.options import log_console
+
+        err = log_console(stderr=True)
         with StageDisplay(err) as display:
             result = run_quickstart(cfg, on_event=display)
         res = result.to_dict()
         if as_json:
             typer.echo(json.dumps(res, indent=2))
         else:
-            render(res, Console(highlight=False, soft_wrap=True))
+            render(res, log_console())
         if result.preempted:
             raise typer.Exit(EXIT_PREEMPTED)

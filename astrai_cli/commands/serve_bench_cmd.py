@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from astrai_cli.options import (
@@ -25,8 +26,8 @@ from astrai_cli.options import (
     use_threads,
 )
 
-# (label, key, format) rows of the table, in sections; None formats skip the row when the
-# value is None in every run.
+# (label, key, format) rows of the table, in sections; a row whose value is None in every
+# run (not measured there, e.g. the KV pool of a remote server) is left out.
 SECTIONS: list[tuple[str, list[tuple[str, str, str]]]] = [
     ("Requests", [
         ("Successful requests", "completed", "{:d}"),
@@ -39,10 +40,12 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str]]]] = [
         ("Input token throughput (tok/s)", "input_throughput", "{:.1f}"),
         ("Output token throughput (tok/s)", "output_throughput", "{:.1f}"),
         ("Total token throughput (tok/s)", "total_token_throughput", "{:.1f}"),
-        ("Max concurrent requests (vLLM)", "max_concurrent_requests", "{:d}"),
-        ("Peak output tokens/s (vLLM)", "max_output_tokens_per_s", "{:.0f}"),
-        ("Peak concurrency (exact)", "peak_concurrency", "{:d}"),
-        ("Mean concurrency", "mean_concurrency", "{:.2f}"),
+        # vLLM's two peaks count per 1-second bucket: a request counts in every second
+        # it touches, so they exceed the exact in-flight count (docs/serve-bench.md).
+        ("Busiest second: requests active (vLLM)", "max_concurrent_requests", "{:d}"),
+        ("Busiest second: output tokens (vLLM)", "max_output_tokens_per_s", "{:.0f}"),
+        ("Most requests in flight at once", "peak_concurrency", "{:d}"),
+        ("Mean requests in flight", "mean_concurrency", "{:.2f}"),
     ]),
 ]
 for _name, _key in (("Time to first token", "ttft"), ("Time per output token (excl. 1st)",
@@ -61,31 +64,40 @@ SECTIONS.append(("Engine", [
 
 def _fmt(value: Any, fmt: str) -> str:
     if value is None:
-        return "-"
+        return "n/a"
     if fmt == "pct":
         return f"{100 * value:.1f}"
     return fmt.format(value)
 
 
+def _model_title(m: dict) -> str:
+    name = m.get("name") or m.get("path")
+    if m.get("kind") == "server":
+        return f"model '{name}' served at {m.get('base_url') or m.get('device')}"
+    return f"{name} ({m['kind']}, {m['dtype']} on {m['device']})"
+
+
 def render(report: dict, console: Console) -> None:
     m, w, s = report["model"], report["workload"], report["settings"]
-    name = m.get("name") or m.get("path")
     conc = s["max_concurrency"] or "unlimited"
-    title = (f"Serving benchmark: {name} ({m['kind']}, {m['dtype']}, {m['device']}) · "
-             f"{w['name']} · {w['num_prompts']} prompts (input {w['input_len'][0]}-"
+    rate = "all at once" if s["request_rate"] == "inf" else f"{s['request_rate']} req/s"
+    title = (f"Serving benchmark: {_model_title(m)} · "
+             f"{w['name']} workload · {w['num_prompts']} prompts (input {w['input_len'][0]}-"
              f"{w['input_len'][1]}, output {w['output_len'][0]}-{w['output_len'][1]}) · "
-             f"rate {s['request_rate']} · max concurrency {conc}")
-    table = Table(title=title, title_justify="left")
+             f"arrivals {rate} · max concurrency {conc}")
+    # Above the table, not its title: a title wraps at the table's (narrow) width.
+    console.print(escape(title))
+    table = Table()
     table.add_column("metric", style="cyan")
     runs = report["runs"]
     for run in runs:
         table.add_column(run["backend"], justify="right")
     for section, rows in SECTIONS:
-        table.add_row(f"[bold]{section}[/]", *[""] * len(runs))
-        for label, key, fmt in rows:
-            values = [r.get(key) for r in runs]
-            if key == "request_goodput" and all(v is None for v in values):
-                continue
+        shown = [(label, [r.get(key) for r in runs], fmt) for label, key, fmt in rows]
+        shown = [row for row in shown if any(v is not None for v in row[1])]
+        if shown:
+            table.add_row(f"[bold]{section}[/]", *[""] * len(runs))
+        for label, values, fmt in shown:
             table.add_row(f"  {label}", *[_fmt(v, fmt) for v in values])
     console.print(table)
 
@@ -118,14 +130,16 @@ def register(app: typer.Typer) -> None:
         num_prompts: Annotated[int | None, typer.Option(
             "--num-prompts", "-n", help="Measured requests (default: 64; a file: all lines).")
         ] = None,
-        input_len: Annotated[str, typer.Option(
+        input_len: Annotated[str | None, typer.Option(
             "--input-len", help="Prompt tokens, N or MIN:MAX (shared-prefix: the question "
-            "after the prefix).")] = "64:256",
-        output_len: Annotated[str, typer.Option(
-            "--output-len", help="Output tokens, N or MIN:MAX.")] = "32:128",
-        prefix_len: Annotated[int, typer.Option(
-            "--prefix-len", help="Shared system-prompt tokens per group (shared-prefix).")
-        ] = 256,
+            "after the prefix). Default 64:256, scaled down to fit the model's context.")
+        ] = None,
+        output_len: Annotated[str | None, typer.Option(
+            "--output-len", help="Output tokens, N or MIN:MAX. Default 32:128, scaled down "
+            "to fit the model's context.")] = None,
+        prefix_len: Annotated[int | None, typer.Option(
+            "--prefix-len", help="Shared system-prompt tokens per group (shared-prefix). "
+            "Default 256, scaled down to fit the model's context.")] = None,
         prefix_groups: Annotated[int, typer.Option(
             "--prefix-groups", help="Groups sharing one prefix (shared-prefix).")] = 4,
         request_rate: Annotated[str, typer.Option(
@@ -193,8 +207,8 @@ def register(app: typer.Typer) -> None:
 
         config = BenchConfig(
             target=str(checkpoint_path(target)), workload=workload, num_prompts=num_prompts,
-            input_len=parse_range(input_len, "--input-len"),
-            output_len=parse_range(output_len, "--output-len"),
+            input_len=None if input_len is None else parse_range(input_len, "--input-len"),
+            output_len=None if output_len is None else parse_range(output_len, "--output-len"),
             prefix_len=prefix_len, prefix_groups=prefix_groups,
             request_rate=parse_rate(request_rate), burstiness=burstiness,
             max_concurrency=max_concurrency, seed=seed, warmup=warmup,
@@ -217,7 +231,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(report, indent=2))
         else:
-            render(report, Console(highlight=False))
+            from astrai_cli.options import log_console
+
+            render(report, log_console())
 
 
 def _run(config: Any) -> Any:

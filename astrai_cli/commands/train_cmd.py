@@ -180,6 +180,11 @@ def _group_row(g: dict[str, Any]) -> str:
             f"decay {g['weight_decay']:g}")
 
 
+def _count(n: int, one: str, many: str) -> str:
+    """`1 process`, `2 processes`."""
+    return f"{n} {one if n == 1 else many}"
+
+
 def render_plan(plan: dict[str, Any], console: Console) -> None:
     t = Table(title="training plan (dry run: nothing trained)", title_justify="left",
               show_header=False)
@@ -193,7 +198,8 @@ def render_plan(plan: dict[str, Any], console: Console) -> None:
                   + (f", LoRA: {plan['trainable_params'] / 1e6:.3f}M trainable)"
                      if plan.get("trainable_params") else ")")),
         ("sequence length", f"{plan['seq_len']:,}"),
-        ("effective batch", (f"{plan['effective_batch']} = {plan['world_size']} processes x "
+        ("effective batch", (f"{plan['effective_batch']} = "
+                             f"{_count(plan['world_size'], 'process', 'processes')} x "
                              f"{plan['batch_size']} x {plan['grad_accum_steps']} accumulation")),
         ("tokens per step", f"{plan['tokens_per_step']:,}"),
         ("steps per epoch", f"{plan['windows_per_epoch']:,}"),
@@ -205,8 +211,10 @@ def render_plan(plan: dict[str, Any], console: Console) -> None:
         *[(f"  {g['name']}", _group_row(g)) for g in plan.get("param_groups") or []],
         ("device / precision", (f"{plan['device']} / {plan['precision']} (optimizer "
                                 f"moments {plan.get('optimizer_state_dtype', 'fp32')})")),
-        ("parallel", (f"{plan.get('parallel', 'none')}: {plan['world_size']} processes "
-                      f"({plan.get('nnodes', 1)} node(s) x {plan.get('nprocs', 1)})")),
+        ("parallel", (f"{plan.get('parallel', 'none')}: "
+                      f"{_count(plan['world_size'], 'process', 'processes')} "
+                      f"({_count(plan.get('nnodes', 1), 'node', 'nodes')} x "
+                      f"{plan.get('nprocs', 1)})")),
         ("FLOPs per token", f"{plan['flops_per_token']:,}"),
         ("memory estimate", ", ".join(f"{k} {_gib(v)}" for k, v in plan["memory_bytes"].items())),
     ]

@@ -113,9 +113,21 @@ def test_fastest_threads_picks_a_measured_count_and_restores():
 def test_next_commands_quote_paths():
     cmds = next_commands("my runs/run/checkpoints/step_9", "my runs/run")
     by = {shlex.split(c["command"])[1]: shlex.split(c["command"]) for c in cmds}
-    assert set(by) == {"chat", "resume", "inspect-weights", "serve-bench"}
+    assert set(by) == {"chat", "resume", "inspect-weights", "serve-bench", "preprocess",
+                       "train"}
     assert by["chat"][2] == "my runs/run/checkpoints/step_9"
     assert by["resume"][2] == "my runs/run"
+    # Fine-tuning: the bundled SFT data rebuilt with the checkpoint's own tokenizer, then
+    # trained from the checkpoint (beside the quickstart's directory, not in it).
+    assert by["preprocess"][2:] == ["examples/specs/sft.json", "--set",
+                                    "tokenizer=my runs/run/checkpoints/step_9", "--set",
+                                    "output=my runs-sft/data"]
+    assert by["train"][2:] == ["--strategy", "sft", "--data", "my runs-sft/data", "--model",
+                               "my runs/run/checkpoints/step_9", "--out", "my runs-sft/run"]
+    # a shorter model than the spec's 256 tokens: the rows are cut to fit it
+    short = {shlex.split(c["command"])[1]: shlex.split(c["command"])
+             for c in next_commands("ck", "q/run", seq_len=64)}
+    assert short["preprocess"][-2:] == ["--set", "max_seq_len=64"]
     assert "--no-template" in by["chat"]  # a base model continues text
 
 
@@ -171,7 +183,7 @@ def test_cli_refuses_a_non_empty_out(tmp_path):
 
 def test_stage_display_plain_lines():
     buf = io.StringIO()
-    d = StageDisplay(Console(file=buf, force_terminal=False, width=100))
+    d = StageDisplay(Console(file=buf, force_terminal=False, width=100), clock=lambda: 0.0)
     with d:
         d(StageEvent("tokenizer", "start"))
         d(StageEvent("tokenizer", "end", info="2,048 tokens"))
@@ -181,6 +193,48 @@ def test_stage_display_plain_lines():
     lines = buf.getvalue().splitlines()
     assert lines == ["[1/6] train tokenizer ...", "[1/6] train tokenizer: done 2,048 tokens",
                      "[4/6] train ...", "[4/6] train: done loss 2.0"]
+
+
+def test_stage_display_plain_progress_every_interval():
+    # Not a terminal (a log file): the long training stage prints a line every interval_s
+    # seconds of the (here scripted) clock, as `astrai train` does, instead of nothing.
+    times = iter([0.0, 10.0, 31.0, 40.0, 62.0, 70.0])
+    buf = io.StringIO()
+    d = StageDisplay(Console(file=buf, force_terminal=False, width=100), interval_s=30,
+                     clock=lambda: next(times))
+    with d:
+        d(StageEvent("train", "start", 0, 100))
+        for step in (10, 31, 40, 62):
+            d(StageEvent("train", "update", step, 100, f"loss {5 - step / 100:.3f}"))
+        d(StageEvent("train", "end", 100, 100, "loss 4.0"))
+    assert buf.getvalue().splitlines() == [
+        "[4/6] train ...",
+        "[4/6] train: 31/100 (31%) · loss 4.690 · ETA 1m09s",
+        "[4/6] train: 62/100 (62%) · loss 4.380 · ETA 0m38s",
+        "[4/6] train: done loss 4.0"]
+
+
+def test_cli_logs_are_not_hard_wrapped(tmp_path, monkeypatch):
+    """`astrai quickstart 2>log`: stderr is no terminal, and a line longer than 80 columns
+    stays one line (rich wraps at 80 there unless told otherwise)."""
+    import astrai.quickstart as q
+
+    long_info = "690 steps at 0.29 s/step, 1 thread (cut by the time budget: the recipe is " \
+                "1,000 steps)"
+
+    def fake_run(cfg, on_event):
+        on_event(StageEvent("size", "start", info="timing training steps"))
+        on_event(StageEvent("size", "end", info=long_info))
+        return q.QuickstartResult(**{**_result(tmp_path, None), "stage_s": {
+            s: 1.0 for s in ("tokenizer", "preprocess", "size", "train", "validate",
+                             "sample")}})
+
+    monkeypatch.setattr(q, "run_quickstart", fake_run)
+    r = CliRunner().invoke(app, ["quickstart", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert f"[3/6] size the run: done {long_info}\n" in r.stderr
+    time_row = next(line for line in r.stdout.splitlines() if "time" in line)
+    assert "sample 1 s)" in time_row  # the summary's longest row on one line too
 
 
 def test_stage_display_live_rows():

@@ -52,7 +52,7 @@ def test_tiny_preset_json_file_holds_every_field_and_the_table_every_row(tmp_pat
     # The table (stdout) has a row per metric and a column for the backend.
     for label in ("Request throughput", "Output token throughput", "Time to first token",
                   "Time per output token", "Inter-token latency", "End-to-end latency",
-                  "P99", "Peak concurrency", "Prefix cache hit rate", "KV pool utilization",
+                  "P99", "Most requests in flight", "Prefix cache hit rate", "KV pool utilization",
                   "Request goodput", "auto (torch_native)"):
         assert label in r.stdout, label
 
@@ -120,3 +120,31 @@ def test_bad_workload_file_and_target_exit_2(ckpt, tmp_path):
     runner.invoke(app, ["serve-bench", str(ckpt), *FAST, "--request-rate", "x", "--json",
                         str(out)])
     assert not out.exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("workload", ["random", "shared-prefix"])
+def test_default_lengths_fit_a_short_context(ckpt, workload):
+    # The 128-token model cannot hold the defaults (64:256 in, 32:128 out, prefix 256):
+    # with no length given they are scaled down to fit instead of failing.
+    r = runner.invoke(app, ["serve-bench", str(ckpt), "--num-prompts", "2", "--warmup", "0",
+                            "--device", "cpu", "--workload", workload, "--json"])
+    assert r.exit_code == 0, r.output
+    w = json.loads(r.stdout)["workload"]
+    assert w["input_len"][1] + w["output_len"][1] <= 128  # prompt lengths hold the prefix
+
+
+def test_table_labels_say_what_each_concurrency_counts():
+    run = {"backend": "b", "completed": 3, "max_concurrent_requests": 9, "peak_concurrency": 4,
+           "mean_concurrency": 2.0, "kv_pool_utilization_mean": None, "num_steps": None}
+    report = {"model": {"kind": "server", "name": "tiny", "path": "/m",
+                        "base_url": "http://127.0.0.1:8000"},
+              "workload": {"name": "random", "num_prompts": 3, "input_len": [1, 2],
+                           "output_len": [3, 4]},
+              "settings": {"request_rate": "inf", "max_concurrency": None}, "runs": [run]}
+    console = Console(width=300, record=True)
+    render(report, console)
+    text = console.export_text()
+    assert "model 'tiny' served at http://127.0.0.1:8000" in text
+    assert "Busiest second: requests active (vLLM)" in text
+    assert "Most requests in flight at once" in text
+    assert " - " not in text and "KV pool" not in text  # not measured: no row, no "-"

@@ -114,7 +114,8 @@ def test_quickstart_end_to_end(tmp_path):
 
     # every printed command works as printed
     cmds = printed_commands(r.stdout)
-    assert set(cmds) == {"chat", "resume", "inspect-weights", "serve-bench"}
+    assert set(cmds) == {"chat", "resume", "inspect-weights", "serve-bench", "preprocess",
+                         "train"}
     runner = CliRunner()
     chat = runner.invoke(app, [*cmds["chat"][1:], "--prompt", "hi", "--max-tokens", "8"])
     assert chat.exit_code == 0, chat.output
@@ -126,6 +127,11 @@ def test_quickstart_end_to_end(tmp_path):
     bench = runner.invoke(app, [*cmds["serve-bench"][1:], "--json"])
     assert bench.exit_code == 0, bench.output
     assert json.loads(bench.output)["runs"][0]["completed"] == 16
+    # fine-tuning on the bundled chat data: its tokenizer rebuilds the data, then SFT trains
+    pre = runner.invoke(app, cmds["preprocess"][1:])
+    assert pre.exit_code == 0, pre.output
+    sft = runner.invoke(app, [*cmds["train"][1:], "--max-steps", "1", "--json"])
+    assert sft.exit_code == 0, sft.output
 
     # a second quickstart into the same directory needs --overwrite
     again = astrai("quickstart", "--out", str(out), "--steps", "2", *SMALL)

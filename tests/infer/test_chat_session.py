@@ -167,3 +167,18 @@ def test_open_chat_errors(tmp_path, tok, model):
     full = save_checkpoint(tmp_path / "full", model, model.config, tokenizer_dir=tok.path)
     s = open_chat(full, params=SamplingParams(max_tokens=3, temperature=0.0), device="cpu")
     assert len(list(s.reply("hi"))) == 3
+
+
+def test_dropped_turns_are_counted_in_words(model, tok):
+    import re
+
+    s = session(model, tok, max_context=64, max_tokens=8)
+    notices = []
+    for i in range(6):
+        r = s.reply(f"This is message number {i} of a longer conversation")
+        list(r)
+        notices.append(r.notice)
+    dropped = [n for n in notices if n]
+    assert "the context is full: dropped the oldest turn" in dropped  # one: no "1 turn"
+    assert all(re.fullmatch(r"the context is full: dropped the oldest (turn|[2-9]\d* turns)",
+                            n) for n in dropped), dropped

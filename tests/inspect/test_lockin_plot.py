@@ -86,7 +86,8 @@ def test_cli_writes_the_picture_beside_the_report(planted_dir, tmp_path):
     out = tmp_path / "lockin.png"
     r = CliRunner().invoke(app, ["inspect-weights", str(planted_dir), "--plot", str(out)])
     assert r.exit_code == 1, r.output  # findings
-    assert "Verdict" in r.output and str(out) in r.output
+    assert "Verdict" in r.stdout and str(out) not in r.stdout  # the report alone on stdout
+    assert r.stderr.strip().endswith(f"wrote {out}")  # on stderr, as `astrai plot` says it
     w, h = struct.unpack(">II", out.read_bytes()[16:24])
     assert (w, h) == (1200, 450)
     r = CliRunner().invoke(app, ["inspect-weights", str(planted_dir), "--plot",

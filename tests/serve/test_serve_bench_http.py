@@ -37,12 +37,12 @@ def test_http_mode_measures_the_same_workload(server, ckpt, endpoint):
         assert run["total_input_tokens"] == lrun["total_input_tokens"]
     assert run["peak_concurrency"] <= 3
     assert run["mean_ttft_ms"] > 0 and run["mean_itl_ms"] > 0
-    assert d["model"] == {"kind": "server", "name": "tiny", "path": str(ckpt), "dtype": "-",
-                          "device": server.url}
+    assert d["model"] == {"kind": "server", "name": "tiny", "path": str(ckpt),
+                          "base_url": server.url}
     assert d["settings"]["endpoint"] == endpoint
     out = io.StringIO()
     render(d, Console(file=out, width=200))  # the table renders the server's run too
-    assert "(server, -, http://" in out.getvalue() and "Time to first token" in out.getvalue()
+    assert f"model 'tiny' served at {server.url}" in out.getvalue() and "Time to first token" in out.getvalue()
 
 
 def test_http_mode_errors_are_one_line(ckpt):

@@ -51,10 +51,10 @@ def test_dpo_loss_and_metrics_match_hand_loop():
     assert strat.loss_units(batch) == 5
     assert out["loss"].item() == pytest.approx(sum(losses) / 5, rel=1e-5, abs=1e-6)
     m = out["metrics"]
-    assert m["dpo_chosen_reward"] == pytest.approx(sum(cr) / 5, abs=1e-6)
-    assert m["dpo_rejected_reward"] == pytest.approx(sum(rr) / 5, abs=1e-6)
-    assert m["dpo_margin"] == pytest.approx((sum(cr) - sum(rr)) / 5, abs=1e-6)
-    assert m["dpo_accuracy"] == pytest.approx(sum(c > r for c, r in zip(cr, rr)) / 5)
+    assert m["rewards/chosen"] == pytest.approx(sum(cr) / 5, abs=1e-6)
+    assert m["rewards/rejected"] == pytest.approx(sum(rr) / 5, abs=1e-6)
+    assert m["rewards/margins"] == pytest.approx((sum(cr) - sum(rr)) / 5, abs=1e-6)
+    assert m["rewards/accuracies"] == pytest.approx(sum(c > r for c, r in zip(cr, rr)) / 5)
     # the normaliser of a larger accumulation window scales the loss, not the metrics
     half = strat(batch, normalizer=10)
     assert half["loss"].item() == pytest.approx(out["loss"].item() / 2, rel=1e-5)
@@ -65,7 +65,7 @@ def test_policy_equal_to_reference_gives_log2_per_pair():
     batch = collate_pairs(preference_samples(4, seed=3))
     out = DPOStrategy(policy)(batch)  # no reference: a frozen copy of the initial policy
     assert out["loss"].item() == pytest.approx(math.log(2), abs=1e-6)
-    assert out["metrics"]["dpo_margin"] == 0.0
+    assert out["metrics"]["rewards/margins"] == 0.0
 
 
 def test_ipo_and_hinge_formulas():
@@ -152,7 +152,7 @@ def test_dpo_steps_raise_the_margin():
         out["loss"].backward()
         opt.step()
     last = strat(batch)["metrics"]
-    assert last["dpo_margin"] > first["dpo_margin"] + 0.2
-    assert last["dpo_accuracy"] == 1.0 and last["dpo_loss"] < first["dpo_loss"]
+    assert last["rewards/margins"] > first["rewards/margins"] + 0.2
+    assert last["rewards/accuracies"] == 1.0 and last["dpo_loss"] < first["dpo_loss"]
     # the reference stayed frozen: rejected rewards fell below zero, chosen rose above
-    assert last["dpo_chosen_reward"] > 0 > last["dpo_rejected_reward"]
+    assert last["rewards/chosen"] > 0 > last["rewards/rejected"]

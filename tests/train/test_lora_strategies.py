@@ -42,7 +42,7 @@ def test_every_strategy_trains_adapters_only(data, tmp_path, strategy, kind, ext
     rec = metrics(out)[0]
     if strategy == "dpo":  # B = 0 at step 1: policy == reference (the base) -> log 2
         assert rec["dpo_loss"] == pytest.approx(0.6931, abs=1e-3)
-        assert rec["dpo_margin"] == 0.0
+        assert rec["rewards/margins"] == 0.0
 
 
 def test_online_grpo_lora_resumes_exactly(data, tmp_path):  # noqa: F811

@@ -53,11 +53,11 @@ def test_online_grpo_cli_and_exact_resume(data, tmp_path):
     run(*args, "--out", tmp_path / "a", "--ckpt-interval", "0", "--json")
     recs = metrics(tmp_path / "a")
     assert [r["step"] for r in recs] == [1, 2, 3, 4]
-    for key in ("grpo_loss", "grpo_reward_mean", "grpo_reward_std", "grpo_kl",
-                "grpo_clip_fraction", "grpo_ratio_mean", "grpo_rollout_len"):
+    for key in ("grpo_loss", "reward", "reward_std", "kl",
+                "clip_ratio/region_mean", "grpo_ratio_mean", "grpo_rollout_len"):
         assert key in recs[0], key
     # the length penalty makes rewards negative: the reward is the weighted sum
-    assert recs[0]["grpo_reward_mean"] < 0
+    assert recs[0]["reward"] < 0
     # steps 1 and 4 start on fresh rollouts (ratio 1); 2 and 3 reuse step 1's rollout
     assert recs[0]["grpo_ratio_mean"] == 1.0 and recs[3]["grpo_ratio_mean"] == 1.0
     assert recs[1]["grpo_ratio_mean"] != 1.0 and "grpo_logp_gap" in recs[0]
@@ -84,7 +84,7 @@ def test_online_dpo_cli(data, tmp_path):
     recs = metrics(tmp_path / "run")
     assert len(recs) == 2
     # random completions differ in whether they hold an "e": pairs exist, DPO metrics too
-    assert recs[0]["dpo_pairs"] > 0 and "dpo_margin" in recs[0] and "dpo_accuracy" in recs[0]
+    assert recs[0]["dpo_pairs"] > 0 and "rewards/margins" in recs[0] and "rewards/accuracies" in recs[0]
     # policy == reference: log 2 per pair; the loss is a mean over prompts (no pair: 0)
     assert recs[0]["dpo_loss"] == pytest.approx(0.6931 * recs[0]["dpo_pairs"], abs=1e-3)
     assert "val_reward" in recs[-1]
@@ -94,14 +94,14 @@ def test_dpo_and_reward_cli_then_model_reward(data, tmp_path):
     run("train", "--strategy", "dpo", "--data", data["dpo"], *MODEL, *COMMON, "--max-steps", "2",
         "--precompute-ref", "--dpo-loss", "ipo", "--out", tmp_path / "dpo", "--ckpt-interval", "0")
     recs = metrics(tmp_path / "dpo")
-    assert {"dpo_chosen_reward", "dpo_rejected_reward", "dpo_margin", "dpo_accuracy",
+    assert {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
             "val_accuracy"} <= set(recs[-1])
     assert recs[0]["dpo_loss"] == pytest.approx(25.0, rel=1e-3)  # ipo at h = 0: (1/(2*0.1))^2
     # a reference from another checkpoint: the policy no longer equals it at step 1
     run("train", "--strategy", "dpo", "--data", data["dpo"], *MODEL, *COMMON, "--max-steps", "1",
         "--ref-model", tmp_path / "dpo" / "checkpoints" / "step_2", "--out", tmp_path / "dpo2",
         "--ckpt-interval", "0")
-    assert metrics(tmp_path / "dpo2")[0]["dpo_margin"] != 0.0
+    assert metrics(tmp_path / "dpo2")[0]["rewards/margins"] != 0.0
     run("train", "--strategy", "reward", "--data", data["dpo"], *MODEL, *COMMON, "--max-steps",
         "2", "--out", tmp_path / "rm", "--ckpt-interval", "0")
     recs = metrics(tmp_path / "rm")
@@ -112,7 +112,7 @@ def test_dpo_and_reward_cli_then_model_reward(data, tmp_path):
         "--max-steps", "1", "--reward", f"model:{rm}", "--out", tmp_path / "og",
         "--ckpt-interval", "0", "--eval-max-batches", "1")
     rec = metrics(tmp_path / "og")[0]
-    assert rec["grpo_reward_std"] > 0  # real-valued scores from the reward model
+    assert rec["reward_std"] > 0  # real-valued scores from the reward model
 
 
 def test_offline_grpo_cli(data, tmp_path):
@@ -120,7 +120,7 @@ def test_offline_grpo_cli(data, tmp_path):
         "--max-steps", "3", "--sync-interval", "2", "--out", tmp_path / "run",
         "--ckpt-interval", "0")
     recs = metrics(tmp_path / "run")
-    assert {"grpo_loss", "grpo_reward_mean", "grpo_reward_std", "grpo_kl", "grpo_clip_fraction",
+    assert {"grpo_loss", "reward", "reward_std", "kl", "clip_ratio/region_mean",
             "grpo_ratio_mean", "val_adv_logp", "val_kl"} <= set(recs[-1])
     # step 2 uses old_model = the initial policy; steps 1 and 3 follow a sync (ratio 1)
     assert [r["grpo_ratio_mean"] == 1.0 for r in recs] == [True, False, True]

@@ -166,7 +166,7 @@ def test_online_grpo_syncs_old_policy_on_each_fresh_rollout():
         ratios.append(out["metrics"]["grpo_ratio_mean"])
         if i == 0:
             assert out["metrics"]["grpo_logp_gap"] < 1e-4  # engine vs trainer forward
-            assert out["metrics"]["grpo_reward_std"] > 0
+            assert out["metrics"]["reward_std"] > 0
     # fresh, reused (old policy = the one that sampled), fresh again
     assert ratios[0] == 1.0 and ratios[2] == 1.0
     assert ratios[1] != pytest.approx(1.0, abs=1e-5)

@@ -215,3 +215,80 @@ def test_label_smoothing_refused_where_it_would_be_ignored(fields, match):
         TrainConfig.from_dict({"label_smoothing": 0.1, **fields})
     TrainConfig.from_dict({"strategy": "dpo", "label_smoothing": 0.1})
     TrainConfig.from_dict({"strategy": "sft", "label_smoothing": 0.1})
+
+
+def test_grpo_metrics_are_trls_under_trls_names():
+    """reward / reward_std as TRL's _generate_and_score_completions logs them (nanmean and
+    its Bessel-corrected nanstd), kl and clip_ratio/region_mean as TRL's own _compute_loss
+    logs them on the same token log-probs."""
+    g = torch.Generator().manual_seed(3)
+    mb = micro_batch(g, 4, 6, [6, 1, 3, 5])
+    mb["old"] = (mb["logp"] + torch.randn(4, 6, generator=g, dtype=torch.float64)).detach()
+    beta, eps = 0.04, 0.2
+    stub_metrics = defaultdict(lambda: defaultdict(list))
+    trl_loss_with_metrics("dapo", mb, beta=beta, eps=eps, metrics=stub_metrics)
+    trl_m = stub_metrics["train"]
+    _, stats = grpo_token_loss(mb["logp"].detach(), mb["old"], mb["ref"], mb["adv"], eps, beta)
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [2.0, 1.0, 0.5, 0.5]])
+    s = GRPOStrategy(tiny_model(), kl_coef=beta, clip_eps=eps)
+    ours = s.metrics({"rewards": rewards}, stats, mb["mask"])
+    assert ours["reward"] == pytest.approx(torch.nanmean(rewards.reshape(-1)).item())
+    assert ours["reward_std"] == pytest.approx(nanstd(rewards.reshape(-1)).item())
+    assert ours["reward_std"] != pytest.approx(rewards.std(unbiased=False).item())
+    assert 0 < trl_m["clip_ratio/region_mean"][0] < 1  # the old policy differs: some clip
+    assert ours["clip_ratio/region_mean"] == pytest.approx(trl_m["clip_ratio/region_mean"][0])
+    assert ours["kl"] == pytest.approx(trl_m["kl"][0])
+    assert not {"grpo_reward_mean", "grpo_reward_std", "grpo_kl"} & set(ours)
+
+
+def trl_loss_with_metrics(loss_type, mb, *, beta, eps, metrics):
+    """TRL's _compute_loss on one micro-batch, its logged metrics left in `metrics`."""
+    logp = mb["logp"]
+    stub = SimpleNamespace(
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None,
+        importance_sampling_level="token", beta=beta, loss_type=loss_type,
+        epsilon_low=eps, epsilon_high=eps, use_vllm=False,
+        args=SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1),
+        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1,
+        max_completion_length=logp.shape[1], accelerator=_Accelerator(),
+        _entropy_bonus_enabled=False, aux_loss_enabled=False, _metrics=metrics,
+        _get_per_token_logps_and_entropies=lambda *a, **k: (logp, torch.zeros_like(logp), None),
+    )
+    N, T = logp.shape
+    inputs = {"prompt_ids": torch.zeros(N, 1, dtype=torch.long),
+              "prompt_mask": torch.ones(N, 1, dtype=torch.long),
+              "completion_ids": torch.zeros(N, T, dtype=torch.long),
+              "completion_mask": mb["mask"].long(), "advantages": mb["adv"],
+              "old_per_token_logps": mb["old"], "ref_per_token_logps": mb["ref"],
+              "num_items_in_batch": mb["mask"].sum()}
+    return trl_grpo.GRPOTrainer._compute_loss(stub, None, inputs)
+
+
+@pytest.mark.parametrize("loss_type, reduction, precompute", [
+    ("sigmoid", "sum", False), ("sigmoid", "mean", False), ("ipo", None, False),
+    ("ipo", None, True), ("hinge", "mean", True)])
+def test_dpo_rewards_are_trls_summed_log_ratios_for_every_loss(loss_type, reduction,
+                                                                precompute):
+    """TRL dpo_trainer.py: chosen_rewards = beta * (chosen_logps - ref_chosen_logps) with the
+    token-summed log-probs, whatever the loss type (ipo normalises only inside its loss);
+    rewards/accuracies = mean(chosen_rewards > rejected_rewards)."""
+    from astrai.train.strategies.logprobs import sequence_logprob, token_logprobs
+
+    policy, beta = tiny_model(), 0.1
+    ref = perturbed(policy)
+    batch = collate_pairs(preference_samples(5, seed=7))
+    s = DPOStrategy(policy, reference=ref, loss_type=loss_type, reduction=reduction,
+                    beta=beta, precompute_ref=precompute,
+                    precompute_data=([preference_samples(5, seed=7)], collate_pairs, 5))
+    ids, mask = s._pairs(batch)
+    with torch.no_grad():
+        lp, lq = (token_logprobs(m(ids).logits, ids) for m in (policy, ref))
+        ratio = sequence_logprob(lp, mask, "sum") - sequence_logprob(lq, mask, "sum")
+        out = s(batch)
+    chosen, rejected = beta * ratio[:5], beta * ratio[5:]
+    m = out["metrics"]
+    assert m["rewards/chosen"] == pytest.approx(chosen.mean().item(), abs=1e-5)
+    assert m["rewards/rejected"] == pytest.approx(rejected.mean().item(), abs=1e-5)
+    assert m["rewards/margins"] == pytest.approx((chosen - rejected).mean().item(), abs=1e-5)
+    assert m["rewards/accuracies"] == pytest.approx((chosen > rejected).float().mean().item())
+    assert not any(k.startswith("dpo_") and k != "dpo_loss" for k in m), m

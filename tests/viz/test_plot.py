@@ -36,7 +36,7 @@ def test_cli_writes_a_png_of_the_requested_size(runs, tmp_path):
     r = CliRunner().invoke(app, ["plot", str(runs["resumed"]), str(runs["evaluated"]),
                                  "--out", str(out), "--size", "640x480", "--smooth"])
     assert r.exit_code == 0, r.output
-    assert r.output.strip() == str(out)
+    assert r.stderr.strip() == f"wrote {out}" and r.stdout == ""  # as inspect-weights --plot
     assert png_size(out) == (640, 480)
     assert not list(out.parent.glob(".*tmp*"))
 
@@ -99,3 +99,23 @@ def test_without_matplotlib_one_line_says_how_to_install(runs, tmp_path, monkeyp
     assert r.exit_code == 2
     assert r.output.strip().count("\n") == 0 and "pip install 'astrai[plot]'" in r.output
     assert not out.exists()
+
+
+def test_earlier_runs_metric_names_still_plot(tmp_path):
+    """Runs written before the grpo/dpo metrics took TRL's names (grpo_reward_mean,
+    dpo_margin, ...) plot on the same panels as new runs, asked for by either name."""
+    old, new = tmp_path / "old" / "run", tmp_path / "new" / "run"
+    for run, keys in ((old, ("dpo_margin", "grpo_reward_std")),
+                      (new, ("rewards/margins", "reward_std"))):
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": s, keys[0]: 0.1 * s, keys[1]: 1.0 + s}) + "\n"
+            for s in (1, 2, 3)))
+    for asked in (["rewards/margins", "reward_std"], ["dpo_margin", "grpo_reward_std"]):
+        by = lines_by_gid(plot_runs([old, new], metrics=asked))
+        assert set(by) == {"old/run|rewards/margins", "new/run|rewards/margins",
+                           "old/run|reward_std", "new/run|reward_std"}, asked
+        assert list(by["old/run|rewards/margins"].get_ydata()) == [0.1, 0.2, 0.1 * 3]
+    r = CliRunner().invoke(app, ["plot", str(old), "--metrics", "dpo_margin", "--out",
+                                 str(tmp_path / "old.png")])
+    assert r.exit_code == 0, r.output

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from astrai.errors import ConfigError
 from astrai.infer.backends.registry import BACKEND_NAMES
 from astrai.infer.config import CacheConfig, SchedulerConfig
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
+DEFAULT_INPUT_LEN = (64, 256)
+DEFAULT_OUTPUT_LEN = (32, 128)
+DEFAULT_PREFIX_LEN = 256
 
 
 @dataclass
@@ -22,12 +25,15 @@ class BenchConfig:
     """random | shared-prefix | a path to a JSONL file of prompts."""
     num_prompts: int | None = None
     """Measured requests; None = 64 (random, shared-prefix) or every line of the file."""
-    input_len: tuple[int, int] = (64, 256)
-    """Prompt length range (random); question length after the prefix (shared-prefix)."""
-    output_len: tuple[int, int] = (32, 128)
-    """Output length range (lines of a JSONL file without output_len draw from it too)."""
-    prefix_len: int = 256
-    """Tokens of each group's shared system prompt (shared-prefix)."""
+    input_len: tuple[int, int] | None = None
+    """Prompt length range (random); question length after the prefix (shared-prefix).
+    None = 64-256, scaled down to fit the model's context (`fit_lengths`)."""
+    output_len: tuple[int, int] | None = None
+    """Output length range (lines of a JSONL file without output_len draw from it too).
+    None = 32-128, scaled down to fit the model's context."""
+    prefix_len: int | None = None
+    """Tokens of each group's shared system prompt (shared-prefix). None = 256, scaled down
+    to fit the model's context."""
     prefix_groups: int = 4
     """Groups of requests sharing one prefix (shared-prefix)."""
     request_rate: float = math.inf
@@ -100,3 +106,32 @@ class BenchConfig:
             if self.endpoint not in ENDPOINTS:
                 raise ConfigError(f"--endpoint {self.endpoint}: use one of "
                                   f"{', '.join(ENDPOINTS)}")
+
+
+def fit_lengths(config: BenchConfig, context: int | None) -> BenchConfig:
+    """The config with every length left unset (None) filled in from the defaults, scaled
+    down together so that the longest request (prefix + input + output) fits `context`.
+
+    Lengths the user set are kept as given and the unset ones share what they leave
+    (`check_fits` then names any that still does not fit); `context` None (unknown) keeps
+    the defaults as they are."""
+    prefix_counts = config.workload == "shared-prefix"
+    given = {"in": config.input_len, "out": config.output_len,
+             "prefix": None if config.prefix_len is None else (config.prefix_len,) * 2}
+    defaults = {"in": DEFAULT_INPUT_LEN, "out": DEFAULT_OUTPUT_LEN,
+                "prefix": (DEFAULT_PREFIX_LEN,) * 2}
+    counted = [k for k in given if k != "prefix" or prefix_counts]
+    fixed = sum(given[k][1] for k in counted if given[k] is not None)
+    free = sum(defaults[k][1] for k in counted if given[k] is None)
+    scale = 1.0
+    if context is not None and free:
+        scale = min(1.0, max(0, context - fixed) / free)
+
+    def fit(key: str) -> tuple[int, int]:
+        if given[key] is not None:
+            return given[key]
+        lo, hi = defaults[key]
+        return max(1, int(lo * scale)), max(1, int(hi * scale))  # floors: sums stay within
+
+    return replace(config, input_len=fit("in"), output_len=fit("out"),
+                   prefix_len=fit("prefix")[0])

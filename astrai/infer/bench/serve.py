@@ -20,7 +20,7 @@ import torch
 
 from astrai.errors import ConfigError, DataError
 from astrai.infer.bench.arrivals import arrival_offsets
-from astrai.infer.bench.config import BenchConfig
+from astrai.infer.bench.config import BenchConfig, fit_lengths
 from astrai.infer.bench.metrics import RequestRecord, compute_metrics
 from astrai.infer.bench.runner import Progress, drive, warm_up
 from astrai.infer.bench.workloads import (
@@ -85,7 +85,9 @@ def prompt_pool(target: Target) -> np.ndarray:
 
 
 def build_workload(config: BenchConfig, target: Target) -> tuple[str, list[BenchRequest]]:
-    """(workload name, requests) for the config; JSONL errors name file:line."""
+    """(workload name, requests) for the config; JSONL errors name file:line. Lengths left
+    unset take the defaults as they are: `fit_lengths` the config first to fit a context."""
+    config = fit_lengths(config, None)
     vocab = target.model.config.vocab_size
     tok = target.tokenizer
     pool = prompt_pool(target)
@@ -166,8 +168,9 @@ def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
 
     target = load_target(config.target, config.device, config.dtype, config.seed,
                          adapter=config.adapter)
-    name, requests = build_workload(config, target)
     max_context = config.cache.context_len(target.model.config.max_seq_len)
+    config = fit_lengths(config, max_context)
+    name, requests = build_workload(config, target)
     check_fits(requests, max_context)
     offsets = arrival_offsets(len(requests), config.request_rate, config.burstiness,
                               config.seed)

@@ -10,9 +10,11 @@ A response's log-prob is the *sum* of its token log-probs (the DPO paper's; redu
 "mean" divides by its length; ipo uses "mean" unless told otherwise, as the IPO paper's
 results and TRL do). With label smoothing eps the sigmoid loss is conservative DPO:
 -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h). The loss is a mean over pairs
-(units = pairs). Implicit rewards beta * log(pi/pi_ref) of the chosen and rejected
-responses, under the same reduction, give the metrics (chosen/rejected reward, margin,
-accuracy = share of pairs ranked correctly).
+(units = pairs). The metrics are TRL DPOTrainer's, under its names: the implicit rewards
+beta * log(pi/pi_ref) of the *summed* log-probs whatever the loss and the reduction
+(`rewards/chosen`, `rewards/rejected`, their difference `rewards/margins`, and
+`rewards/accuracies`, the share of pairs whose chosen reward is the larger); validation's
+val_margin and val_accuracy are the same over held-out pairs.
 
 The reference is the initial policy unless --ref-model says otherwise. With
 `precompute_ref` its sequence log-probs are computed once for every training and
@@ -75,15 +77,15 @@ def dpo_losses(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
     return losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
 
 
-def preference_metrics(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor,
-                       prefix: str) -> dict[str, float]:
+def preference_metrics(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor
+                       ) -> dict[str, float]:
+    """TRL DPOTrainer's `rewards/*` of implicit rewards [B] (beta * summed log-ratios)."""
     if chosen_rewards.numel() == 0:
         return {}
-    margin = chosen_rewards - rejected_rewards
-    return {f"{prefix}_chosen_reward": float(chosen_rewards.mean()),
-            f"{prefix}_rejected_reward": float(rejected_rewards.mean()),
-            f"{prefix}_margin": float(margin.mean()),
-            f"{prefix}_accuracy": float((margin > 0).float().mean())}
+    return {"rewards/chosen": float(chosen_rewards.mean()),
+            "rewards/rejected": float(rejected_rewards.mean()),
+            "rewards/accuracies": float((chosen_rewards > rejected_rewards).float().mean()),
+            "rewards/margins": float((chosen_rewards - rejected_rewards).mean())}
 
 
 def pair_keys(batch: dict[str, torch.Tensor]) -> list[str]:
@@ -217,19 +219,26 @@ class DPOStrategy(Strategy):
 
     def pair_losses(self, batch: dict[str, torch.Tensor]
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(per-pair loss [B], chosen rewards [B], rejected rewards [B], MoE aux loss)."""
+        """(per-pair loss [B], chosen rewards [B], rejected rewards [B], MoE aux loss). The
+        loss uses the reduction's log-probs; the rewards are beta * the summed log-ratios
+        (TRL's rewards/* for every loss type)."""
         ids, mask = self._pairs(batch)
         B = batch["chosen"].shape[0]
         lp, aux = policy_logprobs(self.model, ids)
-        seq = sequence_logprob(lp, mask, self.reduction)  # (2B,)
-        ref_c, ref_r = self.reference_logps(batch, ids, mask)
-        losses, cr, rr = dpo_losses(seq[:B], seq[B:], ref_c, ref_r, self.beta, self.loss_type,
-                                    self.label_smoothing)
-        return losses, cr, rr, aux
+        total = sequence_logprob(lp, mask, "sum")  # (2B,)
+        ref_c, ref_r = self.reference_logps(batch, ids, mask)  # under the reduction
+        seq, ref_total = total, torch.cat([ref_c, ref_r])
+        if self.reduction == "mean":  # sequence_logprob's mean, and the reference's sum
+            n = mask[:, 1:].to(total.dtype).sum(dim=1).clamp(min=1)  # (2B,)
+            seq, ref_total = total / n, ref_total * n
+        losses, _, _ = dpo_losses(seq[:B], seq[B:], ref_c, ref_r, self.beta, self.loss_type,
+                                  self.label_smoothing)
+        rewards = self.beta * (total.detach() - ref_total)  # (2B,)
+        return losses, rewards[:B], rewards[B:], aux
 
     def loss_sum(self, batch):
         losses, cr, rr, aux = self.pair_losses(batch)
-        return losses.sum(), losses.shape[0], aux, preference_metrics(cr, rr, self.name)
+        return losses.sum(), losses.shape[0], aux, preference_metrics(cr, rr)
 
     # -- validation --------------------------------------------------------------------------
     @torch.no_grad()

@@ -226,14 +226,19 @@ class GRPOStrategy(Strategy):
 
     def metrics(self, batch: dict[str, Any], stats: dict[str, torch.Tensor],
                 m: torch.Tensor) -> dict[str, float]:
+        """TRL GRPOTrainer's names and definitions where TRL logs the metric: `reward` (the
+        mean), `reward_std` (Bessel-corrected, as TRL's nanstd; left out for a single
+        reward, where TRL logs NaN), `kl` and `clip_ratio/region_mean` (token means over
+        the responses); `grpo_ratio_mean` is astrai's own."""
         n = m.sum().clamp(min=1)
         r = batch["rewards"].float()
-        out = {"grpo_reward_mean": float(r.mean()),
-               "grpo_reward_std": float(r.std(unbiased=False)),
+        out = {"reward": float(r.mean()),
                "grpo_ratio_mean": float((stats["ratio"] * m).sum() / n),
-               "grpo_clip_fraction": float((stats["clipped"] * m).sum() / n)}
+               "clip_ratio/region_mean": float((stats["clipped"] * m).sum() / n)}
+        if r.numel() > 1:
+            out["reward_std"] = float(r.std())
         if "kl" in stats:
-            out["grpo_kl"] = float((stats["kl"] * m).sum() / n)
+            out["kl"] = float((stats["kl"] * m).sum() / n)
         return out
 
     # -- validation --------------------------------------------------------------------------

@@ -215,5 +215,5 @@ class OnlineDPOStrategy(OnlineRollouts, DPOStrategy):
         if batch["chosen"].shape[0] == 0:
             return zero_loss(self.model), prompts, None, metrics
         losses, cr, rr, aux = self.pair_losses(batch)
-        metrics.update(preference_metrics(cr, rr, self.name))
+        metrics.update(preference_metrics(cr, rr))
         return losses.sum(), prompts, aux, metrics
