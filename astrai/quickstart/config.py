@@ -1,13 +1,12 @@
 """QuickstartConfig: the whole newcomer path in one typed object (`astrai quickstart`).
 
-The defaults are the recipe measured for 2 CPU cores (docs/quickstart.md): a byte-level BPE
-of 2048 tokens, the `tiny` preset cut to 2 layers with tied embeddings and QK-norm (dim 256,
-4 query / 2 KV heads, ~2.1M parameters) on 256-token rows, batches of 8 rows; Muon (lr 0.02,
-Jordan's scale) on the hidden matrices with weight decay 0.3 and AdamW 2e-3 on the rest, a
-30-step warmup and a cosine decay to a tenth; the number of steps is sized by a measured
-step time so the run fits `time_budget_s` (at most one epoch), and a machine too slow for
-the recipe's model trains a smaller one for longer. Each choice was measured against the
-previous recipe at equal wall time.
+The defaults are the recipe for 2 CPU cores: a byte-level BPE of 2048 tokens, the `tiny`
+preset cut to 2 layers with tied embeddings and QK-norm on 256-token rows, batches of 8
+rows; Muon (lr 0.02, Jordan's scale) on the hidden matrices with weight decay 0.3 and AdamW
+2e-3 on the rest, a 30-step warmup and a cosine decay to a tenth; the number of steps is
+sized by a measured step time so the run fits `time_budget_s` (at most one epoch), and a
+machine too slow for the recipe's model trains a smaller one for longer. How each choice
+was measured is in docs/quickstart.md ("How the recipe was chosen").
 """
 
 from __future__ import annotations
@@ -49,13 +48,11 @@ class QuickstartConfig(TypedConfig):
     fallback_overrides: dict[str, Any] | None = Field(
         default_factory=lambda: {"dim": 128, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 384})
     """ModelConfig fields changed, on top of model_overrides, for the smaller model a slow
-    machine trains instead (0.40-0.45x the step time, ~0.66M parameters with the
-    2048-token vocabulary); None = never."""
+    machine trains instead (docs/quickstart.md "A slow or busy machine"); None = never."""
     fallback_below_steps: int = Field(450, ge=0)
     """Train the fallback model when the time budget gives the recipe's model fewer steps
-    than this (~2/3 of the 696 of the idle development machine): measured at equal time, the
-    smaller model's ~2.2x more steps beat the recipe's model at half that speed and below,
-    and tie with it at full speed. Only when steps are sized, not with `steps`."""
+    than this (about 2/3 of the recipe's length on 2 idle cores). Only when steps are sized,
+    not with `steps`."""
 
     # -- optimisation ---------------------------------------------------------------------
     batch_size: int = Field(8, gt=0)
@@ -67,11 +64,10 @@ class QuickstartConfig(TypedConfig):
     """Muon's peak learning rate (with muon_adjust_lr; cosine-scheduled like max_lr)."""
     muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original"
     """Muon's per-matrix lr scale (train's --muon-adjust-lr): original is Jordan's
-    sqrt(max(1, rows / cols)), measured better here than match_rms_adamw at max_lr."""
+    sqrt(max(1, rows / cols))."""
     weight_decay: float = Field(0.3, ge=0)
     """Decoupled weight decay of the weight matrices (with the tied embedding excluded, the
-    hidden matrices: Muon's). Measured: 0.3 beat 0.1 and 0.6 on the 1 MB sample and on the
-    complete corpus."""
+    hidden matrices: Muon's)."""
     max_lr: float = Field(2e-3, gt=0)
     """Peak AdamW learning rate (betas 0.9, 0.95; clip 1.0)."""
     min_lr: float = Field(2e-4, ge=0)
@@ -81,9 +77,8 @@ class QuickstartConfig(TypedConfig):
     steps: int | None = Field(None, gt=0)
     """Optimizer steps; None = sized from a measured step time to fit time_budget_s."""
     max_epochs: float = Field(1.0, gt=0)
-    """Upper bound on the sized run, in passes over the data: the recipe's full length
-    (854 steps on the bundled corpus, about what 2 idle cores fit in the budget; a fast
-    machine stops there)."""
+    """Upper bound on the sized run, in passes over the data: the recipe's full length (a
+    fast machine stops there)."""
     time_budget_s: float = Field(240.0, gt=0)
     """Wall-clock seconds the whole quickstart aims to take (the training steps are sized
     to what is left after the tokenizer, the data and the measured step time)."""

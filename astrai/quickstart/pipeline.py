@@ -11,11 +11,10 @@ held-out split. Progress goes to `on_event`; the library prints nothing.
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,13 +23,8 @@ import torch
 from astrai.errors import ConfigError
 from astrai.quickstart.config import QuickstartConfig
 from astrai.quickstart.corpus import find_corpus, text_bytes
-from astrai.quickstart.sizing import (
-    StepPlan,
-    eval_seconds,
-    fastest_threads,
-    measure_step_seconds,
-    size_steps,
-)
+from astrai.quickstart.plan import Measurements, Plan, plan
+from astrai.quickstart.sizing import fastest_threads, measure_step_seconds
 from astrai.train.callbacks.base import Callback
 
 STAGES = ("tokenizer", "preprocess", "size", "train", "validate", "sample")
@@ -38,10 +32,6 @@ STAGES = ("tokenizer", "preprocess", "size", "train", "validate", "sample")
 
 LOSS_PLOT = "loss.png"
 """The run's loss curve, written into OUT when matplotlib is installed."""
-
-TAIL_S = 6.0
-"""Seconds kept for what follows validation (checkpoint, engine start, the sample)."""
-
 
 @dataclass
 class StageEvent:
@@ -207,47 +197,80 @@ def run_quickstart(config: QuickstartConfig, on_event: EventFn | None = None
         torch.set_num_threads(threads)
 
 
-def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult:
-    from astrai.atomic import write_json_atomic
-    from astrai.config.preprocess import load_spec
-    from astrai.config.train import TrainConfig
-    from astrai.data.bpe import SpecialTokens, train_tokenizer
-    from astrai.data.builder import build_dataset
-    from astrai.data.chat import CHAT_MARKERS
-    from astrai.device import resolve_device
-    from astrai.model.stats import param_counts
-    from astrai.train.data import open_train_data
-    from astrai.train.model_source import resolve_model
-    from astrai.train.plan import windows_per_epoch
-    from astrai.train.run import train
+class _Clock:
+    """Stage events to the caller, and each stage's seconds for the summary (validation,
+    which runs inside the trainer's last step, is timed apart from training)."""
 
-    t0 = time.perf_counter()
-    stage_s: dict[str, float] = {}
-    started: dict[str, float] = {}
+    def __init__(self, on_event: EventFn | None) -> None:
+        self.t0 = time.perf_counter()
+        self.on_event = on_event
+        self.stage_s: dict[str, float] = {}
+        self._started: dict[str, float] = {}
 
-    def emit(ev: StageEvent) -> None:
-        # Stage times for the summary come from the events, so validation (which runs
-        # inside the trainer's last step) is timed apart from training.
+    def __call__(self, ev: StageEvent) -> None:
         now = time.perf_counter()
         if ev.kind == "start":
-            started[ev.stage] = now
-        elif ev.kind == "end" and ev.stage in started:
-            stage_s[ev.stage] = round(now - started[ev.stage], 2)
-        if on_event is not None:
-            on_event(ev)
+            self._started[ev.stage] = now
+        elif ev.kind == "end" and ev.stage in self._started:
+            self.stage_s[ev.stage] = round(now - self._started[ev.stage], 2)
+        if self.on_event is not None:
+            self.on_event(ev)
 
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult:
+    from astrai.device import resolve_device
+    from astrai.train.data import open_train_data
+    from astrai.train.run import train
+
+    emit = _Clock(on_event)
     corpus = find_corpus(config.corpus)
     device = resolve_device(config.device)
     out = _prepare_out(config)
     tok_dir, data_dir, run_dir = out / "tokenizer", out / "data", out / "run"
+    vocab_size = _tokenizer_stage(config, corpus, tok_dir, emit)
+    splits = _preprocess_stage(config, corpus, tok_dir, data_dir, emit)
+    data = open_train_data(str(data_dir))
+    run_plan = _size_stage(config, data, int(splits["val"]["tokens"]), device, emit)
+    emit(StageEvent("train", "start", 0, run_plan.steps.steps))
+    summary = train(_train_config(config, run_plan, data_dir, run_dir), data=data,
+                    callbacks=[_TrainEvents(emit)])
+    sample = None
+    if summary.checkpoint and not summary.preempted:
+        emit(StageEvent("sample", "start", info=f"{config.sample_tokens} tokens"))
+        sample = generate_sample(summary.checkpoint, config, device)
+        emit(StageEvent("sample", "end"))
+    result = _result(config, corpus, out, vocab_size, splits, run_plan, summary, sample,
+                     _model_source(config, data, run_plan.overrides).config)
+    result.stage_s = emit.stage_s
+    result.loss_plot = plot_loss(run_dir, out / LOSS_PLOT)
+    result.total_s = round(emit.elapsed(), 2)
+    from astrai.atomic import write_json_atomic
 
-    # -- tokenizer ------------------------------------------------------------------------
+    write_json_atomic(out / "summary.json", result.to_dict())
+    return result
+
+
+def _tokenizer_stage(config: QuickstartConfig, corpus: Any, tok_dir: Path,
+                     emit: EventFn) -> int:
+    from astrai.data.bpe import SpecialTokens, train_tokenizer
+    from astrai.data.chat import CHAT_MARKERS
+
     emit(StageEvent("tokenizer", "start", info=f"byte-level BPE, {config.vocab_size} tokens"))
     tok = train_tokenizer([corpus.train], config.vocab_size, tok_dir, "text",
                           SpecialTokens(extra=list(CHAT_MARKERS)))
     emit(StageEvent("tokenizer", "end", info=f"{tok.vocab_size:,} tokens"))
+    return tok.vocab_size
 
-    # -- preprocess -----------------------------------------------------------------------
+
+def _preprocess_stage(config: QuickstartConfig, corpus: Any, tok_dir: Path, data_dir: Path,
+                      emit: EventFn) -> dict[str, Any]:
+    """The train and validation splits of the packed dataset (their manifest entries)."""
+    from astrai.config.preprocess import load_spec
+    from astrai.data.builder import build_dataset
+
     emit(StageEvent("preprocess", "start"))
     spec = load_spec(data={
         "kind": "pretrain", "inputs": [str(corpus.train)], "val_inputs": [str(corpus.val)],
@@ -259,77 +282,65 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
         emit(StageEvent("preprocess", "update", ev["tokens"], None,
                         f"{ev['split']}: {ev['records']:,} records, {ev['tokens']:,} tokens"))
 
-    built = build_dataset(spec, progress=on_build).to_dict()
-    splits = built["splits"]
+    splits = build_dataset(spec, progress=on_build).to_dict()["splits"]
     emit(StageEvent("preprocess", "end", info=(
         f"{splits['train']['samples']:,} train + {splits['val']['samples']:,} val rows of "
         f"{config.seq_len} tokens")))
+    return splits
 
-    # -- size the run ---------------------------------------------------------------------
+
+def _model_source(config: QuickstartConfig, data: Any, overrides: dict[str, Any]):
+    from astrai.train.model_source import resolve_model
+
+    return resolve_model(config.model, vocab_size=data.vocab_size, seq_len=data.seq_len,
+                         seed=config.seed, overrides=overrides)
+
+
+def _size_stage(config: QuickstartConfig, data: Any, val_tokens: int, device: Any,
+                emit: _Clock) -> Plan:
+    """Time the recipe's step (and the fallback's when the plan asks), then plan."""
+    from astrai.train.plan import windows_per_epoch
+
     emit(StageEvent("size", "start", info="timing training steps"))
-    data = open_train_data(str(data_dir))
-    overrides = {**config.model_overrides, "max_seq_len": data.seq_len}
-    per_epoch = windows_per_epoch(len(data.dataset), config.batch_size, 1)
-    val_tokens = int(splits["val"]["tokens"])
+    base = {**config.model_overrides, "max_seq_len": data.seq_len}
 
-    def model_source(changes: dict[str, Any]):
-        return resolve_model(config.model, vocab_size=data.vocab_size, seq_len=data.seq_len,
-                             seed=config.seed, overrides=changes)
+    def measure(overrides: dict[str, Any]) -> float:
+        return measure_step_seconds(_model_source(config, data, overrides).config,
+                                    config.batch_size, data.seq_len, device=device,
+                                    seed=config.seed, optimizer=config.optimizer)
 
-    def size_for(step_s: float) -> StepPlan:
-        left = (config.time_budget_s - (time.perf_counter() - t0)
-                - eval_seconds(step_s, val_tokens, config.batch_size * data.seq_len) - TAIL_S)
-        return size_steps(left, step_s, steps_per_epoch=per_epoch,
-                          max_epochs=config.max_epochs, threads=torch.get_num_threads())
-
-    def measure(model_config) -> float:
-        return measure_step_seconds(model_config, config.batch_size, data.seq_len,
-                                    device=device, seed=config.seed,
-                                    optimizer=config.optimizer)
-
-    train_overrides = overrides
-    source = model_source(train_overrides)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    fallback_from: int | None = None
-    if config.steps is not None:
-        plan = recipe_plan = StepPlan(config.steps, None, torch.get_num_threads(), None, None)
-    else:
-        if config.threads is None:
-            threads, step_s = fastest_threads(source.config, config.batch_size, data.seq_len,
-                                              device=device, seed=config.seed,
-                                              optimizer=config.optimizer)
-            torch.set_num_threads(threads)
-        else:
-            step_s = measure(source.config)
-        plan = recipe_plan = size_for(step_s)
-        if (config.fallback_overrides and recipe_plan.budget_cut
-                and recipe_plan.steps < config.fallback_below_steps):
-            train_overrides = {**overrides, **config.fallback_overrides}
-            source, fallback_from = model_source(train_overrides), recipe_plan.steps
-            plan = size_for(measure(source.config))
-    why = {"epochs": f" (capped at {config.max_epochs:g} epochs)",
-           "minimum": " (the minimum: the budget is too short for this machine)"}
-    if plan.budget_cut and plan.capped_by is None:
-        why[""] = f" (cut by the time budget: the recipe is {plan.full_steps} steps)"
-    full_budget_s = None
-    if recipe_plan.cut_short and recipe_plan.step_s is not None:
-        extra = (recipe_plan.full_steps - recipe_plan.steps) * recipe_plan.step_s
-        full_budget_s = float(math.ceil((config.time_budget_s + extra) / 10) * 10)
-    step_info = "" if plan.step_s is None else \
-        f" at {plan.step_s:.2f} s/step, {plan.threads} thread{'s' * (plan.threads > 1)}"
-    model_info = "" if fallback_from is None else (
-        f" of the smaller fallback model (the recipe's would get {fallback_from})")
-    emit(StageEvent("size", "end", info=f"{plan.steps} steps{model_info}{step_info}"
-                    f"{why.get(plan.capped_by or '', '')}"))
+    step_s = None
+    if config.steps is None and config.threads is None:
+        threads, step_s = fastest_threads(
+            _model_source(config, data, base).config, config.batch_size, data.seq_len,
+            device=device, seed=config.seed, optimizer=config.optimizer)
+        torch.set_num_threads(threads)
+    elif config.steps is None:
+        step_s = measure(base)
+    m = Measurements(emit.elapsed(), torch.get_num_threads(),
+                     windows_per_epoch(len(data.dataset), config.batch_size, 1), val_tokens,
+                     config.batch_size * data.seq_len, step_s)
+    run_plan = plan(config, m, base)
+    if run_plan.wants_fallback:
+        fallback = measure({**base, **config.fallback_overrides})
+        run_plan = plan(config, replace(m, elapsed_s=emit.elapsed(), fallback_step_s=fallback),
+                        base)
+    emit(StageEvent("size", "end", info=run_plan.info))
+    return run_plan
 
-    # -- train (+ validate at the last step) ------------------------------------------------
-    tcfg = TrainConfig.from_dict({
+
+def _train_config(config: QuickstartConfig, run_plan: Plan, data_dir: Path, run_dir: Path):
+    from astrai.config.train import TrainConfig
+
+    steps = run_plan.steps.steps
+    return TrainConfig.from_dict({
         "strategy": "seq", "data": str(data_dir.resolve()), "model": config.model,
-        "model_overrides": train_overrides, "out": str(run_dir.resolve()),
-        "batch_size": config.batch_size, "max_steps": plan.steps,
+        "model_overrides": run_plan.overrides, "out": str(run_dir.resolve()),
+        "batch_size": config.batch_size, "max_steps": steps,
         "max_lr": config.max_lr, "min_lr": min(config.min_lr, config.max_lr),
-        "warmup_steps": min(config.warmup_steps, plan.steps // 4),
+        "warmup_steps": min(config.warmup_steps, steps // 4),
         "optimizer": config.optimizer,
         **({"muon_lr": config.muon_lr, "muon_adjust_lr": config.muon_adjust_lr}
            if config.optimizer == "muon" else {}),
@@ -338,37 +349,31 @@ def _run(config: QuickstartConfig, on_event: EventFn | None) -> QuickstartResult
         "schedule": "cosine", "ckpt_interval": 0, "log_interval": 10,
         "seed": config.seed, "device": config.device,
     }, source="quickstart train config")
-    emit(StageEvent("train", "start", 0, plan.steps))
-    summary = train(tcfg, data=data, callbacks=[_TrainEvents(emit)])
-    val = summary.validation
 
-    # -- sample ---------------------------------------------------------------------------
-    sample = None
-    if summary.checkpoint and not summary.preempted:
-        emit(StageEvent("sample", "start", info=f"{config.sample_tokens} tokens"))
-        sample = generate_sample(summary.checkpoint, config, device)
-        emit(StageEvent("sample", "end"))
 
-    ckpt_shown = None if summary.checkpoint is None else str(
+def _result(config: QuickstartConfig, corpus: Any, out: Path, vocab_size: int,
+            splits: dict[str, Any], run_plan: Plan, summary: Any, sample: str | None,
+            model_config: Any) -> QuickstartResult:
+    from astrai.model.stats import param_counts
+
+    run_dir = out / "run"
+    ckpt = None if summary.checkpoint is None else str(
         run_dir / "checkpoints" / Path(summary.checkpoint).name)
-    result = QuickstartResult(
-        out=str(out), tokenizer=str(tok_dir), dataset=str(data_dir), run_dir=str(run_dir),
-        checkpoint=ckpt_shown, vocab_size=tok.vocab_size,
-        params=param_counts(source.config).total,
+    val, p = summary.validation, run_plan.steps
+    return QuickstartResult(
+        out=str(out), tokenizer=str(out / "tokenizer"), dataset=str(out / "data"),
+        run_dir=str(run_dir), checkpoint=ckpt, vocab_size=vocab_size,
+        params=param_counts(model_config).total,
         train_rows=int(splits["train"]["samples"]), val_rows=int(splits["val"]["samples"]),
-        steps=summary.steps, step_s=None if plan.step_s is None else round(plan.step_s, 4),
-        threads=plan.threads, full_steps=recipe_plan.full_steps, full_budget_s=full_budget_s,
-        fallback_from_steps=fallback_from,
+        steps=summary.steps, step_s=None if p.step_s is None else round(p.step_s, 4),
+        threads=p.threads, full_steps=run_plan.recipe.full_steps,
+        full_budget_s=run_plan.full_budget_s, fallback_from_steps=run_plan.fallback_from,
         consumed_tokens=summary.consumed_tokens,
         val_loss=val.get("val_loss"), val_ppl=val.get("val_ppl"), val_bpb=val.get("val_bpb"),
         val_bytes=text_bytes(corpus.val), sample_prompt=config.sample_prompt, sample=sample,
-        stage_s=stage_s, preempted=summary.preempted,
-        commands=next_commands(ckpt_shown, str(run_dir), config.seq_len) if ckpt_shown else [],
+        preempted=summary.preempted,
+        commands=next_commands(ckpt, str(run_dir), config.seq_len) if ckpt else [],
     )
-    result.loss_plot = plot_loss(run_dir, out / LOSS_PLOT)
-    result.total_s = round(time.perf_counter() - t0, 2)
-    write_json_atomic(out / "summary.json", result.to_dict())
-    return result
 
 
 def plot_loss(run_dir: Path, path: Path) -> str | None:

@@ -378,3 +378,35 @@ def test_no_fallback_when_the_budget_is_not_what_limits(tmp_path, monkeypatch):
     res = _tiny_run(tmp_path, monkeypatch, recipe_s=0.001, max_epochs=0.2)
     assert res.fallback_from_steps is None and res.full_budget_s is None
     assert 10 <= res.steps < QuickstartConfig().fallback_below_steps
+
+
+def _measured(**kw):
+    from astrai.quickstart.plan import Measurements
+
+    return Measurements(**{"elapsed_s": 10.0, "threads": 2, "steps_per_epoch": 200,
+                           "val_tokens": 0, "tokens_per_step": 2048, **kw})
+
+
+def test_plan_without_training_fits_the_budget_and_asks_for_the_fallback():
+    from astrai.quickstart.plan import TAIL_S, plan
+
+    cfg = QuickstartConfig(time_budget_s=100.0, max_epochs=4, fallback_below_steps=450)
+    base = {"n_layers": 2}
+    fast = plan(cfg, _measured(recipe_step_s=0.125), base)
+    assert fast.steps.steps == (100.0 - 10.0 - TAIL_S) / 0.125 == 672
+    assert not fast.wants_fallback and fast.fallback_from is None and fast.overrides == base
+    slow = plan(cfg, _measured(recipe_step_s=1.0), base)  # 84 steps < 450: time the fallback
+    assert slow.wants_fallback and slow.steps.steps == 84 and slow.overrides == base
+    small = plan(cfg, _measured(recipe_step_s=1.0, fallback_step_s=0.25), base)
+    assert not small.wants_fallback and small.fallback_from == 84
+    assert small.steps.steps == 336 and small.overrides == {**base, **cfg.fallback_overrides}
+    assert small.full_budget_s == 820.0  # 100 s + (800 - 84) s, to the next 10 s
+    assert "fallback" in small.info
+
+
+def test_plan_with_fixed_steps_times_nothing():
+    from astrai.quickstart.plan import plan
+
+    p = plan(QuickstartConfig(steps=7), _measured(), {})
+    assert p.steps.steps == 7 and p.steps.step_s is None and not p.wants_fallback
+    assert p.info == "7 steps"
