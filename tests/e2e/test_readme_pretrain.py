@@ -46,7 +46,9 @@ def test_readme_pretraining_reaches_the_stated_bits_per_byte(tmp_path, monkeypat
     for args in prep:
         r = runner.invoke(app, args)
         assert r.exit_code == 0, (args, r.output)
-    r = runner.invoke(app, [*train, "--json"])
+    # One thread: on a busy machine two OpenMP threads can spin many times slower
+    # (tests/conftest.py); the result does not depend on it beyond last-bit rounding.
+    r = runner.invoke(app, [*train, "--threads", "1", "--json"])
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout[r.stdout.index("{"):])
     assert summary["validation"]["val_bpb"] <= BPB_BOUND, summary["validation"]
