@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+
 def _empty() -> Mapping[str, Any]:
     return MappingProxyType({})
 

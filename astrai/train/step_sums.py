@@ -99,5 +99,5 @@ class HostFigures:
 def read_figures(figures: StepFigures, grad_norm: torch.Tensor) -> HostFigures:
     """Every figure of the step in one device-to-host transfer."""
     loss, g, units, *metrics = figures.vector(grad_norm).tolist()
-    return HostFigures(loss=loss, grad_norm=g, units=int(round(units)),
+    return HostFigures(loss=loss, grad_norm=g, units=round(units),
                        metrics=dict(zip(figures.keys, metrics)))
