@@ -120,7 +120,7 @@ class StepTimer(Callback):
         _sync(self.device)
         self.start = time.perf_counter()
 
-    def on_step_end(self, ctx) -> None:
+    def on_step_end(self, ctx, report, control) -> None:
         _sync(self.device)
         now = time.perf_counter()
         self.times.append(now - self.start)
@@ -172,7 +172,7 @@ def train_figures(preset: str, *, device: torch.device, precision: str, compile:
         "mfu": achieved / (peak_tflops * 1e12),
         "peak_memory_gib": (torch.cuda.max_memory_allocated(device) / 2**30
                             if device.type == "cuda" else 0.0),
-        "final_loss": float(ctx.step_loss) if ctx.step_loss is not None else float("nan"),
+        "final_loss": ctx.last_loss if ctx.last_loss is not None else float("nan"),
     }
     return figures, ctx.model
 

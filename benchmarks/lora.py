@@ -39,7 +39,7 @@ class Footprint(Callback):
 
     name = "footprint"
 
-    def on_step_end(self, ctx) -> None:
+    def on_step_end(self, ctx, report, control) -> None:
         if ctx.state.step != 1:
             return
         self.trainable = sum(p.numel() for p in ctx.model.parameters() if p.requires_grad)

@@ -67,7 +67,7 @@ class StepTimes(Callback):
     def on_train_begin(self, ctx) -> None:
         self._t0 = time.perf_counter()
 
-    def on_step_end(self, ctx) -> None:
+    def on_step_end(self, ctx, report, control) -> None:
         now = time.perf_counter()
         self.t.append(now - self._t0)
         self._t0 = now

@@ -44,7 +44,7 @@ class StepTimes(Callback):
     def on_train_begin(self, ctx) -> None:
         self.start = time.perf_counter()
 
-    def on_step_end(self, ctx) -> None:
+    def on_step_end(self, ctx, report, control) -> None:
         now = time.perf_counter()
         self.times.append(now - self.start)
         self.start = now

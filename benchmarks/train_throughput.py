@@ -70,7 +70,7 @@ class Interleave(Callback):
         self.peak = 0.0
         self._a, self._b = torch.randn(2048, 2048), torch.randn(2048, 2048)
 
-    def on_step_end(self, ctx) -> None:
+    def on_step_end(self, ctx, report, control) -> None:
         self.times["astrai"].append(clock() - self.start)
         for name, step in self.peers.items():
             t = clock()

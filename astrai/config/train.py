@@ -127,7 +127,7 @@ class TrainConfig(AlignmentOptions):
     keep_last: int = Field(3, ge=0)
     """Keep only the newest K checkpoints; 0 = keep all."""
     log_interval: int = Field(1, gt=0)
-    """Write a metrics.jsonl record every N optimizer steps."""
+    """Read the figures and write a metrics.jsonl record every N steps (GPU: N>1, fewer syncs)."""
     tensorboard: bool = False
     """Also write TensorBoard event files beside metrics.jsonl, with the same scalars at the
     same steps (needs the tensorboard package, astrai's `tensorboard` extra)."""

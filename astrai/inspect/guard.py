@@ -2,17 +2,19 @@
 
 `check_lockin` applies the checkpoint inspection to in-memory parameters (any device; a
 tensor is read in row chunks, never copied whole). `LockInGuard` is a callback with the
-trainer's hook names (astrai.train.callbacks.base) that works on
-any context object with `.model` (an nn.Module), a step counter (`.step` or `.state.step`)
-and optionally `.lr`, `.step_metrics` (a dict merged into metrics.jsonl) and `.logger`
-(info / warning). It
+trainer's hook names and arguments (astrai.train.callbacks.base), duck-typed so this room
+never imports the trainer: a context object with `.model` (an nn.Module), a step counter
+(`.step` or `.state.step`) and optionally `.logger` (info / warning); a step report with
+`.step` and `.lr`; a control object whose `add_metric(name, value)` puts its figures in
+the step's record (metrics.jsonl). It
 
   * logs per-layer gradient norms (and, with `histograms`, log10 |g| histograms) during the
     first `grad_steps` optimizer steps, as the paper recommends (§Solution), and
   * every `every` steps counts locked, overflowed and non-finite weights and the BF16 dead
     zone at the current lr, and warns when locked weights appear or grow.
 
-Register it before the metrics callback so its figures land in that step's metrics line.
+Its figures land in that step's metrics line whatever the registration order (the trainer
+calls record writers last).
 """
 
 from __future__ import annotations
@@ -149,7 +151,8 @@ class LockInGuard:
 
     config: GuardConfig = field(default_factory=GuardConfig)
     log_fn: Callable[[dict[str, Any]], None] | None = None
-    """Optional sink for each record ({"step": N, ...}); ctx.step_metrics is used as well."""
+    """Optional sink for each record ({"step": N, ...}); the step's control.add_metric is
+    used as well."""
     name: str = "bf16_guard"
     records: list[dict[str, Any]] = field(default_factory=list)
     """Everything logged, in order (also useful in tests)."""
@@ -157,12 +160,13 @@ class LockInGuard:
     _locked: int = 0
     _bad: int = 0
     _checked_at: int | None = None
+    _lr: float | None = None  # the latest step's lr (for the dead zone)
 
     # -- hooks ---------------------------------------------------------------------------
     def on_train_begin(self, ctx) -> None:
-        self._check(ctx, _step(ctx))
+        self._check(ctx, _step(ctx), None)
 
-    def on_optimizer_step(self, ctx) -> None:
+    def on_optimizer_step(self, ctx, control=None) -> None:
         # Gradients of this window are complete here (before optimizer.step and zero_grad).
         step = _step(ctx) + 1  # the step being taken
         if step > self.config.grad_steps:
@@ -171,21 +175,22 @@ class LockInGuard:
         rec = {f"grad_norm/{k}": round(v, 8) for k, v in grad_norms(params).items()}
         if self.config.histograms:
             rec.update({f"grad_hist/{k}": v for k, v in grad_histograms(params).items()})
-        self._emit(ctx, step, rec)
+        self._emit(ctx, control, step, rec)
 
-    def on_step_end(self, ctx) -> None:
-        step = _step(ctx)
+    def on_step_end(self, ctx, report=None, control=None) -> None:
+        step = int(getattr(report, "step", _step(ctx)))
+        self._lr = _positive(getattr(report, "lr", None))
         if step % self.config.every == 0:
-            self._check(ctx, step)
+            self._check(ctx, step, control)
 
     def on_train_end(self, ctx) -> None:
         step = _step(ctx)
         if self._checked_at != step:
-            self._check(ctx, step)
+            self._check(ctx, step, None)
 
     def on_epoch_begin(self, ctx) -> None: ...
-    def on_batch_begin(self, ctx) -> None: ...
-    def on_batch_end(self, ctx) -> None: ...
+    def on_batch_begin(self, ctx, micro=None) -> None: ...
+    def on_batch_end(self, ctx, micro=None) -> None: ...
     def on_epoch_end(self, ctx) -> None: ...
     def on_error(self, ctx, error: BaseException) -> None: ...
 
@@ -197,13 +202,12 @@ class LockInGuard:
         self._bad = int(state.get("bad", 0))
 
     # -- work ----------------------------------------------------------------------------
-    def _check(self, ctx, step: int) -> None:
-        lr = getattr(ctx, "lr", None)
-        lr = float(lr) if isinstance(lr, (int, float)) and lr > 0 else None
-        self.last = check_lockin(ctx.model.named_parameters(), self.config.thresholds, lr=lr)
+    def _check(self, ctx, step: int, control) -> None:
+        self.last = check_lockin(ctx.model.named_parameters(), self.config.thresholds,
+                                 lr=self._lr)
         self._checked_at = step
         counts = self.last.counts()
-        self._emit(ctx, step, {f"lockin/{k}": v for k, v in counts.items()})
+        self._emit(ctx, control, step, {f"lockin/{k}": v for k, v in counts.items()})
         locked = int(counts["locked"])
         bad = int(counts["overflow"] + counts["nonfinite"])
         if locked > self._locked or bad > self._bad:  # warn when it appears or grows
@@ -214,10 +218,11 @@ class LockInGuard:
                        "the checkpoints for the full report")
         self._locked, self._bad = max(self._locked, locked), max(self._bad, bad)
 
-    def _emit(self, ctx, step: int, rec: dict[str, Any]) -> None:
-        metrics = getattr(ctx, "step_metrics", None)
-        if isinstance(metrics, dict):
-            metrics.update(rec)
+    def _emit(self, ctx, control, step: int, rec: dict[str, Any]) -> None:
+        add = getattr(control, "add_metric", None)
+        if add is not None:
+            for k, v in rec.items():
+                add(k, v)
         full = {"step": step, **rec}
         self.records.append(full)
         if self.log_fn is not None:
@@ -232,6 +237,10 @@ def _step(ctx) -> int:
     if isinstance(step, int):
         return step
     return int(ctx.state.step)
+
+
+def _positive(lr: Any) -> float | None:
+    return float(lr) if isinstance(lr, (int, float)) and lr > 0 else None
 
 
 def _warn(ctx, msg: str) -> None:

@@ -106,23 +106,25 @@ class _TrainEvents(Callback):
     def on_train_begin(self, ctx) -> None:
         self.emit(StageEvent("train", "update", ctx.state.step, ctx.total_steps))
 
-    def on_optimizer_step(self, ctx) -> None:
+    def on_optimizer_step(self, ctx, control) -> None:
         # The trainer validates after the last step's update and before its on_step_end,
         # so the last step's optimizer hook is where training ends and validation begins.
         if ctx.state.step + 1 >= ctx.total_steps:
+            loss = ctx.last_loss
             self.emit(StageEvent("train", "end", ctx.total_steps, ctx.total_steps,
-                                 f"loss {ctx.step_loss:.3f}"))
+                                 "" if loss is None else f"loss {loss:.3f}"))
             self.emit(StageEvent("validate", "start"))
 
-    def on_step_end(self, ctx) -> None:
-        if ctx.done:
-            bpb = ctx.last_eval.get("val_bpb")
+    def on_step_end(self, ctx, report, control) -> None:
+        if report.done:
+            bpb = report.eval.get("val_bpb")
             self.emit(StageEvent("validate", "end", info="" if bpb is None
                                  else f"{bpb:.3f} bits/byte"))
             return
-        tps = ctx.window_tokens / max(1e-9, time.perf_counter() - ctx.window_start)
-        self.emit(StageEvent("train", "update", ctx.state.step, ctx.total_steps,
-                             f"loss {ctx.step_loss:.3f} · {tps:,.0f} tok/s"))
+        tps = report.tokens / max(1e-9, report.step_time)
+        loss = "" if report.loss is None else f"loss {report.loss:.3f} · "
+        self.emit(StageEvent("train", "update", report.step, ctx.total_steps,
+                             f"{loss}{tps:,.0f} tok/s"))
 
 
 def _prepare_out(config: QuickstartConfig) -> Path:

@@ -1,9 +1,10 @@
-"""TrainContext: what the trainer shows its observing callbacks, passed explicitly.
+"""TrainContext: the run, as the trainer holds it and shows it to its callbacks.
 
 `TrainerState` is the committed state at the last optimizer-step boundary: it is what a
 checkpoint's trainer_state.pt stores, so a resumed run starts exactly at that boundary.
-The rest of the context is the run's parts (read-only to callbacks) and the figures of the
-current micro-batch and step, which the trainer writes and callbacks read.
+The rest of the context is the run's parts and what the run's end reports. Only the
+trainer writes it: callbacks read it and learn of each step from a frozen StepReport
+(astrai.train.report); they ask for a stop or add figures through a StepControl.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch.utils.data import Dataset
 from astrai.config.train import TrainConfig
 from astrai.model.config import ModelConfig
 from astrai.train.executor import Executor
+from astrai.train.report import StepReport
 from astrai.train.schedule import LRScheduler
 from astrai.train.strategies.base import Strategy
 
@@ -130,47 +132,20 @@ class TrainContext:
     state: TrainerState = field(default_factory=TrainerState)
     """The committed counters at the last step boundary."""
 
-    # -- the current micro-batch (on_batch_begin / on_batch_end) -------------------------
-    batch: dict[str, torch.Tensor] | None = None
-    """The micro-batch on its device."""
-    loss: float = 0.0
-    """This micro-batch's contribution to the step loss (already window-normalised)."""
-    metrics: dict[str, float] = field(default_factory=dict)
-    """This micro-batch's strategy metrics."""
-    window_batches: int = 0
-    """Micro-batches of the current window run so far (grad_accum_steps at the step)."""
-    window_start: float = 0.0
-    """perf_counter() when the current window began (data loading included)."""
-
-    # -- the current step (on_optimizer_step / on_step_end) ------------------------------
-    step_time: float = 0.0
-    """Seconds the step took: its window's data, forward, backward and update (validation
-    and checkpoint writing excluded)."""
-    window_tokens: int = 0
-    """Input tokens of the step over all ranks (padding included)."""
-    window_units: int = 0
-    """Loss units (tokens, pairs, prompts) of the step on this rank."""
-    step_loss: float = 0.0
-    """Loss of the current step: the window's mean over its loss units."""
-    step_metrics: dict[str, float] = field(default_factory=dict)
-    """The strategy's metrics, unit-weighted over the window; observers may add figures
-    here in on_optimizer_step or on_step_end, and record writers log them."""
-    grad_norm: float | None = None
-    """Global L2 norm of the step's gradients before clipping."""
-    lr: float = 0.0
-    """Learning rate used by the current step."""
-    skip_step: bool = False
-    """True when the step's loss/gradient was not finite and skipping is allowed."""
+    # -- the latest step (written by the trainer only) -------------------------------------
+    last_report: StepReport | None = None
+    """The report of the latest committed step (what on_step_end received)."""
+    last_loss: float | None = None
+    """The loss of the latest logged step (the run summary's final_loss)."""
     last_eval: dict[str, float] = field(default_factory=dict)
     """The latest validation figures (val_loss, val_ppl, val_bpb)."""
-    evaluated: bool = False
-    """True at on_step_end when this step ran validation (last_eval is this step's)."""
 
     # -- the run's end ---------------------------------------------------------------------
     completed: bool = False
     """True once the run reached total_steps without a stop request."""
     stop_reason: str | None = None
-    """Set by a callback to end training at this step boundary, with a checkpoint of it."""
+    """Why training ends at this step boundary, with a checkpoint of it: the trainer sets
+    it from a callback's StepControl.request_stop."""
     errors: list[str] = field(default_factory=list)
     """Warnings for the summary (skipped steps, failing on_error hooks)."""
     boundary_rng: dict[str, Any] | None = None

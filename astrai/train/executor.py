@@ -93,21 +93,22 @@ class Executor:
         loss.backward()
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        """Global L2 norm of all gradients before clipping; clip to max_norm when > 0.
-        A non-finite norm leaves the gradients untouched so the culprit can be named."""
+        """Global L2 norm of all gradients before clipping (a device tensor, not read);
+        clip to max_norm when > 0. A non-finite norm leaves the gradients untouched so the
+        culprit can be named."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.device)
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-        if max_norm > 0 and torch.isfinite(norm):
-            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), max_norm, norm)
+        clip_by_norm_(list(self.model.parameters()), max_norm, norm)
         return norm
 
-    def window_normalizer(self, loss_units: int) -> float:
-        """Divisor of the summed per-unit loss of this rank's window. One process: the
-        window's unit count. (DDP averages gradients over ranks, so it returns the global
-        count divided by world_size.)"""
-        return float(max(1, loss_units))
+    def window_normalizer(self, loss_units: torch.Tensor) -> torch.Tensor:
+        """Divisor of the summed per-unit loss of this rank's window (a float64 device
+        tensor, never read on the host). One process: the window's unit count. (DDP
+        averages gradients over ranks, so it returns the global count divided by
+        world_size.)"""
+        return loss_units.clamp(min=1)
 
     # -- state for checkpoints ----------------------------------------------------------------
     def model_state_dict(self) -> dict[str, torch.Tensor]:
@@ -122,13 +123,29 @@ class Executor:
 
     # -- collectives (identity with one process) --------------------------------------------
     def all_reduce_sum(self, value: float) -> float:
+        """Sum of a host number over ranks (validation sums)."""
         return value
+
+    def all_reduce_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum of a device tensor over ranks, returned as a new tensor and not read on the
+        host (the step's stacked sums: one collective per step, not one per figure)."""
+        return t
 
     def barrier(self) -> None:
         pass
 
     def close(self) -> None:
         pass
+
+
+def clip_by_norm_(params: list[torch.Tensor], max_norm: float, norm: torch.Tensor) -> None:
+    """torch.nn.utils.clip_grads_with_norm_ without reading `norm` on the host: a
+    non-finite norm is replaced by 0 for the coefficient, which then clamps to 1.0, so
+    such gradients are multiplied by exactly 1 (left as they are). A finite norm gives
+    torch's own coefficient, op for op."""
+    if max_norm > 0:
+        safe = torch.nan_to_num(norm, nan=0.0, posinf=0.0, neginf=0.0)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, safe)
 
 
 class NoneExecutor(Executor):

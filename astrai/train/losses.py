@@ -21,9 +21,10 @@ def masked_targets(target_ids: torch.Tensor, loss_mask: torch.Tensor | None) -> 
 
 
 def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor,
-                      label_smoothing: float = 0.0) -> tuple[torch.Tensor, int]:
+                      label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, T, V], targets [B, T] (IGNORE_INDEX = no loss) ->
-    (sum over loss tokens of the (label-smoothed) cross-entropy, number of loss tokens).
+    (sum over loss tokens of the (label-smoothed) cross-entropy, number of loss tokens as
+    an int64 tensor on the targets' device: counted, never read on the host).
 
     With smoothing eps the per-token loss is (1 - eps) * nll + eps * mean_v(-log p_v)
     (Szegedy et al. 2016), computed in fp32 whatever the logits dtype. The sum is taken in
@@ -36,7 +37,7 @@ def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor,
         logits.reshape(-1, V).float(), flat_t,
         ignore_index=IGNORE_INDEX, reduction="none", label_smoothing=label_smoothing,
     )  # (B*T,), 0 where ignored
-    return per_token.double().sum(), int((flat_t != IGNORE_INDEX).sum())
+    return per_token.double().sum(), (flat_t != IGNORE_INDEX).sum()
 
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,7 @@ from astrai.train.callbacks.base import Callback
 
 if TYPE_CHECKING:
     from astrai.train.context import TrainContext
+    from astrai.train.report import StepControl, StepReport
 
 EXIT_PREEMPTED = 75
 """Exit status of a run stopped by SIGTERM/SIGINT after saving its checkpoint."""
@@ -139,8 +140,9 @@ class PreemptionGuard:
 
 
 class PreemptionCallback(Callback):
-    """Asks the trainer to stop at the step boundary after a signal (ctx.stop_reason); the
-    trainer then writes a checkpoint of that step unless it has one already."""
+    """Asks the trainer to stop at the step boundary after a signal
+    (StepControl.request_stop); the trainer then writes a checkpoint of that step unless it
+    has one already."""
 
     name = "preemption"
 
@@ -171,13 +173,14 @@ class PreemptionCallback(Callback):
         self._pending = (dist.all_reduce(flag, async_op=True), flag)
         return stop
 
-    def on_step_end(self, ctx: TrainContext) -> None:
+    def on_step_end(self, ctx: TrainContext, report: StepReport,
+                    control: StepControl) -> None:
         stop = self._agreed(ctx)  # collective: every rank calls it at every step
-        if not stop or ctx.done:
+        if not stop or report.done:
             return
         sig = self.guard.signum
-        ctx.stop_reason = (f"preempted by {signal.Signals(sig).name}" if sig is not None
-                           else "preempted by a signal to another rank")
+        control.request_stop(f"preempted by {signal.Signals(sig).name}" if sig is not None
+                             else "preempted by a signal to another rank")
 
     def on_train_end(self, ctx: TrainContext) -> None:
         if self._pending is not None:

@@ -119,7 +119,7 @@ def _execute(ctx: TrainContext, callbacks: list[Callback], states: dict[str, Any
         run_dir=str(ctx.paths.run_dir), checkpoint=str(ckpt) if ckpt.is_dir() else None,
         steps=ctx.state.step, total_steps=ctx.total_steps, epoch=ctx.state.epoch,
         consumed_samples=ctx.state.consumed_samples, consumed_tokens=ctx.state.consumed_tokens,
-        final_loss=ctx.step_loss if steps_run else None, elapsed_s=round(elapsed, 3),
+        final_loss=ctx.last_loss if steps_run else None, elapsed_s=round(elapsed, 3),
         tokens_per_s=round((ctx.state.consumed_tokens - start_tokens) / max(elapsed, 1e-9), 1),
         resumed_from=resumed_from, skipped_steps=ctx.state.skipped_steps,
         validation=dict(ctx.last_eval), warnings=list(ctx.errors),

@@ -16,17 +16,23 @@ Two precisions:
   the leftover micro-batches of an epoch are never read into a window, so nothing of them
   reaches a gradient.
 
-Callbacks only observe (astrai.train.callbacks.base lists when each hook runs); the trainer
+Callbacks only observe (astrai.train.callbacks.base lists when each hook runs): they get the
+run's parts, the micro-batch, and a frozen StepReport of each committed step, and may only
+ask for a stop, a log read, or add figures (astrai.train.report.StepControl). The trainer
 decides everything a step computes and when validation and checkpoints happen, so the order
 in which callbacks are registered does not matter.
+
+The step's figures stay on the device (astrai.train.step_sums) and are read on the host
+only on logged steps; other steps read one boolean, the fused finite check.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader
@@ -36,6 +42,8 @@ from astrai.train.callbacks.base import Callback, CallbackList
 from astrai.train.checkpointing import save_training_checkpoint
 from astrai.train.context import TrainContext, rng_state
 from astrai.train.evaluate import evaluate
+from astrai.train.report import MicroBatch, StepControl, StepReport
+from astrai.train.step_sums import HostFigures, StepFigures, StepSums, read_figures
 
 Batch = dict[str, torch.Tensor]
 
@@ -52,6 +60,8 @@ class Trainer:
         """Step of the newest checkpoint this run has (a resumed run starts from one)."""
         self.saved: list[Path] = []
         self._updating = False  # inside optimizer.step(): the weights may be half-updated
+        self._window_start = 0.0  # perf_counter() when the current window began
+        self._samples = self._tokens = self._batches = 0  # the current window's counts
 
     # -- the run ------------------------------------------------------------------------------
     def train(self) -> TrainContext:
@@ -91,65 +101,99 @@ class Trainer:
 
     # -- one optimizer step --------------------------------------------------------------------
     def step(self, window: list[Batch]) -> None:
-        ctx, cbs, ex, strategy, cfg = (self.ctx, self.callbacks, self.ctx.executor,
-                                       self.ctx.strategy, self.ctx.config)
-        units = [strategy.loss_units(b) for b in window]
-        normalizer = ex.window_normalizer(sum(units))
-        ctx.window_units, ctx.window_batches, ctx.window_tokens = sum(units), 0, 0
-        samples, loss_sum, metric_sums = 0, 0.0, {}
-        for i, (batch, n) in enumerate(zip(window, units)):
-            ctx.batch = batch = strategy.to_device(batch)
-            cbs.call("on_batch_begin", ctx)
-            with ex.grad_sync(ctx.model, sync=i == len(window) - 1):
-                with ex.autocast():
-                    out = strategy(batch, normalizer)
-                ex.backward(out["loss"])
-            ctx.loss, ctx.metrics = float(out["loss"].detach()), out["metrics"]
-            ctx.window_batches += 1
-            samples += strategy.batch_samples(batch) * ex.world_size
-            ctx.window_tokens += strategy.batch_tokens(batch) * ex.world_size
-            loss_sum += ctx.loss
-            for k, v in ctx.metrics.items():
-                metric_sums[k] = metric_sums.get(k, 0.0) + v * n
-            cbs.call("on_batch_end", ctx)
-        ctx.step_loss = ex.all_reduce_sum(loss_sum) / ex.world_size
-        ctx.step_metrics = {k: v / max(1, ctx.window_units) for k, v in metric_sums.items()}
-        ctx.lr = float(ctx.scheduler.get_last_lr()[0])
-        ctx.grad_norm = float(ex.clip_grad_norm(cfg.max_grad_norm))
-        cbs.call("on_optimizer_step", ctx)
-        ctx.skip_step = self._nonfinite_skip()
-        if not ctx.skip_step:
+        """One optimizer step. Its figures stay on the device; the host reads them once, on
+        logged steps, and otherwise reads only the fused finite check (docs/train.md "Host
+        reads")."""
+        ctx, cbs, ex, cfg = self.ctx, self.callbacks, self.ctx.executor, self.ctx.config
+        step = ctx.state.step + 1
+        sums = self._run_window(window, step)
+        figures = sums.reduce(ex)  # one all-reduce of the stacked sums
+        lr = float(ctx.scheduler.get_last_lr()[0])
+        grad_norm = ex.clip_grad_norm(cfg.max_grad_norm)
+        control = StepControl()
+        cbs.call("on_optimizer_step", ctx, control)
+        logged = control.log_requested or self._log_due(step)
+        host = read_figures(figures, grad_norm) if logged else None
+        finite = host.finite if host is not None else figures.finite(grad_norm)
+        skip = not finite and self._nonfinite_skip(figures, grad_norm)
+        if not skip:
             self._updating = True
             ctx.optimizer.step()
             self._updating = False
-            strategy.on_optimizer_step()
+            ctx.strategy.on_optimizer_step()
         ctx.optimizer.zero_grad(set_to_none=True)
         ctx.scheduler.step()
-        self._commit(samples)
-        ctx.evaluated = ctx.eval_data is not None and self._due(cfg.eval_interval)
-        if ctx.evaluated:
+        step_time = self._commit(skip)
+        evaluated = ctx.eval_data is not None and self._due(cfg.eval_interval)
+        if evaluated:
             ctx.last_eval = evaluate(ctx, cfg.eval_max_batches)
-        cbs.call("on_step_end", ctx)
+        report = self._report(lr, step_time, skip, host, evaluated, control)
+        ctx.last_report = report
+        cbs.step_end(ctx, report, control)
+        if control.stop_reason is not None:
+            ctx.stop_reason = control.stop_reason
         due = self._due(cfg.ckpt_interval) or ctx.stop_reason is not None
         if due and self.last_saved != ctx.state.step:
             self.save()
 
-    def _due(self, interval: int) -> bool:
-        """At the last step, and every `interval` steps (0 = only at the last)."""
-        step = self.ctx.state.step
-        return self.ctx.done or (interval > 0 and step % interval == 0)
+    def _run_window(self, window: list[Batch], step: int) -> StepSums:
+        """Forward and backward of every micro-batch; the window's sums, on the device."""
+        ctx, cbs, ex, strategy = self.ctx, self.callbacks, self.ctx.executor, self.ctx.strategy
+        # Counted on the host-side batches (shapes, or tensors never read), before any copy.
+        sums = StepSums([strategy.loss_units(b) for b in window], ex.device)
+        normalizer = ex.window_normalizer(sums.total_units)  # global over ranks
+        self._samples = sum(strategy.batch_samples(b) for b in window) * ex.world_size
+        self._tokens = sum(strategy.batch_tokens(b) for b in window) * ex.world_size
+        for i, batch in enumerate(window):
+            micro = MicroBatch(step=step, index=i, batch=strategy.to_device(batch))
+            cbs.call("on_batch_begin", ctx, micro)
+            with ex.grad_sync(ctx.model, sync=i == len(window) - 1):
+                with ex.autocast():
+                    out = strategy(micro.batch, normalizer)
+                ex.backward(out["loss"])
+            sums.add(i, out["loss"], out["metrics"])
+            cbs.call("on_batch_end", ctx, micro)
+        self._batches = len(window)
+        return sums
 
-    def _commit(self, samples: int) -> None:
-        """Advance the committed state: what a checkpoint of this step stores."""
+    def _report(self, lr: float, step_time: float, skip: bool, host: HostFigures | None,
+                evaluated: bool, control: StepControl) -> StepReport:
+        s = self.ctx.state
+        report = StepReport(
+            step=s.step, epoch=s.epoch, lr=lr, step_time=step_time, tokens=self._tokens,
+            samples=self._samples, skipped=skip, done=self.ctx.done, logged=host is not None,
+            evaluated=evaluated, eval=MappingProxyType(dict(self.ctx.last_eval)))
+        if host is not None:
+            self.ctx.last_loss = host.loss
+            report = replace(report, loss=host.loss, grad_norm=host.grad_norm,
+                             loss_units=host.units, metrics=MappingProxyType(host.metrics))
+        return report.with_metrics(control.added)
+
+    def _log_due(self, step: int) -> bool:
+        """Whether step `step` (not yet committed) reads its figures: every log_interval
+        steps, at the last step, and when it validates."""
+        cfg = self.ctx.config
+        evaluates = self.ctx.eval_data is not None and self._due(cfg.eval_interval, step)
+        return step % cfg.log_interval == 0 or step >= self.ctx.total_steps or evaluates
+
+    def _due(self, interval: int, step: int | None = None) -> bool:
+        """At the last step, and every `interval` steps (0 = only at the last)."""
+        step = self.ctx.state.step if step is None else step
+        return step >= self.ctx.total_steps or (interval > 0 and step % interval == 0)
+
+    def _commit(self, skip: bool) -> float:
+        """Advance the committed state: what a checkpoint of this step stores. Returns the
+        step's time."""
         ctx, s = self.ctx, self.ctx.state
-        ctx.step_time = time.perf_counter() - ctx.window_start
+        step_time = time.perf_counter() - self._window_start
         s.step += 1
-        s.epoch_batches += ctx.window_batches
-        s.consumed_samples += samples
-        s.consumed_tokens += ctx.window_tokens
-        s.skipped_steps += int(ctx.skip_step)
+        s.epoch_batches += self._batches
+        s.consumed_samples += self._samples
+        s.consumed_tokens += self._tokens
+        s.skipped_steps += int(skip)
         ctx.boundary_rng = rng_state()
         ctx.boundary_sampler = sampler_state(ctx)
+        return step_time
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save(self) -> None:
@@ -189,7 +233,7 @@ class Trainer:
         remaining = ctx.windows_per_epoch - ctx.state.epoch_batches // accum
         it = iter(self._loader())
         for _ in range(remaining):
-            ctx.window_start = time.perf_counter()
+            self._window_start = time.perf_counter()
             window = []
             for _ in range(accum):
                 batch = next(it, None)
@@ -199,17 +243,16 @@ class Trainer:
             yield window
 
     # -- the finite check -----------------------------------------------------------------------
-    def _nonfinite_skip(self) -> bool:
-        """False when loss and gradient norm are finite; True to skip this step (allowed by
+    def _nonfinite_skip(self, figures: StepFigures, grad_norm: torch.Tensor) -> bool:
+        """The loss or gradient norm is not finite: True to skip this step (allowed by
         --skip-nonfinite); otherwise NonFiniteError. Runs before optimizer.step(), so
         nothing non-finite reaches the weights or a checkpoint."""
         ctx = self.ctx
-        if math.isfinite(ctx.step_loss) and math.isfinite(ctx.grad_norm):
-            return False
         step = ctx.state.step + 1
         bad = first_nonfinite_grad(ctx.executor.unwrap(ctx.model))
         what = f"first non-finite gradient in `{bad}`" if bad else "all gradients finite"
-        msg = f"step {step}: non-finite loss {ctx.step_loss} / grad norm {ctx.grad_norm} ({what})"
+        msg = (f"step {step}: non-finite loss {float(figures.loss)} / grad norm "
+               f"{float(grad_norm)} ({what})")
         if ctx.state.skipped_steps < ctx.config.skip_nonfinite:
             ctx.errors.append(f"skipped {msg}")
             return True

@@ -150,7 +150,7 @@ n = int(sys.argv[1])
 
 class Hold(Callback):
     name = "hold"
-    def on_batch_begin(self, ctx):
+    def on_batch_begin(self, ctx, micro):
         if ctx.state.step == n:
             print("holding", flush=True)
             threading.Event().wait()

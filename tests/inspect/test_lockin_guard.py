@@ -80,35 +80,46 @@ def test_grad_norms_per_layer_against_naive_sum():
     assert len(hists["layer_2"]) == HIST_HIGH - HIST_LOW + 1 and sum(hists["layer_2"]) == n2
 
 
+class FakeControl:
+    """The trainer's StepControl, duck-typed (inspect never imports astrai.train)."""
+
+    def __init__(self):
+        self.added = {}
+
+    def add_metric(self, name, value):
+        self.added[name] = value
+
+
 def test_guard_lifecycle_with_fake_context():
     cfg = tiny_config()
     model = _model()
     logger = FakeLogger()
     sink = []
-    ctx = SimpleNamespace(model=model, step=0, lr=3e-4, step_metrics={}, logger=logger)
+    ctx = SimpleNamespace(model=model, step=0, logger=logger)
     guard = LockInGuard(GuardConfig(every=2, grad_steps=2, histograms=True), log_fn=sink.append)
     guard.on_train_begin(ctx)
     assert sink[-1]["step"] == 0 and sink[-1]["lockin/locked"] == 0
     assert logger.warnings == []
     for step in range(1, 6):
-        ctx.step_metrics = {}
+        control = FakeControl()
         _backward(model)
-        guard.on_optimizer_step(ctx)
+        guard.on_optimizer_step(ctx, control)
         if step <= 2:
-            assert "grad_norm/layer_0" in ctx.step_metrics
-            assert len(ctx.step_metrics["grad_hist/layer_0"]) == HIST_HIGH - HIST_LOW + 1
+            assert "grad_norm/layer_0" in control.added
+            assert len(control.added["grad_hist/layer_0"]) == HIST_HIGH - HIST_LOW + 1
         else:
-            assert not any(k.startswith("grad_") for k in ctx.step_metrics)
+            assert not any(k.startswith("grad_") for k in control.added)
         model.zero_grad()
         if step == 3:  # lock-in appears after step 3's update
             with torch.no_grad():
                 plant_lockin(dict(model.named_parameters()), cfg)
         ctx.step = step
-        guard.on_step_end(ctx)
+        guard.on_step_end(ctx, SimpleNamespace(step=step, lr=3e-4), control)
         if step % 2 == 0:
-            assert ctx.step_metrics["lockin/locked"] == (0 if step < 3 else 3 * 128 + 240 + 64)
+            assert control.added["lockin/locked"] == (0 if step < 3 else 3 * 128 + 240 + 64)
+            assert "dead_zone" in {k.split("/")[1] for k in control.added}  # the lr was seen
         else:
-            assert "lockin/locked" not in ctx.step_metrics
+            assert "lockin/locked" not in control.added
     assert len(logger.warnings) == 1 and "step 4" in logger.warnings[0]
     assert "k_proj" in logger.warnings[0]
     guard.on_train_end(ctx)  # step 5 not checked yet: checks at the end

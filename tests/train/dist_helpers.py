@@ -71,7 +71,7 @@ class CommCounter(Callback):
                 setattr(dist, n, counted(originals[n]))
             self._restore = originals
 
-    def on_batch_end(self, ctx):
+    def on_batch_end(self, ctx, micro):
         self.after_batch.append(self.calls)
 
     def on_train_end(self, ctx):
@@ -89,7 +89,7 @@ class StopAfterStep(Callback):
     def __init__(self, step):
         self.step = step
 
-    def on_batch_begin(self, ctx):
+    def on_batch_begin(self, ctx, micro):
         if ctx.state.step == self.step:
             raise Interrupt  # every rank at the same micro-batch: a simulated crash
 

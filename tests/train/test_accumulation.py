@@ -46,8 +46,8 @@ class Record(Callback):
     def __init__(self):
         self.losses = []
 
-    def on_step_end(self, ctx):
-        self.losses.append(ctx.step_loss)
+    def on_step_end(self, ctx, report, control):
+        self.losses.append(report.loss)
 
 
 @pytest.mark.parametrize("kind", ["pretrain", "sft"])
@@ -77,15 +77,17 @@ class CountBatches(Callback):
     name = "count"
 
     def __init__(self):
-        self.batches, self.steps, self.epoch_ends = 0, 0, 0
+        self.batches, self.steps, self.epoch_ends, self.window = 0, 0, 0, []
 
-    def on_batch_begin(self, ctx):
+    def on_batch_begin(self, ctx, micro):
         self.batches += 1
+        self.window.append(micro.index)
 
-    def on_step_end(self, ctx):
+    def on_step_end(self, ctx, report, control):
         self.steps += 1
         # every step's window is exactly grad_accum_steps micro-batches, never a leftover
-        assert ctx.window_batches == ctx.config.grad_accum_steps
+        assert self.window == list(range(ctx.config.grad_accum_steps))
+        self.window = []
 
     def on_epoch_end(self, ctx):
         self.epoch_ends += 1

@@ -35,7 +35,7 @@ class PlantLockIn(Callback):
 
     name = "plant"
 
-    def on_step_end(self, ctx):
+    def on_step_end(self, ctx, report, control):
         if ctx.state.step == 2:
             with torch.no_grad():
                 for name, p in ctx.model.named_parameters():

@@ -24,10 +24,10 @@ class Snapshots(Callback):
     def _state(self, ctx):
         return {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
 
-    def on_optimizer_step(self, ctx):  # before optimizer.step() of step N+1
+    def on_optimizer_step(self, ctx, control):  # before optimizer.step() of step N+1
         self.before[ctx.state.step + 1] = self._state(ctx)
 
-    def on_step_end(self, ctx):  # after the step: the weights of step N
+    def on_step_end(self, ctx, report, control):  # after the step: the weights of step N
         self.after[ctx.state.step] = self._state(ctx)
 
 

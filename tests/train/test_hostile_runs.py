@@ -120,7 +120,7 @@ pm.PreemptionGuard.__init__.__defaults__ = (pm.SIGNALS, 600.0)
 
 class Report(Callback):
     name = "report"
-    def on_step_end(self, ctx):
+    def on_step_end(self, ctx, report, control):
         print("step", ctx.state.step, flush=True)
         sys.stdin.readline()  # wait for the test at each step
 

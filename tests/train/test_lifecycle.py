@@ -19,7 +19,7 @@ class Recorder(Callback):
             setattr(self, hook, self._make(hook))
 
     def _make(self, hook):
-        def record(ctx):
+        def record(ctx, *args):
             self.events.append(hook)
             if hook == self.fail_at:
                 raise RuntimeError(f"boom in {hook}")

@@ -84,7 +84,7 @@ def test_interrupted_lora_run_resumes_bit_identical(tmp_path):
         name = "stop"
         seen = 0
 
-        def on_batch_end(self, ctx):
+        def on_batch_end(self, ctx, micro):
             self.seen += 1
             if self.seen == 3:
                 raise KeyboardInterrupt
@@ -111,8 +111,8 @@ from tests.train.conftest import make_config, make_data
 
 class KillMidWindow(Callback):
     name = "kill"
-    def on_batch_end(self, ctx):
-        if ctx.state.step == 2 and ctx.window_batches == 1:
+    def on_batch_end(self, ctx, micro):
+        if ctx.state.step == 2 and micro.index == 0:
             os.kill(os.getpid(), signal.SIGKILL)
 
 cfg = make_config(Path(sys.argv[1]), **{kw!r})

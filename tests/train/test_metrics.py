@@ -22,7 +22,7 @@ class GradNorm(Callback):
     def __init__(self):
         self.norms = []
 
-    def on_optimizer_step(self, ctx):  # runs after the clipping callback
+    def on_optimizer_step(self, ctx, control):  # runs after the clipping callback
         grads = [p.grad for p in ctx.model.parameters() if p.grad is not None]
         self.norms.append(float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))))
 

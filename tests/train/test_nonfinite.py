@@ -21,11 +21,11 @@ class Poison(Callback):
         self.step = step
         self.weights = {}
 
-    def on_batch_end(self, ctx):
+    def on_batch_end(self, ctx, micro):
         if ctx.state.step + 1 == self.step:
             ctx.model.layers[1].mlp.up_proj.weight.grad[0, 0] = float("nan")
 
-    def on_step_end(self, ctx):
+    def on_step_end(self, ctx, report, control):
         self.weights[ctx.state.step] = {k: v.clone() for k, v in ctx.model.state_dict().items()}
 
 

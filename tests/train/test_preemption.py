@@ -53,9 +53,9 @@ pre.PreemptionGuard.notify = notify
 
 class Report(Callback):
     name = "report"
-    def on_step_end(self, ctx):
+    def on_step_end(self, ctx, report, control):
         print("step", ctx.state.step, flush=True)
-    def on_batch_begin(self, ctx):  # inside step 2: the signal is seen at its end
+    def on_batch_begin(self, ctx, micro):  # inside step 2: the signal is seen at its end
         if wait_signal and ctx.state.step == 1:
             assert seen.wait(120), "no signal came"
 

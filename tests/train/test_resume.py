@@ -31,7 +31,7 @@ class StopAtMicroBatch(Callback):
     def __init__(self, n):
         self.n, self.seen = n, 0
 
-    def on_batch_end(self, ctx):
+    def on_batch_end(self, ctx, micro):
         self.seen += 1
         if self.seen == self.n:
             raise Interrupt
@@ -81,9 +81,9 @@ mode, kind, out, optimizer = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 
 class KillMidWindow(Callback):
     name = "kill"
-    def on_batch_end(self, ctx):
+    def on_batch_end(self, ctx, micro):
         # the first micro-batch after step 4: mid accumulation window
-        if ctx.state.step == 4 and ctx.window_batches == 1:
+        if ctx.state.step == 4 and micro.index == 0:
             os.kill(os.getpid(), signal.SIGKILL)
 
 class Bomb:

@@ -33,7 +33,7 @@ class Intrude(Callback):
     def __init__(self, config):
         self.config, self.errors = config, []
 
-    def on_step_end(self, ctx):
+    def on_step_end(self, ctx, report, control):
         if ctx.state.step != 1:
             return
         for attempt in (lambda: train(self.config, data=make_data("pretrain", n=16)),

@@ -22,7 +22,7 @@ class _StopAfter(Callback):
     def __init__(self, steps: int) -> None:
         self.steps = steps
 
-    def on_step_end(self, ctx) -> None:
+    def on_step_end(self, ctx, report, control) -> None:
         if ctx.state.step == self.steps:
             raise _Interrupt
 

@@ -1,10 +1,13 @@
 """Metrics: one JSON line per logged optimizer step in RUN_DIR/metrics.jsonl (rank 0).
 
-A record: step, epoch, loss, lr, grad_norm, tokens, loss_tokens, tokens_per_s, mfu,
-memory_mb, consumed_samples, consumed_tokens, elapsed_s, the strategy's metrics
-(token-weighted means over the window: e.g. seq_loss, moe_aux_loss, moe_aux_loss_weighted),
-`skipped` when the step was skipped, and val_loss / val_ppl / val_bpb on the steps where
-the trainer validated (every `eval_interval` steps and at the last step).
+A record: step, epoch, loss, lr, grad_norm, tokens, loss_tokens (over all ranks),
+tokens_per_s and mfu (over the steps since the previous record), memory_mb,
+consumed_samples, consumed_tokens, elapsed_s, the strategy's metrics (token-weighted means
+over the window and the ranks: e.g. seq_loss, moe_aux_loss, moe_aux_loss_weighted) and
+figures other callbacks added, `skipped` when the step was skipped, and val_loss / val_ppl /
+val_bpb on the steps where the trainer validated (every `eval_interval` steps and at the
+last step). Records are written on the trainer's logged steps (every `log_interval` steps,
+validation steps, the last step), the only steps whose figures are read from the device.
 
 Records are flushed one by one, so a killed run keeps every line it logged. A resumed run
 first drops the records after its checkpoint's step, so no step appears twice.
@@ -58,6 +61,7 @@ class MetricsCallback(Callback):
         self._file = None
         self._t0 = 0.0
         self._elapsed_before = 0.0
+        self._tokens, self._time = 0, 0.0  # since the last record
 
     # -- lifecycle ----------------------------------------------------------------------------
     def on_train_begin(self, ctx) -> None:
@@ -78,17 +82,22 @@ class MetricsCallback(Callback):
             truncate_after(ctx.paths.metrics, ctx.state.step)
             self._file = ctx.paths.metrics.open("a")
 
-    def on_step_end(self, ctx) -> None:
-        step = ctx.state.step
-        if not (step % self.log_interval == 0 or ctx.done or ctx.evaluated):
+    def on_step_end(self, ctx, report, control) -> None:
+        # tokens/s over the steps since the last record: with the device running ahead of
+        # the host, one step's host time says little; a window of them does.
+        self._tokens += report.tokens
+        self._time += report.step_time
+        step = report.step
+        due = step % self.log_interval == 0 or report.done or report.evaluated
+        if not (due and report.logged):
             return
-        step_time = max(1e-9, ctx.step_time)
-        tokens = ctx.window_tokens
-        tps = tokens / step_time
+        tps = self._tokens / max(1e-9, self._time)
+        self._tokens, self._time = 0, 0.0
         rec: dict[str, Any] = {
-            "step": step, "epoch": ctx.state.epoch,
-            "loss": _clean(ctx.step_loss), "lr": ctx.lr, "grad_norm": _clean(ctx.grad_norm),
-            "tokens": tokens, "loss_tokens": ctx.window_units,
+            "step": step, "epoch": report.epoch,
+            "loss": _clean(report.loss), "lr": report.lr,
+            "grad_norm": _clean(report.grad_norm),
+            "tokens": report.tokens, "loss_tokens": report.loss_units,
             "tokens_per_s": round(tps, 2),
             "mfu": round(self.peak.mfu(tps * self.flops_per_token / ctx.world_size), 6),
             "memory_mb": round(memory_mb(ctx.executor.device), 1),
@@ -96,11 +105,11 @@ class MetricsCallback(Callback):
             "consumed_tokens": ctx.state.consumed_tokens,
             "elapsed_s": round(self._elapsed_before + time.perf_counter() - self._t0, 3),
         }
-        rec.update({k: _clean(v) for k, v in ctx.step_metrics.items()})
-        if ctx.skip_step:
+        rec.update({k: _clean(v) for k, v in report.metrics.items()})
+        if report.skipped:
             rec["skipped"] = True
-        if ctx.evaluated:
-            rec.update({k: _clean(v) for k, v in ctx.last_eval.items()})
+        if report.evaluated:
+            rec.update({k: _clean(v) for k, v in report.eval.items()})
         self._write(ctx, rec)
 
     def _write(self, ctx, rec: dict[str, Any]) -> None:

@@ -91,7 +91,7 @@ class TensorBoardCallback(Callback):
             self._done = len(self.metrics.records)
             self.writer.flush()
 
-    def on_step_end(self, ctx) -> None:
+    def on_step_end(self, ctx, report, control) -> None:
         self._drain()
 
     def _close(self) -> None:

@@ -18,13 +18,18 @@ class DistributedExecutor(Executor):
         super().__init__(device=dev, precision=precision, **options)
         self.rank, self.world_size = self.env.rank, self.env.world_size
 
-    def window_normalizer(self, loss_units: int) -> float:
+    def window_normalizer(self, loss_units: torch.Tensor) -> torch.Tensor:
         # Both wrappers average gradients over ranks: dividing by the global unit count
         # over world_size makes the average the gradient of the whole global window.
-        return max(1.0, self.all_reduce_sum(loss_units)) / self.world_size
+        return self.all_reduce_tensor(loss_units).clamp(min=1) / self.world_size
 
     def all_reduce_sum(self, value: float) -> float:
         return pg.all_reduce_sum(value, self.device)
+
+    def all_reduce_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        out = t.clone()
+        torch.distributed.all_reduce(out)
+        return out
 
     def barrier(self) -> None:
         torch.distributed.barrier()

@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from astrai.errors import ConfigError
 from astrai.model.block import DecoderBlock
+from astrai.train.executor import clip_by_norm_
 from astrai.train.executors.distributed import DistributedExecutor
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -80,8 +81,7 @@ class FSDPExecutor(DistributedExecutor):
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()  # sum of the shards' squares over ranks, then sqrt
-        if max_norm > 0 and torch.isfinite(norm):
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        clip_by_norm_(params, max_norm, norm)
         return norm
 
     # -- checkpoints ---------------------------------------------------------------------------

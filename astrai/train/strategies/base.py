@@ -1,11 +1,16 @@
-"""The strategy contract: `strategy(batch) -> {"loss": Tensor, "metrics": {str: float}}`.
+"""The strategy contract: `strategy(batch) -> {"loss": Tensor, "metrics": {str: Tensor | float}}`.
 
 The trainer knows no loss; strategies know no loop (docs/train.md "Strategies"). What a
 strategy must say besides its loss:
 
 * `loss_units(batch)`: how many units (loss tokens, pairs, groups) the batch's loss is a
-  mean over. The trainer sums it over the accumulation window and passes the result back
-  as `normalizer`, so the window's gradient equals the one of a single big batch.
+  mean over, as a tensor (counted, not read: the trainer reads the host only on logged
+  steps, docs/train.md "Host reads") or an int where the count is host-side anyway. The
+  trainer sums it over the accumulation window and passes the result back as
+  `normalizer` (a float64 tensor), so the window's gradient equals the one of a single
+  big batch.
+* metrics: 0-dim tensors (seq, sft) or python floats (strategies whose figures come from
+  host-side rollouts); the trainer accepts both and reads them only on logged steps.
 * `dataset_kinds`: the dataset kinds it trains on (a mismatch is a user error).
 * `evaluate_batch` / `eval_summary`: validation sums and their reduction.
 * `on_optimizer_step`, `state_dict`, `load_state_dict`: hooks for stateful objectives
@@ -45,8 +50,13 @@ class StrategyInputs:
 class LossOutput(TypedDict):
     loss: torch.Tensor
     """Differentiable scalar, already divided by the window normalizer."""
-    metrics: dict[str, float]
-    """Detached python floats for logging (unnormalised per-micro-batch means)."""
+    metrics: dict[str, torch.Tensor | float]
+    """Detached 0-dim tensors or python floats for logging (unnormalised per-micro-batch
+    means)."""
+
+
+def _at_least_one(units: torch.Tensor | int) -> torch.Tensor | int:
+    return units.clamp(min=1) if torch.is_tensor(units) else max(1, units)
 
 
 class Strategy:
@@ -87,8 +97,8 @@ class Strategy:
     def forward_context(self, batch: dict[str, torch.Tensor]) -> ForwardContext | None:
         return None
 
-    def loss_units(self, batch: dict[str, torch.Tensor]) -> int:
-        return int((self.targets(batch) != IGNORE_INDEX).sum())
+    def loss_units(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | int:
+        return (self.targets(batch) != IGNORE_INDEX).sum()
 
     def batch_samples(self, batch: dict[str, torch.Tensor]) -> int:
         """Samples (rows, pairs, prompts) in the batch, for consumed_samples."""
@@ -99,26 +109,31 @@ class Strategy:
         return int(batch["input_ids"].numel())
 
     # -- the loss -------------------------------------------------------------------------
-    def loss_sum(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int,
-                                                               torch.Tensor | None,
-                                                               dict[str, float]]:
+    def loss_sum(self, batch: dict[str, torch.Tensor]
+                 ) -> tuple[torch.Tensor, torch.Tensor | int, torch.Tensor | None,
+                            dict[str, torch.Tensor | float]]:
         """(summed task loss, units, unweighted MoE aux loss or None, extra metrics)."""
         raise NotImplementedError
 
     def __call__(self, batch: dict[str, torch.Tensor],
-                 normalizer: float | None = None) -> LossOutput:
+                 normalizer: torch.Tensor | float | None = None) -> LossOutput:
         loss_sum, units, aux, metrics = self.loss_sum(batch)
-        norm = float(normalizer) if normalizer is not None else float(max(1, units))
-        task_mean = loss_sum.detach().float() / max(1, units)
-        loss = loss_sum / norm
-        metrics = {f"{self.name}_loss": float(task_mean), **metrics}
+        norm = _at_least_one(units) if normalizer is None else normalizer
+        norm = norm.double() if torch.is_tensor(norm) else norm
+        # A tensor divisor in the loss's dtype (a count, exact): the same division a python
+        # number gives, without reading the count on the host.
+        loss = loss_sum / (norm.to(loss_sum.dtype) if torch.is_tensor(norm) else float(norm))
+        task_mean = loss_sum.detach().float() / _at_least_one(units)
+        metrics = {f"{self.name}_loss": task_mean, **metrics}
         if aux is not None:
             # The aux loss is a per-micro-batch mean; weighting it by this micro-batch's
             # share of the window's units makes the window value a unit-weighted mean.
             weighted = self.moe_aux_loss_coef * aux
-            loss = loss + weighted * (units / norm)
-            metrics["moe_aux_loss"] = float(aux.detach())
-            metrics["moe_aux_loss_weighted"] = float(weighted.detach())
+            share = units / norm
+            loss = loss + weighted * (share.to(weighted.dtype) if torch.is_tensor(share)
+                                      else share)
+            metrics["moe_aux_loss"] = aux.detach()
+            metrics["moe_aux_loss_weighted"] = weighted.detach()
         return {"loss": loss, "metrics": metrics}
 
     # -- validation ------------------------------------------------------------------------
