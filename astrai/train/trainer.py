@@ -115,7 +115,7 @@ class Trainer:
         ctx.step_loss = ex.all_reduce_sum(loss_sum) / ex.world_size
         ctx.step_metrics = {k: v / max(1, ctx.window_units) for k, v in metric_sums.items()}
         ctx.lr = float(ctx.scheduler.get_last_lr()[0])
-        ctx.grad_norm = float(ex.clip_grad_norm(cfg.max_grad_norm))
+        ctx.grad_norm = float(ex.clip_grad_norm(cfg.optimizer.max_grad_norm))
         cbs.call("on_optimizer_step", ctx)
         ctx.skip_step = self._nonfinite_skip()
         if not ctx.skip_step:
@@ -126,11 +126,11 @@ class Trainer:
         ctx.optimizer.zero_grad(set_to_none=True)
         ctx.scheduler.step()
         self._commit(samples)
-        ctx.evaluated = ctx.eval_data is not None and self._due(cfg.eval_interval)
+        ctx.evaluated = ctx.eval_data is not None and self._due(cfg.eval.interval)
         if ctx.evaluated:
-            ctx.last_eval = evaluate(ctx, cfg.eval_max_batches)
+            ctx.last_eval = evaluate(ctx, cfg.eval.max_batches)
         cbs.call("on_step_end", ctx)
-        due = self._due(cfg.ckpt_interval) or ctx.stop_reason is not None
+        due = self._due(cfg.checkpoint.interval) or ctx.stop_reason is not None
         if due and self.last_saved != ctx.state.step:
             self.save()
 
@@ -179,7 +179,7 @@ class Trainer:
         gen = torch.Generator().manual_seed(ctx.config.seed + ctx.state.epoch)
         return DataLoader(
             ctx.train_data, batch_sampler=BatchSampler(ctx.sampler, ctx.config.batch_size, False),
-            collate_fn=ctx.collate_fn, num_workers=ctx.config.num_workers, generator=gen,
+            collate_fn=ctx.collate_fn, num_workers=ctx.config.runtime.num_workers, generator=gen,
             pin_memory=ctx.executor.device.type == "cuda",
         )
 
@@ -210,7 +210,7 @@ class Trainer:
         bad = first_nonfinite_grad(ctx.executor.unwrap(ctx.model))
         what = f"first non-finite gradient in `{bad}`" if bad else "all gradients finite"
         msg = f"step {step}: non-finite loss {ctx.step_loss} / grad norm {ctx.grad_norm} ({what})"
-        if ctx.state.skipped_steps < ctx.config.skip_nonfinite:
+        if ctx.state.skipped_steps < ctx.config.optimizer.skip_nonfinite:
             ctx.errors.append(f"skipped {msg}")
             return True
         raise NonFiniteError(

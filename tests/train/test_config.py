@@ -11,9 +11,9 @@ def test_precedence(tmp_path):
     f.write_text("max_lr: 0.001\nbatch_size: 16\nschedule: wsd\n")
     cfg = load_train_config(f, {"batch_size": 2, "max_lr": None})
     assert cfg.batch_size == 2  # flag beats file
-    assert cfg.max_lr == 0.001  # file beats default (None = flag not given)
-    assert cfg.schedule == "wsd" and cfg.grad_accum_steps == 1  # default
-    assert cfg.min_lr_value == pytest.approx(1e-4)
+    assert cfg.optimizer.max_lr == 0.001  # file beats default (None = flag not given)
+    assert cfg.schedule.name == "wsd" and cfg.grad_accum_steps == 1  # default
+    assert cfg.optimizer.min_lr_value == pytest.approx(1e-4)
 
 
 def test_json_config_and_roundtrip(tmp_path):
