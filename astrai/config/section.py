@@ -102,7 +102,9 @@ def nest(cls: type[TypedConfig], data: dict[str, Any]) -> dict[str, Any]:
     flat = flat_fields(cls)
     out: dict[str, Any] = {}
     for key, value in data.items():
-        if is_section_value(cls, key, value):
+        if isinstance(value, Section) and key not in out:
+            out[key] = value  # kept as is (pydantic's validate_assignment passes these)
+        elif is_section_value(cls, key, value):
             if isinstance(value, Section):
                 value = value.model_dump()
             out = merge(out, {key: value})
