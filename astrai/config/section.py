@@ -69,7 +69,9 @@ def flat_fields(cls: type[TypedConfig], prefix: str = "", path: tuple[str, ...] 
 def _put(out: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     for key in path[:-1]:
         node = out.get(key)
-        if not isinstance(node, dict):
+        if isinstance(node, Section):  # a section given as an object, then flat keys of it
+            node = out[key] = node.model_dump()
+        elif not isinstance(node, dict):
             node = out[key] = {}
         out = node
     out[path[-1]] = value

@@ -172,3 +172,13 @@ def test_online_grpo_syncs_old_policy_on_each_fresh_rollout():
     assert ratios[1] != pytest.approx(1.0, abs=1e-5)
     assert strat.rollouts.rollouts == 2
     assert isinstance(strat, GRPOStrategy) and strat.old_model is None
+
+
+def test_runner_defaults_are_the_train_configs_rollout_section():
+    """One set of rollout defaults: the runner's are TrainConfig's alignment.rollout."""
+    from astrai.config.train import TrainConfig
+
+    runner, cfg = RolloutRunner(tiny_model()), TrainConfig()
+    assert runner.config == cfg.alignment.rollout
+    assert (runner.group_size, runner.seed) == (cfg.alignment.group_size, 0)
+    assert isinstance(cfg.alignment.rollout, RolloutOptions)
