@@ -199,11 +199,13 @@ def recipe_of(run_dir: Path) -> dict:
     from astrai.config.train import TrainConfig
 
     c = TrainConfig.from_dict(json.loads((run_dir / "train_config.json").read_text()))
-    keys = ("optimizer", "batch_size", "max_lr", "weight_decay", "adam_beta1", "adam_beta2",
-            "adam_eps", "max_grad_norm", "warmup_steps", "muon_momentum", "muon_adjust_lr",
-            "seed")
-    return {**{k: getattr(c, k) for k in keys}, "min_lr": c.min_lr_value,
-            "muon_lr": c.muon_lr_value if c.optimizer == "muon" else None}
+    o = c.optimizer
+    keys = ("max_lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "max_grad_norm",
+            "muon_momentum", "muon_adjust_lr")
+    return {**{k: getattr(o, k) for k in keys}, "optimizer": o.name,
+            "batch_size": c.batch_size, "seed": c.seed,
+            "warmup_steps": c.schedule.warmup_steps, "min_lr": o.min_lr_value,
+            "muon_lr": o.muon_lr_value if o.name == "muon" else None}
 
 
 def measure(label: str, target: float, extra: list[str], out: Path | None, reuse: Path | None,

@@ -29,7 +29,7 @@ import torch
 from peers import hf_twin  # benchmarks/peers.py
 
 from astrai.model import build_model, get_preset
-from astrai.train.rollout import RolloutConfig, RolloutRunner
+from astrai.train.rollout import RolloutOptions, RolloutRunner
 
 
 def cpu_time() -> float:
@@ -78,8 +78,8 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, cfg.vocab_size, (int(n),), generator=g).tolist()
                for n in torch.randint(16, 96, (args.prompts,), generator=g)]
-    runner = RolloutRunner(model, config=RolloutConfig(group_size=args.group,
-                                                       max_tokens=args.new, seed=0))
+    runner = RolloutRunner(model, config=RolloutOptions(max_tokens=args.new),
+                           group_size=args.group, seed=0)
     # the engine stops only at the token limit: no tokenizer means no EOS
     tokens = args.prompts * args.group * args.new
     with tempfile.TemporaryDirectory() as tmp:

@@ -90,14 +90,14 @@ def heldout_accuracy(ckpt: Path, data_dir: Path, max_tokens: int = 6) -> float:
     from astrai.data.tokenizer import Tokenizer
     from astrai.model.checkpoint import load_checkpoint
     from astrai.train.rewards import exact_match
-    from astrai.train.rollout import RolloutConfig, RolloutRunner
+    from astrai.train.rollout import RolloutOptions, RolloutRunner
 
     val = open_dataset(data_dir, "val")
     prompts = [val[i]["prompts"].tolist() for i in range(len(val))]
     refs = [val[i]["reference"] for i in range(len(val))]
     model, _, _ = load_checkpoint(ckpt)
     runner = RolloutRunner(model, Tokenizer.load(ckpt), exact_match,
-                           RolloutConfig(max_tokens=max_tokens))
+                           RolloutOptions(max_tokens=max_tokens))
     ro = runner.generate(prompts, references=refs, greedy=True)
     return float(ro.rewards.mean())
 

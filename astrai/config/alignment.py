@@ -1,7 +1,9 @@
 """Options of the preference and RL strategies (dpo, grpo, reward, online-grpo, online-dpo).
 
-`TrainConfig` inherits these fields, so they are flat train options like the others: a
-config file key `beta: 0.2` and the flag `--beta 0.2` set the same field. Defaults
+`TrainConfig.alignment` holds these fields, and `alignment.rollout` how online runs sample
+(the rollout runner takes that section as its config). Their flat names are the field names
+(`--beta`, config key `beta` or `alignment: {beta: ...}`), the rollout's with `rollout_`
+(`--rollout-max-tokens` is `alignment.rollout.max_tokens`). Defaults
 (docs/alignment.md): beta 0.1 with reduction "sum" (the DPO paper's sequence log-prob),
 group_size 4, clip_eps 0.2, kl_coef 0.01; the GRPO advantage and aggregation options
 follow TRL's GRPOConfig (scale_rewards "group", loss_type "dapo").
@@ -9,17 +11,42 @@ follow TRL's GRPOConfig (scale_rewards "group", loss_type "dapo").
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from astrai.typed_config import TypedConfig
+from astrai.config.section import Section
 
 DPOLossType = Literal["sigmoid", "ipo", "hinge"]
+GROUP_SIZE = 4
+"""Responses sampled per prompt by default (online-grpo / online-dpo, the rollout runner)."""
 
 
-class AlignmentOptions(TypedConfig):
-    """Fields shared by TrainConfig for dpo / grpo / reward / online-* runs."""
+class RolloutOptions(Section):
+    """How the rollouts of online-* runs are sampled (the inference engine's settings)."""
+
+    flag_prefix: ClassVar[str] = "rollout_"
+    panel: ClassVar[str] = "Rollouts (online-*)"
+
+    interval: int = Field(1, gt=0)
+    """Optimizer steps each rollout is trained on; a fresh rollout (and an old_model sync)
+    every N steps. Prompt batches drawn between refreshes are not used."""
+    max_tokens: int = Field(64, gt=0)
+    """Most tokens generated per response."""
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature of the rollouts (0 = greedy, which gives identical groups)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling of the rollouts."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling of the rollouts (0 = off)."""
+    max_requests: int | None = Field(None, gt=0)
+    """Requests the inference engine decodes at once; None = every response of a batch."""
+
+
+class AlignmentOptions(Section):
+    """The dpo / grpo / reward / online-* options of TrainConfig."""
+
+    panel: ClassVar[str] = "Alignment (dpo/grpo/online)"
 
     # -- reference policy (dpo, grpo KL, online-*) ------------------------------------------
     ref_model: str | None = None
@@ -40,7 +67,7 @@ class AlignmentOptions(TypedConfig):
     mean for ipo (as the IPO paper's results and TRL), sum for sigmoid and hinge (as TRL)."""
 
     # -- GRPO --------------------------------------------------------------------------------
-    group_size: int = Field(4, ge=2)
+    group_size: int = Field(GROUP_SIZE, ge=2)
     """online-grpo / online-dpo: responses generated per prompt (offline grpo uses the
     dataset's groups)."""
     clip_eps: float = Field(0.2, gt=0, lt=1)
@@ -67,19 +94,8 @@ class AlignmentOptions(TypedConfig):
     """One weight per --reward (default 1 each)."""
 
     # -- rollouts (online-*) ------------------------------------------------------------------
-    rollout_interval: int = Field(1, gt=0)
-    """Optimizer steps each rollout is trained on; a fresh rollout (and an old_model sync)
-    every N steps. Prompt batches drawn between refreshes are not used."""
-    rollout_max_tokens: int = Field(64, gt=0)
-    """Most tokens generated per response."""
-    rollout_temperature: float = Field(1.0, ge=0)
-    """Sampling temperature of the rollouts (0 = greedy, which gives identical groups)."""
-    rollout_top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling of the rollouts."""
-    rollout_top_k: int = Field(0, ge=0)
-    """Top-k sampling of the rollouts (0 = off)."""
-    rollout_max_requests: int | None = Field(None, gt=0)
-    """Requests the inference engine decodes at once; None = every response of a batch."""
+    rollout: RolloutOptions = Field(default_factory=RolloutOptions)
+    """How online runs sample their rollouts (the --rollout-* options)."""
     eval_max_tokens: int | None = Field(None, gt=0)
     """online-*: most tokens of the greedy answers scored on validation; None = rollout's."""
 

@@ -40,15 +40,19 @@ def read_config_file(path: str | Path, what: str = "a mapping of train options",
     return data
 
 
-def key_line(path: Path, key: str) -> int | None:
-    """1-based line of top-level `key` in a YAML/JSON file (JSON is YAML), if found."""
+def key_line(path: Path, key: str | tuple[str, ...]) -> int | None:
+    """1-based line of `key` in a YAML/JSON file (JSON is YAML), if found: a top-level key,
+    or the path of a nested one (`("optimizer", "max_lr")`)."""
     try:
         node = yaml.compose(path.read_text())
     except yaml.YAMLError:
         return None
-    if not isinstance(node, yaml.MappingNode):
-        return None
-    for k, _ in node.value:
-        if getattr(k, "value", None) == key:
-            return k.start_mark.line + 1
-    return None
+    line = None
+    for part in (key,) if isinstance(key, str) else key:
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        found = next(((k, v) for k, v in node.value if getattr(k, "value", None) == part), None)
+        if found is None:
+            return None
+        line, node = found[0].start_mark.line + 1, found[1]
+    return line

@@ -109,12 +109,16 @@ def find_lr(meta: dict[str, Any]) -> tuple[float | None, str | None]:
 
 
 def find_muon_lr(meta: dict[str, Any]) -> tuple[float | None, str | None]:
-    """(Muon's lr, its meta.json key) when the run trained with `optimizer: muon` (its
-    train config, top level or nested, says so), else (None, None)."""
+    """(Muon's lr, its meta.json key) when the run trained with Muon, else (None, None).
+    Its train config, top level or nested, says so in either form a run saved: flat
+    (`optimizer: muon`, `muon_lr`) or nested by section (`optimizer: {name: muon, muon_lr}`)."""
     stack: list[tuple[str, Any]] = [("", meta)]
     while stack:
         prefix, d = stack.pop(0)
-        if d.get("optimizer") == "muon" and _is_rate(d.get("muon_lr")):
+        opt = d.get("optimizer")
+        if isinstance(opt, dict) and opt.get("name") == "muon" and _is_rate(opt.get("muon_lr")):
+            return float(opt["muon_lr"]), f"{prefix}optimizer.muon_lr"
+        if opt == "muon" and _is_rate(d.get("muon_lr")):
             return float(d["muon_lr"]), f"{prefix}muon_lr"
         stack.extend((f"{prefix}{k}.", v) for k, v in d.items() if isinstance(v, dict))
     return None, None

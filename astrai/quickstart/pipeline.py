@@ -337,19 +337,19 @@ def _train_config(config: QuickstartConfig, run_plan: Plan, data_dir: Path, run_
     from astrai.config.train import TrainConfig
 
     steps = run_plan.steps.steps
+    muon = ({"muon_lr": config.muon_lr, "muon_adjust_lr": config.muon_adjust_lr}
+            if config.optimizer == "muon" else {})
     return TrainConfig.from_dict({
         "strategy": "seq", "data": str(data_dir.resolve()), "model": config.model,
         "model_overrides": run_plan.overrides, "out": str(run_dir.resolve()),
-        "batch_size": config.batch_size, "max_steps": steps,
-        "max_lr": config.max_lr, "min_lr": min(config.min_lr, config.max_lr),
-        "warmup_steps": min(config.warmup_steps, steps // 4),
-        "optimizer": config.optimizer,
-        **({"muon_lr": config.muon_lr, "muon_adjust_lr": config.muon_adjust_lr}
-           if config.optimizer == "muon" else {}),
-        "weight_decay": config.weight_decay, "adam_beta1": 0.9, "adam_beta2": 0.95,
-        "max_grad_norm": 1.0,
-        "schedule": "cosine", "ckpt_interval": 0, "log_interval": 10,
-        "seed": config.seed, "device": config.device,
+        "batch_size": config.batch_size, "max_steps": steps, "seed": config.seed,
+        "optimizer": {"name": config.optimizer, "max_lr": config.max_lr,
+                      "min_lr": min(config.min_lr, config.max_lr), **muon,
+                      "weight_decay": config.weight_decay, "adam_beta1": 0.9,
+                      "adam_beta2": 0.95, "max_grad_norm": 1.0},
+        "schedule": {"name": "cosine", "warmup_steps": min(config.warmup_steps, steps // 4)},
+        "checkpoint": {"interval": 0}, "logging": {"log_interval": 10},
+        "runtime": {"device": config.device},
     }, source="quickstart train config")
 
 

@@ -39,7 +39,7 @@ def _measure(config: ModelConfig, batch_size: int, seq_len: int, device: torch.d
     from astrai.train.optim import build_optimizer
 
     model = build_model(config, seed=seed, device=device).train()
-    opt = build_optimizer(model, TrainConfig(optimizer=optimizer, max_lr=1e-6))
+    opt = build_optimizer(model, TrainConfig(optimizer={"name": optimizer, "max_lr": 1e-6}))
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, config.vocab_size, (batch_size, seq_len + 1), generator=gen)
     ids = ids.to(device)

@@ -61,7 +61,7 @@ class Prepared:
 
 def run_paths(config: TrainConfig) -> RunPaths:
     run_dir = Path(config.out)
-    ckpt = Path(config.ckpt_dir) if config.ckpt_dir else run_dir / "checkpoints"
+    ckpt = Path(config.checkpoint.dir) if config.checkpoint.dir else run_dir / "checkpoints"
     return RunPaths(run_dir, ckpt)
 
 
@@ -88,9 +88,10 @@ def prepare(config: TrainConfig, data: TrainData, *, world_size: int | None = No
             f"trains on {' or '.join(strategy_cls.dataset_kinds)} data; preprocess with "
             f"kind: {strategy_cls.dataset_kinds[0]} or choose another --strategy"
         )
-    device = resolve_device(config.device)
-    precision = resolve_precision(config.precision, device, config.optimizer_state_dtype)
-    types = checkpoint_module_types(config.gradient_checkpointing_modules)
+    device = resolve_device(config.runtime.device)
+    precision = resolve_precision(config.precision.mode, device,
+                                  config.precision.optimizer_state_dtype)
+    types = checkpoint_module_types(config.runtime.gradient_checkpointing_modules)
     check_parallel(config, world_size, device)
     if source is None:
         config.require("model")
@@ -98,7 +99,7 @@ def prepare(config: TrainConfig, data: TrainData, *, world_size: int | None = No
                                seed=config.seed, overrides=config.model_overrides,
                                tokenizer_fingerprint=data.fingerprint, dataset=data.path)
     n = len(data.dataset)
-    groups = None if config.lora else planned_groups(source.config, config,
+    groups = None if config.lora.enabled else planned_groups(source.config, config,
                                                      strategy_cls.prepare_model)
     plan = make_plan(config=config, model_config=source.config, model_desc=source.desc,
                      dataset_kind=data.kind, dataset_len=n, seq_len=data.seq_len,
@@ -110,13 +111,13 @@ def prepare(config: TrainConfig, data: TrainData, *, world_size: int | None = No
             f"(batch_size {config.batch_size} x grad_accum_steps {config.grad_accum_steps} x "
             f"{world_size} process{'es' if world_size != 1 else ''}); lower them or add data"
         )
-    adapter = adapter or (Path(config.adapter) if config.adapter else None)
+    adapter = adapter or (Path(config.lora.adapter) if config.lora.adapter else None)
     if adapter is not None:
         from astrai.model.adapter import read_adapter_spec
 
         read_adapter_spec(adapter)  # a bad adapter directory fails before anything is written
     return Prepared(config, data, source, plan, device, precision, strategy_cls,
-                    types if config.gradient_checkpointing else (), adapter)
+                    types if config.runtime.gradient_checkpointing else (), adapter)
 
 
 def with_adapters(model: torch.nn.Module, config: TrainConfig, adapter: Path | None
@@ -129,17 +130,17 @@ def with_adapters(model: torch.nn.Module, config: TrainConfig, adapter: Path | N
         from astrai.model.adapter import load_adapter
 
         load_adapter(model, adapter, seed=config.seed, train_also=keep)
-    elif config.lora_spec is not None:
+    elif config.lora.spec is not None:
         from astrai.model.lora import apply_lora
 
-        apply_lora(model, config.lora_spec, seed=config.seed, train_also=keep)
+        apply_lora(model, config.lora.spec, seed=config.seed, train_also=keep)
     return model
 
 
 def schedule_options(config: TrainConfig) -> dict[str, Any]:
     """The options of the chosen schedule that the config sets (each takes only its own)."""
-    return {"sgdr": {"cycle_steps": config.sgdr_cycle_steps},
-            "wsd": {"decay_ratio": config.wsd_decay_ratio}}.get(config.schedule, {})
+    return {"sgdr": {"cycle_steps": config.schedule.sgdr_cycle_steps},
+            "wsd": {"decay_ratio": config.schedule.wsd_decay_ratio}}.get(config.schedule.name, {})
 
 
 def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
@@ -149,8 +150,8 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
     saved callback states (by callback name) to hand to the run's callbacks."""
     config, data, plan = p.config, p.data, p.plan
     torch.manual_seed(config.seed)
-    executor = EXECUTORS.get(config.parallel)(device=p.device, precision=p.precision,
-                                              **config.executor_kwargs)
+    executor = EXECUTORS.get(config.runtime.parallel)(device=p.device, precision=p.precision,
+                                              **config.runtime.executor_kwargs)
     if executor.world_size != plan.world_size:
         raise ConfigError(f"parallel: {executor.world_size} processes joined but the run was "
                           f"planned for {plan.world_size}; launch it with nnodes x nprocs "
@@ -161,15 +162,16 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
         # may first change the module (reward: a scalar head on the hidden states)
         model = p.strategy_cls.prepare_model(p.source.model_fn(), config)
         model = with_adapters(model, config, p.adapter)
-        return apply_compile(model, config.compile, backend=config.compile_backend)
+        return apply_compile(model, config.runtime.compile, backend=config.runtime.compile_backend)
 
     def optimizer_fn(model):
         return build_optimizer(model, config, p.precision.state_dtype)
 
     def scheduler_fn(optimizer):
-        return SCHEDULERS.get(config.schedule)(
+        return SCHEDULERS.get(config.schedule.name)(
             optimizer, total_steps=plan.total_steps, warmup_steps=plan.warmup_steps,
-            min_rate=config.min_lr_value / config.max_lr, **schedule_options(config))
+            min_rate=config.optimizer.min_lr_value / config.optimizer.max_lr,
+            **schedule_options(config))
 
     model, optimizer, scheduler = executor.prepare(model_fn, optimizer_fn, scheduler_fn)
     if p.checkpoint_types:

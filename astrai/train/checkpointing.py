@@ -167,7 +167,7 @@ def save_training_checkpoint(ctx: TrainContext, callbacks: list[Any]) -> Path | 
             raise CheckpointError(disk_full_message(
                 ctx.paths.ckpt_dir, s.step, done[-1][1] if done else None,
                 ctx.paths.run_dir)) from None
-        prune(ctx.paths.ckpt_dir, ctx.config.keep_last)
+        prune(ctx.paths.ckpt_dir, ctx.config.checkpoint.keep_last)
     ctx.executor.barrier()
     return path
 

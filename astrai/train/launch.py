@@ -78,7 +78,7 @@ class LaunchOptions:
 
 
 def world_size(config: TrainConfig) -> int:
-    return config.nnodes * config.nprocs
+    return config.runtime.nnodes * config.runtime.nprocs
 
 
 def needs_launch(config: TrainConfig) -> bool:
@@ -187,9 +187,9 @@ def _launch(action: str, target: Any, config: TrainConfig, opts: LaunchOptions,
         logs = opts.log_dir or str(Path(tmp) / "logs")
         o = LaunchOptions(**{**opts.__dict__, "log_dir": logs})
         try:
-            run_workers(_worker, (action, target, progress, tmp), nprocs=config.nprocs,
-                        nnodes=config.nnodes, launch=o,
-                        run_id=run_id if config.nnodes > 1 else None)
+            run_workers(_worker, (action, target, progress, tmp), nprocs=config.runtime.nprocs,
+                        nnodes=config.runtime.nnodes, launch=o,
+                        run_id=run_id if config.runtime.nnodes > 1 else None)
         except ChildFailedError as e:
             got = _read(tmp, "summary")
             if got is not None and got.get("preempted"):  # workers exit 75 when preempted

@@ -33,15 +33,16 @@ def build_optimizer(model: nn.Module, config: Any, state_dtype: torch.dtype = to
                     ) -> torch.optim.Optimizer:
     """The optimizer `config` (a TrainConfig) asks for, over `model`'s trainable
     parameters: AdamW (build_adamw), or Muon on the hidden matrices + AdamW on the rest."""
-    betas = (config.adam_beta1, config.adam_beta2)
-    if config.optimizer == "adamw":
-        return build_adamw(model, lr=config.max_lr, weight_decay=config.weight_decay,
-                           betas=betas, eps=config.adam_eps, state_dtype=state_dtype)
-    groups = muon_param_groups(model, lr=config.max_lr, muon_lr=config.muon_lr_value,
-                               weight_decay=config.weight_decay)
-    return MuonAdamW(groups, lr=config.max_lr, weight_decay=config.weight_decay, betas=betas,
-                     eps=config.adam_eps, momentum=config.muon_momentum,
-                     adjust_lr=config.muon_adjust_lr, state_dtype=state_dtype)
+    o = config.optimizer
+    betas = (o.adam_beta1, o.adam_beta2)
+    if o.name == "adamw":
+        return build_adamw(model, lr=o.max_lr, weight_decay=o.weight_decay,
+                           betas=betas, eps=o.adam_eps, state_dtype=state_dtype)
+    groups = muon_param_groups(model, lr=o.max_lr, muon_lr=o.muon_lr_value,
+                               weight_decay=o.weight_decay)
+    return MuonAdamW(groups, lr=o.max_lr, weight_decay=o.weight_decay, betas=betas,
+                     eps=o.adam_eps, momentum=o.muon_momentum,
+                     adjust_lr=o.muon_adjust_lr, state_dtype=state_dtype)
 
 
 def describe_groups(optimizer_or_groups: Any) -> list[dict[str, Any]]:

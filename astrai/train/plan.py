@@ -127,11 +127,11 @@ def lora_params(config: ModelConfig, rank: int, targets: tuple[str, ...]) -> int
 
 def _trainable(config, model_config: ModelConfig) -> int | None:
     """A LoRA run's adapter parameters (None: full training)."""
-    spec = config.lora_spec
-    if spec is None and config.adapter:
+    spec = config.lora.spec
+    if spec is None and config.lora.adapter:
         from astrai.model.adapter import read_adapter_spec
 
-        spec = read_adapter_spec(config.adapter)
+        spec = read_adapter_spec(config.lora.adapter)
     return None if spec is None else lora_params(model_config, spec.rank, spec.targets)
 
 
@@ -151,21 +151,24 @@ def make_plan(*, config, model_config: ModelConfig, model_desc: str, dataset_kin
         batch_size=config.batch_size, grad_accum_steps=config.grad_accum_steps,
         effective_batch=eff, tokens_per_step=eff * seq_len, windows_per_epoch=wpe,
         epochs=round(total / wpe, 3) if wpe else 0.0, total_steps=total,
-        warmup_steps=warmup_steps(total, config.warmup_ratio, config.warmup_steps),
+        warmup_steps=warmup_steps(total, config.schedule.warmup_ratio,
+                                  config.schedule.warmup_steps),
         total_tokens=total * eff * seq_len,
         flops_per_token=flops_per_token(model_config, seq_len, training=True),
-        schedule=config.schedule, max_lr=config.max_lr, min_lr=config.min_lr_value,
+        schedule=config.schedule.name, max_lr=config.optimizer.max_lr,
+        min_lr=config.optimizer.min_lr_value,
         device=device, precision=precision,
         memory_bytes=memory_estimate(
             model_config, config.batch_size, seq_len,
             param_bytes=2 if precision == "bf16-true" else 4,
             act_bytes=2 if precision.startswith("bf16") else 4,
-            gradient_checkpointing=config.gradient_checkpointing,
-            state_bytes=2 if config.optimizer_state_dtype == "bf16" else 4,
-            shards=world_size if config.parallel == "fsdp" else 1, trainable=trainable,
+            gradient_checkpointing=config.runtime.gradient_checkpointing,
+            state_bytes=2 if config.precision.optimizer_state_dtype == "bf16" else 4,
+            shards=world_size if config.runtime.parallel == "fsdp" else 1, trainable=trainable,
             muon_params=muon),
-        parallel=config.parallel, nnodes=config.nnodes, nprocs=config.nprocs,
-        optimizer_state_dtype=config.optimizer_state_dtype, compile=config.compile,
-        gradient_checkpointing=config.gradient_checkpointing, trainable_params=trainable,
-        optimizer=config.optimizer, param_groups=param_groups,
+        parallel=config.runtime.parallel, nnodes=config.runtime.nnodes,
+        nprocs=config.runtime.nprocs, optimizer_state_dtype=config.precision.optimizer_state_dtype,
+        compile=config.runtime.compile,
+        gradient_checkpointing=config.runtime.gradient_checkpointing, trainable_params=trainable,
+        optimizer=config.optimizer.name, param_groups=param_groups,
     )

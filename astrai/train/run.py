@@ -81,19 +81,26 @@ def _data(config: TrainConfig, data: TrainData | None) -> TrainData:
         return data
     config.require("data")
     return open_train_data(config.data, window_size=config.window_size,
-                           eval_path=config.eval_data, val_split=config.val_split)
+                           eval_path=config.eval.data, val_split=config.eval.val_split)
+
+
+def _resolved(value: str | None) -> str | None:
+    return str(Path(value).resolve()) if value else value
 
 
 def absolute_paths(config: TrainConfig) -> TrainConfig:
     """The config with its filesystem paths made absolute, so the copy saved with the run
     (and `astrai resume`) works from any working directory."""
-    update = {}
-    for key in ("data", "eval_data", "out", "ckpt_dir", "adapter"):
-        value = getattr(config, key)
-        if value:
-            update[key] = str(Path(value).resolve())
-    if config.reward:
-        update["reward"] = [absolute_reward(r) for r in config.reward]
+    update: dict[str, Any] = {"data": _resolved(config.data), "out": _resolved(config.out),
+                              "eval": config.eval.model_copy(
+                                  update={"data": _resolved(config.eval.data)}),
+                              "checkpoint": config.checkpoint.model_copy(
+                                  update={"dir": _resolved(config.checkpoint.dir)}),
+                              "lora": config.lora.model_copy(
+                                  update={"adapter": _resolved(config.lora.adapter)})}
+    if config.alignment.reward:
+        update["alignment"] = config.alignment.model_copy(
+            update={"reward": [absolute_reward(r) for r in config.alignment.reward]})
     model = config.model
     if model and model not in PRESETS and not Path(model).is_absolute() and Path(model).exists():
         update["model"] = str(Path(model).resolve())
@@ -133,7 +140,7 @@ def train(config: TrainConfig, *, data: TrainData | None = None,
     """Train a new run into config.out (missing, empty, or a run stopped before its first
     checkpoint: astrai.train.run_dir). `callbacks` run after the default ones."""
     config.require("out")
-    if config.tensorboard:
+    if config.logging.tensorboard:
         require_tensorboard()
     config = absolute_paths(config)
     paths = run_paths(config)
@@ -183,8 +190,8 @@ def find_resume_point(run_dir: str | Path, reward: Sequence[str] | None = None
     ckpt_dir = run_dir / "checkpoints"
     if cfg_file.is_file():
         saved = TrainConfig.from_dict(_run_json(cfg_file), source=str(cfg_file))
-        if saved.ckpt_dir:
-            ckpt_dir = Path(saved.ckpt_dir)
+        if saved.checkpoint.dir:
+            ckpt_dir = Path(saved.checkpoint.dir)
     ckpt = latest_checkpoint(ckpt_dir, run_dir)
     meta = _run_json(ckpt / "meta.json")
     if not isinstance(meta.get("train_config"), dict):
@@ -221,8 +228,8 @@ def _resume(run_dir: Path, *, reward: Sequence[str] | None, data: TrainData | No
     config, ckpt = find_resume_point(run_dir, reward)
     check_weight_files(ckpt)  # a truncated file: say so before anything is built
     if tensorboard:
-        config.tensorboard = True
-    if config.tensorboard:
+        config.logging.tensorboard = True
+    if config.logging.tensorboard:
         require_tensorboard()
     meta, opt_state, sched_state, trainer_state = load_training_state(ckpt)
     data = _data(config, data)

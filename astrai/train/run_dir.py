@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from astrai.config.train import saved_option
 from astrai.errors import ConfigError
 from astrai.train.checkpointing import clean_leftovers, list_checkpoints
 from astrai.train.context import RunPaths
@@ -38,9 +39,10 @@ def _is_run_file(p: Path) -> bool:
 def _saved_ckpt_dir(run_dir: Path) -> Path | None:
     """The --ckpt-dir the stopped run saved in its train_config.json, if any."""
     try:
-        value = json.loads((run_dir / CONFIG_NAME).read_text(encoding="utf-8")).get("ckpt_dir")
-    except (OSError, ValueError, AttributeError):
+        saved = json.loads((run_dir / CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
+    value = saved_option(saved, "ckpt_dir") if isinstance(saved, dict) else None
     return Path(value) if isinstance(value, str) and value else None
 
 

@@ -109,7 +109,7 @@ class Trainer:
         sums = self._run_window(window, step)
         figures = sums.reduce(ex)  # one all-reduce of the stacked sums
         lr = float(ctx.scheduler.get_last_lr()[0])
-        grad_norm = ex.clip_grad_norm(cfg.max_grad_norm)
+        grad_norm = ex.clip_grad_norm(cfg.optimizer.max_grad_norm)
         control = StepControl()
         cbs.call("on_optimizer_step", ctx, control)
         logged = control.log_requested or self._log_due(step)
@@ -124,15 +124,15 @@ class Trainer:
         ctx.optimizer.zero_grad(set_to_none=True)
         ctx.scheduler.step()
         step_time = self._commit(skip)
-        evaluated = ctx.eval_data is not None and self._due(cfg.eval_interval)
+        evaluated = ctx.eval_data is not None and self._due(cfg.eval.interval)
         if evaluated:
-            ctx.last_eval = evaluate(ctx, cfg.eval_max_batches)
+            ctx.last_eval = evaluate(ctx, cfg.eval.max_batches)
         report = self._report(lr, step_time, skip, host, evaluated, control)
         ctx.last_report = report
         cbs.step_end(ctx, report, control)
         if control.stop_reason is not None:
             ctx.stop_reason = control.stop_reason
-        due = self._due(cfg.ckpt_interval) or ctx.stop_reason is not None
+        due = self._due(cfg.checkpoint.interval) or ctx.stop_reason is not None
         if due and self.last_saved != ctx.state.step:
             self.save()
 
@@ -173,8 +173,8 @@ class Trainer:
         """Whether step `step` (not yet committed) reads its figures: every log_interval
         steps, at the last step, and when it validates."""
         cfg = self.ctx.config
-        evaluates = self.ctx.eval_data is not None and self._due(cfg.eval_interval, step)
-        return step % cfg.log_interval == 0 or step >= self.ctx.total_steps or evaluates
+        evaluates = self.ctx.eval_data is not None and self._due(cfg.eval.interval, step)
+        return step % cfg.logging.log_interval == 0 or step >= self.ctx.total_steps or evaluates
 
     def _due(self, interval: int, step: int | None = None) -> bool:
         """At the last step, and every `interval` steps (0 = only at the last)."""
@@ -223,7 +223,7 @@ class Trainer:
         gen = torch.Generator().manual_seed(ctx.config.seed + ctx.state.epoch)
         return DataLoader(
             ctx.train_data, batch_sampler=BatchSampler(ctx.sampler, ctx.config.batch_size, False),
-            collate_fn=ctx.collate_fn, num_workers=ctx.config.num_workers, generator=gen,
+            collate_fn=ctx.collate_fn, num_workers=ctx.config.runtime.num_workers, generator=gen,
             pin_memory=ctx.executor.device.type == "cuda",
         )
 
@@ -253,7 +253,7 @@ class Trainer:
         what = f"first non-finite gradient in `{bad}`" if bad else "all gradients finite"
         msg = (f"step {step}: non-finite loss {float(figures.loss)} / grad norm "
                f"{float(grad_norm)} ({what})")
-        if ctx.state.skipped_steps < ctx.config.skip_nonfinite:
+        if ctx.state.skipped_steps < ctx.config.optimizer.skip_nonfinite:
             ctx.errors.append(f"skipped {msg}")
             return True
         raise NonFiniteError(

@@ -1,8 +1,10 @@
 """`astrai train`: a thin layer over astrai.train.run.
 
-Every TrainConfig field is a long option (`batch_size` -> `--batch-size`) whose help is the
-field's one-line doc, so the CLI, the YAML/JSON config keys and the config class never
-drift apart. Precedence: field defaults < `--config FILE` < flags given on the command line.
+Every TrainConfig field is a long option named by its flat name (`batch_size` ->
+`--batch-size`, `optimizer.max_lr` -> `--max-lr`: astrai.config.section) whose help is the
+field's one-line doc, and each section of the config is one --help panel, so the CLI, the
+YAML/JSON config keys and the config class never drift apart. Precedence: field defaults <
+`--config FILE` < flags given on the command line.
 """
 
 from __future__ import annotations
@@ -26,46 +28,12 @@ ALIASES = {
     "batch_size": ["--batch-per-device"], "seed": ["--random-seed"],
     "parallel": ["--parallel-mode"],
 }
-# The --help panel of each TrainConfig field, in panel order (tests/cli/test_help.py checks
-# every field has one; a field missing here shows under "Other").
-PANELS: dict[str, tuple[str, ...]] = {
-    "Run": ("strategy", "out", "seed", "device"),
-    "Data": ("data", "batch_size", "grad_accum_steps", "window_size", "epochs", "max_steps",
-             "num_workers"),
-    "Model": ("model", "model_overrides", "moe_aux_loss_coef", "label_smoothing",
-              "strategy_kwargs"),
-    "LoRA": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "adapter"),
-    "Optimizer": ("optimizer", "max_lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2",
-                  "adam_eps", "muon_lr", "muon_momentum", "muon_adjust_lr", "max_grad_norm",
-                  "skip_nonfinite"),
-    "Schedule": ("schedule", "warmup_ratio", "warmup_steps", "sgdr_cycle_steps",
-                 "wsd_decay_ratio"),
-    "Precision & memory": ("precision", "optimizer_state_dtype", "gradient_checkpointing",
-                           "gradient_checkpointing_modules", "compile", "compile_backend",
-                           "guard_bf16", "guard_every", "guard_grad_steps",
-                           "guard_histograms"),
-    "Checkpoints & eval": ("ckpt_interval", "ckpt_dir", "keep_last", "log_interval",
-                           "tensorboard", "peak_tflops", "eval_data", "val_split",
-                           "eval_interval", "eval_max_batches", "eval_max_tokens"),
-    "Alignment (dpo/grpo/online)": (
-        "ref_model", "precompute_ref", "beta", "dpo_loss", "dpo_reduction", "group_size",
-        "clip_eps", "kl_coef", "scale_rewards", "grpo_loss_type", "sync_interval", "reward",
-        "reward_weights", "rollout_interval", "rollout_max_tokens", "rollout_temperature",
-        "rollout_top_p", "rollout_top_k", "rollout_max_requests"),
-    "Distributed": ("parallel", "nprocs", "nnodes", "executor_kwargs"),
-}
-FIELD_PANEL = {field: panel for panel, fields in PANELS.items() for field in fields}
+RUN_PANEL = "Run"
+"""--help panel of the top-level fields and of the command's own options."""
 # TAB after --strategy / --parallel: the registries' names, listed here so completion
 # imports neither torch nor astrai.train (tests/cli/test_completion.py compares them).
 STRATEGY_NAMES = ("seq", "sft", "dpo", "grpo", "reward", "online-grpo", "online-dpo")
 EXECUTOR_NAMES = ("none", "ddp", "fsdp")
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a pydantic model (torchtitan-style), which pydantic
-    keeps as the field's description (`use_attribute_docstrings`)."""
-    return {name: " ".join((f.description or "").split())
-            for name, f in cls.model_fields.items()}
 
 
 def _kind(annotation: Any) -> tuple[str, Any]:
@@ -107,42 +75,55 @@ def value_completer(name: str, annotation: Any) -> Any:
     return complete
 
 
-def config_options() -> tuple[list[inspect.Parameter], dict[str, str]]:
-    """One keyword parameter (typer.Option, default None = not given) per TrainConfig field."""
+def train_fields() -> dict[str, Any]:
+    """TrainConfig's fields by flat name (astrai.config.section.FlatField), class order."""
+    from astrai.config.section import flat_fields
     from astrai.config.train import TrainConfig
 
-    docs = field_docs(TrainConfig)
+    return flat_fields(TrainConfig)
+
+
+def panels() -> dict[str, str]:
+    """Flat name -> --help panel: the title of the field's section (Run at the top)."""
+    return {name: f.panel or RUN_PANEL for name, f in train_fields().items()}
+
+
+def _option(name: str, field: Any, panel: str) -> tuple[inspect.Parameter, str]:
+    kind, typ = _kind(field.annotation)
+    flag = "--" + name.replace("_", "-")
+    help_text = " ".join((field.description or "").split())
+    default = field.get_default(call_default_factory=True)
+    if kind == "bool":
+        decls = [f"{flag}/--no-{flag[2:]}"]
+        annotation: Any = bool | None
+    elif kind in ("list", "dict"):
+        decls = [flag]
+        annotation = list[typ] | None
+        help_text += " Repeatable" + (" (key=value)." if kind == "dict" else ".")
+    else:
+        decls = [flag, *ALIASES.get(name, [])]
+        annotation = typ | None
+    if default not in (None, [], {}, "") and kind != "bool":
+        help_text += f" (default {default})"
+    elif kind == "bool":
+        help_text += f" (default {'on' if default else 'off'})"
+    param = inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+        default=typer.Option(None, *decls, help=help_text, show_default=False,
+                             rich_help_panel=panel, metavar=choices(field.annotation),
+                             autocompletion=value_completer(name, field.annotation)),
+    )
+    return param, kind
+
+
+def config_options() -> tuple[list[inspect.Parameter], dict[str, str]]:
+    """One keyword parameter (typer.Option, default None = not given) per TrainConfig field,
+    by flat name; sections' fields follow in class order, so each panel is contiguous."""
     params, kinds = [], {}
-    for name, field in TrainConfig.model_fields.items():
-        kind, typ = _kind(field.annotation)
-        kinds[name] = kind
-        flag = "--" + name.replace("_", "-")
-        help_text = docs.get(name, "")
-        default = field.get_default(call_default_factory=True)
-        if kind == "bool":
-            decls = [f"{flag}/--no-{flag[2:]}"]
-            annotation: Any = bool | None
-        elif kind in ("list", "dict"):
-            decls = [flag]
-            annotation = list[typ] | None
-            help_text += " Repeatable" + (" (key=value)." if kind == "dict" else ".")
-        else:
-            decls = [flag, *ALIASES.get(name, [])]
-            annotation = typ | None
-        if default not in (None, [], {}, "") and kind != "bool":
-            help_text += f" (default {default})"
-        elif kind == "bool":
-            help_text += f" (default {'on' if default else 'off'})"
-        panel = FIELD_PANEL.get(name, "Other")
-        params.append(inspect.Parameter(
-            name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
-            default=typer.Option(None, *decls, help=help_text, show_default=False,
-                                 rich_help_panel=panel, metavar=choices(field.annotation),
-                                 autocompletion=value_completer(name, field.annotation)),
-        ))
-    order = list(PANELS)  # panels in PANELS order, fields in class order within each
-    params.sort(key=lambda p: order.index(FIELD_PANEL[p.name]) if p.name in FIELD_PANEL
-                else len(order))
+    where = panels()
+    for name, f in train_fields().items():
+        param, kinds[name] = _option(name, f.field, where[name])
+        params.append(param)
     return params, kinds
 
 
@@ -274,14 +255,17 @@ LAUNCH_HELP = {
 
 
 def launch_params() -> list[inspect.Parameter]:
-    """Per-invocation options of the launcher (not saved with the run)."""
+    """Per-invocation options of the launcher (not saved with the run), in the panel of
+    --parallel / --nprocs / --nnodes."""
+    from astrai.config.train_sections import RuntimeOptions
+
     out = []
     for name, help_text in LAUNCH_HELP.items():
         typ = int | None if name == "shutdown_timeout" else str | None
         out.append(inspect.Parameter(
             name, inspect.Parameter.KEYWORD_ONLY, annotation=typ,
             default=typer.Option(None, "--" + name.replace("_", "-"), help=help_text,
-                                 show_default=False, rich_help_panel="Distributed")))
+                                 show_default=False, rich_help_panel=RuntimeOptions.panel)))
     return out
 
 
@@ -324,9 +308,11 @@ def register(app: typer.Typer) -> None:
 
         launch = launch_options(values)
         cfg = load_train_config(config, overrides_from(values, kinds))
-        for field in ("model", "ref_model"):  # a run directory: its newest checkpoint
-            if getattr(cfg, field, None):
-                setattr(cfg, field, str(checkpoint_path(getattr(cfg, field))))
+        # a run directory: its newest checkpoint
+        if cfg.model:
+            cfg.model = str(checkpoint_path(cfg.model))
+        if cfg.alignment.ref_model:
+            cfg.alignment.ref_model = str(checkpoint_path(cfg.alignment.ref_model))
         if dry_run:
             emit(plan_run(cfg).to_dict(), as_json, render_plan)
             return
@@ -337,16 +323,17 @@ def register(app: typer.Typer) -> None:
 
     own = [
         inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
-                          default=typer.Option(None, "--config", "-c", rich_help_panel="Run",
+                          default=typer.Option(None, "--config", "-c", rich_help_panel=RUN_PANEL,
                                                help="YAML or JSON file of train options "
-                                                    "(keys = option names with '_').")),
+                                                    "(keys = option names with '_', or "
+                                                    "nested sections).")),
         inspect.Parameter("dry_run", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                          default=typer.Option(False, "--dry-run", rich_help_panel="Run",
+                          default=typer.Option(False, "--dry-run", rich_help_panel=RUN_PANEL,
                                                help="Validate and print the plan (effective "
                                                     "batch, steps, tokens, memory); train "
                                                     "nothing.")),
         inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                          default=typer.Option(False, "--json", rich_help_panel="Run",
+                          default=typer.Option(False, "--json", rich_help_panel=RUN_PANEL,
                                                help="Print the summary (or plan) as JSON.")),
         inspect.Parameter("threads", inspect.Parameter.KEYWORD_ONLY, default=None,
                           annotation=Annotated[str | None, threads_option("Run")]),

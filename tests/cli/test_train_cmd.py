@@ -82,6 +82,15 @@ def test_dry_run_prints_plan_and_writes_nothing(datasets, tmp_path):
     assert not out.exists()
     r = invoke("train", "--data", datasets["pretrain"], "--out", out, *SMALL, "--dry-run")
     assert r.exit_code == 0 and "effective batch" in r.stdout
+    # a config file nested by section; a flag still beats its field
+    cfg.write_text("grad_accum_steps: 3\noptimizer:\n  max_lr: 0.002\n  name: muon\n"
+                   "schedule:\n  name: wsd\n")
+    r = invoke("train", "--config", cfg, "--data", datasets["pretrain"], "--out", out, *SMALL,
+               "--max-lr", "0.001", "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    assert (plan["optimizer"], plan["schedule"], plan["max_lr"]) == ("muon", "wsd", 0.001)
+    assert plan["grad_accum_steps"] == 3 and not out.exists()
 
 
 def test_bad_inputs_one_line_exit_2_nothing_written(datasets, tmp_path):

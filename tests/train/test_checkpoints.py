@@ -44,7 +44,7 @@ def test_checkpoint_step_n_holds_weights_after_step_n(tiny_config):
         # not the pre-step weights under the new name
         assert any(not torch.equal(v, snap.before[n][k]) for k, v in saved.items())
         meta = json.loads((path / "meta.json").read_text())
-        assert meta["step"] == n and meta["train_config"]["ckpt_interval"] == 2
+        assert meta["step"] == n and meta["train_config"]["checkpoint"]["interval"] == 2
         ts = torch.load(path / "trainer_state.pt", weights_only=True)
         assert ts["state"]["step"] == n and ts["rng"] is not None
         assert torch.load(path / "scheduler.pt", weights_only=True)["step_count"] == n

@@ -74,7 +74,7 @@ def wait_checkpoint(run, step, proc):
 def straight(dataset, tmp_path_factory):
     out = tmp_path_factory.mktemp("straight") / "run"
     assert finish(start("train", json.dumps(config(dataset, out))))["steps"] == STEPS
-    assert json.loads((out / "train_config.json").read_text())["nprocs"] == 2
+    assert json.loads((out / "train_config.json").read_text())["runtime"]["nprocs"] == 2
     return out
 
 

@@ -22,8 +22,9 @@ def test_paper_recipe_plan():
     tokens, AdamW 7.5e-6 (0.9, 0.95), wd 0.01, clip 1.0, cosine with 5% warmup, bf16
     weights with fp32 moments; the plan needs no GPU."""
     cfg = load_train_config(REPO / "examples/configs/paper-1.2b.yaml", {"device": "cpu"})
-    assert (cfg.max_lr, cfg.adam_beta1, cfg.adam_beta2, cfg.weight_decay) == (7.5e-6, 0.9, 0.95, 0.01)
-    assert (cfg.max_grad_norm, cfg.schedule, cfg.warmup_ratio) == (1.0, "cosine", 0.05)
+    o = cfg.optimizer
+    assert (o.max_lr, o.adam_beta1, o.adam_beta2, o.weight_decay) == (7.5e-6, 0.9, 0.95, 0.01)
+    assert (o.max_grad_norm, cfg.schedule.name, cfg.schedule.warmup_ratio) == (1.0, "cosine", 0.05)
     plan = plan_run(cfg, data=make_data("pretrain", n=128, T=2048))
     assert plan.world_size == 4 and plan.effective_batch == 4 * 4 * 8
     assert plan.tokens_per_step == 128 * 2048 and plan.seq_len == 2048

@@ -138,8 +138,8 @@ def test_schedule_scales_both_lrs_and_muon_lr_defaults():
     lrs = {g["name"]: g["lr"] for g in opt.param_groups}
     assert lrs["muon"] == pytest.approx(0.05 * 3 / 4) and lrs["adamw"] == pytest.approx(7.5e-4)
     assert sched.get_last_lr()[0] == lrs["adamw"]  # the logged lr stays AdamW's
-    assert TrainConfig(optimizer="muon", max_lr=1e-3).muon_lr_value == 1e-3
-    assert TrainConfig(optimizer="muon", muon_adjust_lr="original").muon_lr_value == 0.02
+    assert TrainConfig(optimizer="muon", max_lr=1e-3).optimizer.muon_lr_value == 1e-3
+    assert TrainConfig(optimizer="muon", muon_adjust_lr="original").optimizer.muon_lr_value == 0.02
 
 
 def test_state_dict_round_trip_continues_exactly():

@@ -155,6 +155,6 @@ def test_grpo_options_reach_the_loss(data, tmp_path):
             "--max-steps", "1", "--out", out, "--ckpt-interval", "0", "--scale-rewards",
             opts[0], "--grpo-loss-type", opts[1], "--eval-max-batches", "1")
         losses[opts] = metrics(out)[0]["grpo_loss"]
-        cfg = json.loads((out / "train_config.json").read_text())
+        cfg = json.loads((out / "train_config.json").read_text())["alignment"]
         assert (cfg["scale_rewards"], cfg["grpo_loss_type"]) == opts
     assert len(set(losses.values())) == 3

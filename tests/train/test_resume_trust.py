@@ -40,7 +40,7 @@ def test_resume_with_code_reward_needs_it_on_the_command_line(tmp_path, monkeypa
     assert r.exit_code == 0, r.output
     good = f"{tmp_path / 'good.py'}:score"
     step1 = run / "checkpoints" / "step_1" / "meta.json"
-    assert json.loads(step1.read_text())["train_config"]["reward"] == [good]  # absolute
+    assert json.loads(step1.read_text())["train_config"]["alignment"]["reward"] == [good]  # absolute
     shutil.rmtree(run / "checkpoints" / "step_2")
 
     # without --reward: refused, naming the file, before anything is imported
@@ -48,7 +48,7 @@ def test_resume_with_code_reward_needs_it_on_the_command_line(tmp_path, monkeypa
              f"--reward {good}", "never runs code")
     # a run directory edited to name other code: refused, the code never runs
     meta = json.loads(step1.read_text())
-    meta["train_config"]["reward"] = ["evil.py:f"]
+    meta["train_config"]["alignment"]["reward"] = ["evil.py:f"]
     step1.write_text(json.dumps(meta))
     one_line(invoke("resume", run), f"file {tmp_path / 'evil.py'}, function f")
     # naming a reward the run was not trained with is refused too
@@ -56,7 +56,7 @@ def test_resume_with_code_reward_needs_it_on_the_command_line(tmp_path, monkeypa
              str(tmp_path / "evil.py"))
     assert not marker.exists()
 
-    meta["train_config"]["reward"] = [good]
+    meta["train_config"]["alignment"]["reward"] = [good]
     step1.write_text(json.dumps(meta))
     one_line(invoke("resume", run, "--reward", "exact"), "the same rewards")
     r = invoke("resume", run, "--reward", "good.py:score", "--json")  # relative: same file

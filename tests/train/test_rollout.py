@@ -4,7 +4,7 @@ sampling, chat rendering, reward records, refresh cadence, best/worst pairs."""
 import pytest
 import torch
 
-from astrai.train.rollout import Rollout, RolloutConfig, RolloutRunner, prompt_lists
+from astrai.train.rollout import Rollout, RolloutOptions, RolloutRunner, prompt_lists
 from astrai.train.rollout.cache import RolloutCache
 from astrai.train.strategies.grpo import GRPOStrategy
 from astrai.train.strategies.logprobs import join_prompt_response, token_logprobs
@@ -27,7 +27,7 @@ def teacher_forced(model, batch):
 
 def test_rollout_logprobs_equal_teacher_forced_logprobs():
     model = tiny_model()
-    runner = RolloutRunner(model, config=RolloutConfig(group_size=3, max_tokens=10, seed=5))
+    runner = RolloutRunner(model, config=RolloutOptions(max_tokens=10), group_size=3, seed=5)
     ro = runner.generate(PROMPTS, key=0)
     assert model.training  # the runner restores the mode the engine changed
     assert len(ro.completion_ids) == 9 and all(len(c) == 10 for c in ro.completion_ids)
@@ -42,15 +42,15 @@ def test_rollout_logprobs_equal_teacher_forced_logprobs():
 
 def test_sampling_is_reproducible_per_key_and_batch_independent():
     model = tiny_model()
-    runner = RolloutRunner(model, config=RolloutConfig(group_size=2, max_tokens=6, seed=1))
+    runner = RolloutRunner(model, config=RolloutOptions(max_tokens=6), group_size=2, seed=1)
     a = runner.generate(PROMPTS, key=7, score=False)
     b = runner.generate(PROMPTS, key=7, score=False)
     c = runner.generate(PROMPTS, key=8, score=False)
     assert a.completion_ids == b.completion_ids != c.completion_ids
     assert a.completion_ids[0] != a.completion_ids[1]  # the group's samples differ
     # fewer requests decoded at once: same tokens (per-request seeds)
-    narrow = RolloutRunner(model, config=RolloutConfig(group_size=2, max_tokens=6, seed=1,
-                                                       max_requests=2))
+    narrow = RolloutRunner(model, config=RolloutOptions(max_tokens=6, max_requests=2),
+                           group_size=2, seed=1)
     assert narrow.generate(PROMPTS, key=7, score=False).completion_ids == a.completion_ids
     greedy = runner.generate(PROMPTS, greedy=True, score=False)
     assert greedy.group_size == 1 and len(greedy.completion_ids) == 3
@@ -67,7 +67,7 @@ def test_chat_rendering_rewards_and_records(tmp_path):
         return [float(len(c)) for c in completions]
 
     model = tiny_model(vocab_size=tok.vocab_size)
-    runner = RolloutRunner(model, tok, reward, RolloutConfig(group_size=2, max_tokens=5))
+    runner = RolloutRunner(model, tok, reward, RolloutOptions(max_tokens=5), group_size=2)
     ids = runner.render(["What is 2 + 3?", [{"role": "user", "content": "Hi"}]])
     assert ids[0] == tok.encode_chat([{"role": "user", "content": "What is 2 + 3?"}],
                                      add_generation_prompt=True)
@@ -151,7 +151,7 @@ def test_online_grpo_syncs_old_policy_on_each_fresh_rollout():
         return [float(c[0] % 2) for c in completion_ids]  # even/odd first token
 
     strat = OnlineGRPOStrategy(
-        model, reward=reward, rollout=RolloutConfig(group_size=4, max_tokens=4, seed=3),
+        model, reward=reward, rollout=RolloutOptions(max_tokens=4), group_size=4, seed=3,
         rollout_interval=2, kl_coef=0.0, pad_id=PAD)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     ratios = []
@@ -172,3 +172,13 @@ def test_online_grpo_syncs_old_policy_on_each_fresh_rollout():
     assert ratios[1] != pytest.approx(1.0, abs=1e-5)
     assert strat.rollouts.rollouts == 2
     assert isinstance(strat, GRPOStrategy) and strat.old_model is None
+
+
+def test_runner_defaults_are_the_train_configs_rollout_section():
+    """One set of rollout defaults: the runner's are TrainConfig's alignment.rollout."""
+    from astrai.config.train import TrainConfig
+
+    runner, cfg = RolloutRunner(tiny_model()), TrainConfig()
+    assert runner.config == cfg.alignment.rollout
+    assert (runner.group_size, runner.seed) == (cfg.alignment.group_size, 0)
+    assert isinstance(cfg.alignment.rollout, RolloutOptions)

@@ -94,7 +94,7 @@ def test_resume_turns_tensorboard_on_with_the_whole_history(tmp_path):
     resume(run, data=make_data(n=24), tensorboard=True)
     assert_same(events(run), expected(jsonl(run)))
     meta = json.loads((run / "checkpoints" / "step_4" / "meta.json").read_text())
-    assert meta["train_config"]["tensorboard"] is True  # later resumes keep writing
+    assert meta["train_config"]["logging"]["tensorboard"] is True  # later resumes keep writing
 
 
 def test_without_tensorboard_installed_nothing_is_written(tmp_path, monkeypatch):

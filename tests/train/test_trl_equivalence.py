@@ -172,8 +172,8 @@ def test_ipo_defaults_to_mean_log_probs_as_trl():
         got = s.pair_losses(batch)[0]
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
     cfg = TrainConfig(strategy="dpo", dpo_loss="ipo")
-    assert cfg.dpo_reduction_value == "mean"
-    assert TrainConfig(strategy="dpo").dpo_reduction_value == "sum"
+    assert cfg.alignment.dpo_reduction_value == "mean"
+    assert TrainConfig(strategy="dpo").alignment.dpo_reduction_value == "sum"
 
 
 def test_ipo_example_of_four_against_two_tokens():

@@ -15,7 +15,8 @@ from astrai.train.callbacks.tensorboard import TensorBoardCallback
 def bf16_guard_enabled(config: TrainConfig) -> bool:
     """--guard-bf16 when given, else on exactly with bf16-true weights (where lock-in
     happens: docs/bf16-lockin.md)."""
-    return config.guard_bf16 if config.guard_bf16 is not None else config.precision == "bf16-true"
+    bf16 = config.guard.bf16
+    return bf16 if bf16 is not None else config.precision.mode == "bf16-true"
 
 
 def default_callbacks(config: TrainConfig, *, progress: bool = False,
@@ -28,13 +29,13 @@ def default_callbacks(config: TrainConfig, *, progress: bool = False,
 
     cbs: list[Callback] = []
     if bf16_guard_enabled(config):
-        cbs.append(LockInGuard(GuardConfig(every=config.guard_every,
-                                           grad_steps=config.guard_grad_steps,
-                                           histograms=config.guard_histograms)))
-    metrics = MetricsCallback(log_interval=config.log_interval,
-                              peak_tflops=config.peak_tflops)
+        cbs.append(LockInGuard(GuardConfig(every=config.guard.every,
+                                           grad_steps=config.guard.grad_steps,
+                                           histograms=config.guard.histograms)))
+    metrics = MetricsCallback(log_interval=config.logging.log_interval,
+                              peak_tflops=config.logging.peak_tflops)
     cbs.append(metrics)
-    if config.tensorboard:
+    if config.logging.tensorboard:
         cbs.append(TensorBoardCallback(metrics))
     if progress:
         cbs.append(ProgressCallback(console))

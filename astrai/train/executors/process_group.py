@@ -125,20 +125,20 @@ def expected_world_size(config) -> int:
     """Processes in the run: the launcher's WORLD_SIZE inside a launched worker, else the
     nnodes x nprocs that `astrai train` will start."""
     env = dist_env()
-    return env.world_size if env.launched else config.nnodes * config.nprocs
+    return env.world_size if env.launched else config.runtime.nnodes * config.runtime.nprocs
 
 
 def check_parallel(config, world_size: int, device: torch.device) -> None:
     """One-line errors for parallel settings that cannot work."""
-    if world_size > 1 and config.parallel == "none":
+    if world_size > 1 and config.runtime.parallel == "none":
         raise ConfigError(
             f"parallel: {world_size} processes but parallel is 'none'; pass --parallel ddp "
             "(replicated weights) or --parallel fsdp (sharded weights)"
         )
     if device.type == "cuda" and not dist_env().launched:
         visible = torch.cuda.device_count()
-        if config.nprocs > visible:
+        if config.runtime.nprocs > visible:
             raise ConfigError(
-                f"nprocs: {config.nprocs} processes need one GPU each but {visible} are "
+                f"nprocs: {config.runtime.nprocs} processes need one GPU each but {visible} are "
                 "visible; lower --nprocs or set CUDA_VISIBLE_DEVICES"
             )

@@ -59,7 +59,7 @@ def describe(spec: str) -> str:
 def confirm_rewards(config, given: Sequence[str] | None, source: Path | str) -> None:
     """Refuse to continue `config` (read from `source`) when its rewards are code that the
     command line did not name again; `given` must then be the run's rewards, in order."""
-    saved = [absolute_reward(s) for s in config.reward]
+    saved = [absolute_reward(s) for s in config.alignment.reward]
     code = [s for s in saved if names_code(s)]
     if given:
         if not config.strategy.startswith("online"):

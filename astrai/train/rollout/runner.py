@@ -16,42 +16,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from astrai.config.alignment import GROUP_SIZE, RolloutOptions
 from astrai.errors import ConfigError
 from astrai.train.rewards.base import check_scores
 from astrai.train.rollout.batch import Rollout
 from astrai.train.strategies.logprobs import unwrap
-
-
-@dataclass
-class RolloutConfig:
-    """How rollouts are sampled (the --rollout-* options)."""
-
-    group_size: int = 4
-    """Responses per prompt."""
-    max_tokens: int = 64
-    """Most tokens generated per response."""
-    temperature: float = 1.0
-    """Sampling temperature (0 = greedy)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    top_k: int = 0
-    """Top-k sampling (0 = off)."""
-    max_requests: int | None = None
-    """Requests decoded at once; None = every response of the call."""
-    seed: int = 0
-    """Base of the per-request sampling seeds."""
-
-    def validate(self) -> None:
-        if self.group_size < 1:
-            raise ConfigError(f"group_size={self.group_size}: must be >= 1")
-        if self.max_tokens < 1:
-            raise ConfigError(f"rollout_max_tokens={self.max_tokens}: must be >= 1")
 
 
 def request_seed(seed: int, key: int, index: int) -> int:
@@ -68,13 +42,16 @@ def prompt_lists(prompts: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[
 class RolloutRunner:
     def __init__(self, model: nn.Module, tokenizer: Any = None,
                  reward: Callable[..., list[float]] | None = None,
-                 config: RolloutConfig | None = None) -> None:
+                 config: RolloutOptions | None = None, *, group_size: int = GROUP_SIZE,
+                 seed: int = 0) -> None:
         """model: the policy (a DDP wrapper is unwrapped; FSDP-sharded weights cannot be
         served). tokenizer: astrai Tokenizer (None: token ids only, empty texts).
-        reward: (prompts, completions, **record) -> list[float]; None scores 0."""
+        reward: (prompts, completions, **record) -> list[float]; None scores 0.
+        config: how to sample (TrainConfig's alignment.rollout section, the --rollout-*
+        options); group_size: responses per prompt; seed: base of the per-request seeds."""
         self.model, self.tokenizer, self.reward = model, tokenizer, reward
-        self.config = config or RolloutConfig()
-        self.config.validate()
+        self.config = config or RolloutOptions()
+        self.group_size, self.seed = group_size, seed
 
     # -- prompts -----------------------------------------------------------------------------
     def render(self, prompts: Sequence[str | Sequence[dict]]) -> list[list[int]]:
@@ -103,7 +80,7 @@ class RolloutRunner:
                             max_requests=rows, max_context=ctx)
         sched = SchedulerConfig(max_running=rows, max_step_tokens=max(2048, ctx))
         return Engine(model, self.tokenizer, cache, scheduler_config=sched,
-                      seed=self.config.seed), ctx
+                      seed=self.seed), ctx
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], *,
@@ -115,7 +92,7 @@ class RolloutRunner:
         from astrai.infer import SamplingParams
 
         c = self.config
-        G = 1 if greedy else (group_size or c.group_size)
+        G = 1 if greedy else (group_size or self.group_size)
         max_new = max_tokens or c.max_tokens
         prompts = [list(map(int, p)) for p in prompt_ids]
         if not prompts or any(not p for p in prompts):
@@ -135,7 +112,7 @@ class RolloutRunner:
                     params.append(SamplingParams(
                         max_tokens=max_new, temperature=c.temperature, top_p=c.top_p,
                         top_k=c.top_k, logprobs=True,
-                        seed=request_seed(c.seed, key, i * G + g)))
+                        seed=request_seed(self.seed, key, i * G + g)))
         try:
             outs = engine.generate(reqs, params)
         finally:

@@ -144,8 +144,9 @@ class DPOStrategy(Strategy):
     @classmethod
     def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
         c, data = inputs.config, inputs.data
-        return {"beta": c.beta, "loss_type": c.dpo_loss, "reduction": c.dpo_reduction_value,
-                "reference_fn": reference_factory(inputs), "precompute_ref": c.precompute_ref,
+        a = c.alignment
+        return {"beta": a.beta, "loss_type": a.dpo_loss, "reduction": a.dpo_reduction_value,
+                "reference_fn": reference_factory(inputs), "precompute_ref": a.precompute_ref,
                 "precompute_data": ([data.dataset, data.eval_dataset], data.collate_fn,
                                     c.batch_size)}
 

@@ -144,7 +144,7 @@ class GRPOStrategy(Strategy):
     @classmethod
     def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
         c, data = inputs.config, inputs.data
-        if c.precompute_ref:
+        if c.alignment.precompute_ref:
             raise ConfigError("precompute_ref applies to --strategy dpo only; drop "
                               "--precompute-ref")
         sample = data.dataset[0]
@@ -152,9 +152,10 @@ class GRPOStrategy(Strategy):
             raise DataError(f"data: {data.path} holds grpo prompts without response groups "
                             "(online mode); train it with --strategy online-grpo, or build "
                             "offline groups (records with responses and rewards)")
-        return {"clip_eps": c.clip_eps, "kl_coef": c.kl_coef, "sync_interval": c.sync_interval,
+        a = c.alignment
+        return {"clip_eps": a.clip_eps, "kl_coef": a.kl_coef, "sync_interval": a.sync_interval,
                 "pad_id": _pad_id(data), "reference_fn": reference_factory(inputs),
-                "scale_rewards": c.scale_rewards, "loss_type": c.grpo_loss_type,
+                "scale_rewards": a.scale_rewards, "loss_type": a.grpo_loss_type,
                 "max_completion_length": data.seq_len}
 
     # -- policies ----------------------------------------------------------------------------

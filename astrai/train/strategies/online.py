@@ -25,9 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from astrai.config.alignment import GROUP_SIZE, RolloutOptions
 from astrai.errors import ConfigError, DataError
 from astrai.train.rollout.cache import RolloutCache
-from astrai.train.rollout.runner import RolloutConfig, RolloutRunner
+from astrai.train.rollout.runner import RolloutRunner
 from astrai.train.strategies.base import StrategyInputs
 from astrai.train.strategies.dpo import DPOStrategy, preference_metrics
 from astrai.train.strategies.grpo import GRPOStrategy, _pad_id
@@ -44,7 +45,7 @@ def online_setup(inputs: StrategyInputs) -> dict[str, Any]:
         raise DataError(f"data: {data.path} holds offline response groups; online strategies "
                         "generate their own (use --strategy grpo, or preprocess prompt records "
                         "with a reference answer)")
-    if c.parallel == "fsdp":
+    if c.runtime.parallel == "fsdp":
         raise ConfigError("online strategies generate with the whole policy on each process; "
                           "use --parallel none or ddp")
     tokenizer = None
@@ -52,22 +53,21 @@ def online_setup(inputs: StrategyInputs) -> dict[str, Any]:
         from astrai.data.tokenizer import Tokenizer
 
         tokenizer = Tokenizer.load(data.tokenizer_dir)
-    reward = build_reward(c.reward or ["exact"], c.reward_weights, device=inputs.device,
+    a = c.alignment
+    reward = build_reward(a.reward or ["exact"], a.reward_weights, device=inputs.device,
                           tokenizer_fingerprint=data.fingerprint)
-    rollout = RolloutConfig(group_size=c.group_size, max_tokens=c.rollout_max_tokens,
-                            temperature=c.rollout_temperature, top_p=c.rollout_top_p,
-                            top_k=c.rollout_top_k, max_requests=c.rollout_max_requests,
-                            seed=c.seed)
-    return {"tokenizer": tokenizer, "reward": reward, "rollout": rollout,
-            "rollout_interval": c.rollout_interval, "grad_accum_steps": c.grad_accum_steps,
-            "eval_max_tokens": c.eval_max_tokens, "pad_id": _pad_id(data),
+    return {"tokenizer": tokenizer, "reward": reward, "rollout": a.rollout,
+            "group_size": a.group_size, "seed": c.seed, "rollout_interval": a.rollout.interval,
+            "grad_accum_steps": c.grad_accum_steps, "eval_max_tokens": a.eval_max_tokens,
+            "pad_id": _pad_id(data),
             "reference_fn": reference_factory(inputs)}
 
 
-def _cache(model: nn.Module, tokenizer: Any, reward: Any, rollout: RolloutConfig | None,
+def _cache(model: nn.Module, tokenizer: Any, reward: Any, rollout: RolloutOptions | None,
            runner: RolloutRunner | None, rollout_interval: int, grad_accum_steps: int,
-           pad_id: int) -> RolloutCache:
-    runner = runner or RolloutRunner(model, tokenizer, reward, rollout)
+           pad_id: int, group_size: int, seed: int) -> RolloutCache:
+    runner = runner or RolloutRunner(model, tokenizer, reward, rollout, group_size=group_size,
+                                     seed=seed)
     return RolloutCache(runner, rollout_interval=rollout_interval,
                         grad_accum_steps=grad_accum_steps, pad_id=pad_id)
 
@@ -78,13 +78,14 @@ class OnlineRollouts:
     checkpoint. The other options go on to the GRPO / DPO strategy."""
 
     def __init__(self, model: nn.Module, *, tokenizer: Any = None, reward: Any = None,
-                 rollout: RolloutConfig | None = None, runner: RolloutRunner | None = None,
-                 rollout_interval: int = 1, grad_accum_steps: int = 1,
-                 eval_max_tokens: int | None = None, pad_id: int = 0, **options: Any) -> None:
+                 rollout: RolloutOptions | None = None, runner: RolloutRunner | None = None,
+                 group_size: int = GROUP_SIZE, seed: int = 0, rollout_interval: int = 1,
+                 grad_accum_steps: int = 1, eval_max_tokens: int | None = None, pad_id: int = 0,
+                 **options: Any) -> None:
         super().__init__(model, **options)
         self.pad_id = pad_id
         self.rollouts = _cache(model, tokenizer, reward, rollout, runner, rollout_interval,
-                               grad_accum_steps, pad_id)
+                               grad_accum_steps, pad_id, group_size, seed)
         self.eval_max_tokens = eval_max_tokens
 
     @torch.no_grad()
@@ -111,10 +112,10 @@ class OnlineGRPOStrategy(OnlineRollouts, GRPOStrategy):
 
     @classmethod
     def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
-        c = inputs.config
-        return {**online_setup(inputs), "clip_eps": c.clip_eps, "kl_coef": c.kl_coef,
-                "scale_rewards": c.scale_rewards, "loss_type": c.grpo_loss_type,
-                "max_completion_length": c.rollout_max_tokens}
+        a = inputs.config.alignment
+        return {**online_setup(inputs), "clip_eps": a.clip_eps, "kl_coef": a.kl_coef,
+                "scale_rewards": a.scale_rewards, "loss_type": a.grpo_loss_type,
+                "max_completion_length": a.rollout.max_tokens}
 
     def loss_units(self, batch):
         self.rollouts.attach(batch)
@@ -181,13 +182,13 @@ class OnlineDPOStrategy(OnlineRollouts, DPOStrategy):
 
     @classmethod
     def setup_kwargs(cls, inputs: StrategyInputs) -> dict[str, Any]:
-        c = inputs.config
-        if c.precompute_ref:
+        a = inputs.config.alignment
+        if a.precompute_ref:
             raise ConfigError("precompute_ref: online-dpo scores fresh responses every "
                               "rollout; its reference cannot be precomputed (drop "
                               "--precompute-ref)")
-        return {**online_setup(inputs), "beta": c.beta, "loss_type": c.dpo_loss,
-                "reduction": c.dpo_reduction_value}
+        return {**online_setup(inputs), "beta": a.beta, "loss_type": a.dpo_loss,
+                "reduction": a.dpo_reduction_value}
 
     def loss_units(self, batch):
         # units = prompts: the loss is a mean over prompts, and a prompt whose group tied

@@ -23,11 +23,11 @@ def reference_factory(inputs: StrategyInputs) -> Callable[[], nn.Module]:
     from astrai.train.model_source import resolve_model
 
     config, data = inputs.config, inputs.data
-    if config.lora and not config.ref_model:
+    if config.lora.enabled and not config.alignment.ref_model:
         return PolicyBase
-    spec = config.ref_model or config.model
-    overrides = {} if config.ref_model else config.model_overrides
-    what = "ref_model" if config.ref_model else "reference (the initial --model)"
+    spec = config.alignment.ref_model or config.model
+    overrides = {} if config.alignment.ref_model else config.model_overrides
+    what = "ref_model" if config.alignment.ref_model else "reference (the initial --model)"
 
     def build() -> nn.Module:
         try:
