@@ -23,15 +23,30 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return DTYPES[dtype]
 
 
+def resolve_quantize(quantize: str | None) -> str | None:
+    """None/'none' = the weights as loaded; otherwise a format of astrai.model.quant."""
+    from astrai.model.quant import QUANTIZE
+
+    if quantize in (None, "none"):
+        return None
+    if quantize not in QUANTIZE:
+        raise ConfigError(f"--quantize '{quantize}': use none or {', '.join(QUANTIZE)}")
+    return quantize
+
+
 def load_model(path: str | Path, *, device: str | torch.device = "auto",
                dtype: str | torch.dtype | None = None,
-               adapter: str | Path | None = None) -> torch.nn.Module:
+               adapter: str | Path | None = None,
+               quantize: str | None = None) -> torch.nn.Module:
     """An eval-mode Transformer from an astrai checkpoint or a HF Llama / Qwen2 / Mistral
     directory (`astrai.model.hf.load_pretrained`), with a LoRA adapter merged in: `adapter`
-    (a PEFT directory) or, for a LoRA run's checkpoint, its own `adapter/`."""
+    (a PEFT directory) or, for a LoRA run's checkpoint, its own `adapter/`; then, with
+    `quantize` ('int8'), its linear weights quantized (astrai.model.quant, docs/engine.md
+    "Weight formats")."""
     from astrai.model.adapter import find_adapter, merge_adapter
     from astrai.model.hf import load_pretrained
 
+    quantize = resolve_quantize(quantize)  # a bad name fails before the weights load
     dev = resolve_device(device)
     path = Path(path)
     if not path.is_dir():
@@ -41,6 +56,10 @@ def load_model(path: str | Path, *, device: str | torch.device = "auto",
     model, _, _ = load_pretrained(path, device=dev, dtype=resolve_dtype(dtype, dev))
     if adapter is not None:
         merge_adapter(model, adapter)
+    if quantize is not None:
+        from astrai.model.quant import quantize_model
+
+        quantize_model(model, quantize)
     return model.eval()
 
 

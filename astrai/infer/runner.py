@@ -59,6 +59,8 @@ class ModelRunner:
         "Performance"), and decoding a lone request is mostly that product; the copy is
         refreshed whenever the weight changes (in-place updates bump _version)."""
         lm = getattr(self.model, "lm_head", None)
+        if lm is not None and type(lm) is not torch.nn.Linear:  # int8 (model/quant.py)
+            return lm(h)
         w = lm.weight if lm is not None else self.model.output_weight()
         bias = lm.bias if lm is not None else None
         if h.device.type != "cpu" or h.shape[0] > 2 or bias is not None:

@@ -148,12 +148,12 @@ class LoRALinear(nn.Linear):
                 f"rank={self.lora_A.out_features}, scaling={self.scaling:g}")
 
 
-def project(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """layer(x) as F.linear on its parameters (no module call, see block.py), or through
-    the layer when it carries an adapter."""
-    if type(layer) is LoRALinear:
-        return layer(x)
-    return F.linear(x, layer.weight, layer.bias)
+def project(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    """layer(x) as F.linear on a plain layer's parameters (no module call, see block.py),
+    or through the layer when it is anything else: an adapter, int8 weights (quant.py)."""
+    if type(layer) is nn.Linear:
+        return F.linear(x, layer.weight, layer.bias)
+    return layer(x)
 
 
 def lora_layers(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:
