@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -48,8 +49,23 @@ Adapter = Annotated[Path | None, typer.Option(
     "--adapter", metavar="DIR", help="A PEFT LoRA adapter directory (adapter_config.json + "
     "adapter_model.safetensors) merged into the weights; default: a LoRA checkpoint's own "
     "adapter/.")]
+Quantize = Annotated[str, typer.Option(
+    "--quantize", help="Weight format: none | int8 (per-channel int8 weights of the blocks "
+    "and the LM head, made at load time; docs/engine.md \"Weight formats\").")]
 MaxContext = Annotated[int | None, typer.Option(
     "--max-context", help="Context length (default: the model's max_seq_len).")]
+
+
+def warn_dtype(device: str, dtype: str | None, err: Any = None) -> None:
+    """Print the library's one-line warning on stderr when --dtype would be slow here."""
+    from astrai.infer.loading import dtype_warning
+
+    note = dtype_warning(device, None if dtype == "auto" else dtype)
+    if note is not None:
+        if err is None:
+            print(note, file=sys.stderr, flush=True)
+        else:
+            err.print(note, highlight=False, soft_wrap=True, markup=False)
 
 
 LOG_WIDTH = 200

@@ -38,17 +38,19 @@ class AstraiLM(TemplateLM):
                  dtype: str | None = None, max_length: int | None = None,
                  max_gen_toks: int = 256, batch_tokens: int = 1024, max_requests: int = 32,
                  seed: int = 0, *, model: Any = None, tok: Any = None,
-                 adapter: str | None = None, **_: Any) -> None:
+                 adapter: str | None = None, quantize: str | None = None,
+                 **_: Any) -> None:
         """`pretrained`: an astrai checkpoint or HF Llama/Qwen2/Mistral directory with a
         tokenizer.json (or pass `model` and `tok` objects); `adapter`: a PEFT LoRA
-        directory merged in (default: a LoRA checkpoint's own). lm-eval's batch_size /
+        directory merged in (default: a LoRA checkpoint's own); `quantize`: 'int8'
+        weights. lm-eval's batch_size /
         max_batch_size are accepted and ignored: batches are sized in tokens."""
         super().__init__()
         if model is None:
             if pretrained is None:
                 raise ValueError("model_args needs pretrained=CHECKPOINT_DIR")
             model = load_model(pretrained, device=device or "auto", dtype=dtype,
-                               adapter=adapter)
+                               adapter=adapter, quantize=quantize)
             tok = load_tokenizer(pretrained)
             if tok is None:
                 raise CheckpointError(f"{pretrained} has no tokenizer.json: lm-eval tasks are "

@@ -133,9 +133,11 @@ def evaluate_perplexity(checkpoint: str | Path, data: str | Path, *, field: str 
                         device: str = "auto", dtype: str | None = None,
                         max_len: int | None = None, batch_tokens: int = 1024,
                         batch_size: int = 8, limit: int | None = None,
-                        adapter: str | Path | None = None) -> PerplexityResult:
+                        adapter: str | Path | None = None,
+                        quantize: str | None = None) -> PerplexityResult:
     """Bits per byte and perplexity of `checkpoint` on a JSONL file or a dataset directory;
-    `adapter`: a PEFT LoRA directory merged in (default: a LoRA checkpoint's own)."""
+    `adapter`: a PEFT LoRA directory merged in (default: a LoRA checkpoint's own);
+    `quantize`: 'int8' weights (`load_model`)."""
     from astrai.infer.loading import load_model, load_tokenizer
     from astrai.model.hf import read_config
 
@@ -148,13 +150,14 @@ def evaluate_perplexity(checkpoint: str | Path, data: str | Path, *, field: str 
             raise DataError(f"--data {data}: a directory must be a dataset written by "
                             "`astrai preprocess` (manifest.json); or pass a .jsonl file")
         return score_dataset(load_model(checkpoint, device=device, dtype=dtype,
-                                        adapter=adapter), data,
+                                        adapter=adapter, quantize=quantize), data,
                              batch_size=batch_size, limit=limit)
     tok = load_tokenizer(checkpoint)
     if tok is None:
         raise CheckpointError(f"{checkpoint} has no tokenizer.json: scoring text needs the "
                               "tokenizer the model was trained with; copy it in")
     docs = read_documents(data, field, tok, limit)
-    model = load_model(checkpoint, device=device, dtype=dtype, adapter=adapter)
+    model = load_model(checkpoint, device=device, dtype=dtype, adapter=adapter,
+                       quantize=quantize)
     return score_documents(model, tok, docs, max_len=max_len, batch_tokens=batch_tokens,
                            source=str(data))

@@ -277,12 +277,14 @@ def open_chat(path: str | Path, *, params: SamplingParams | None = None,
               chat_template: str | None = None, device: str = "auto",
               dtype: str | None = None, backend: str | None = None,
               max_context: int | None = None, seed: int = 0,
-              adapter: str | Path | None = None) -> ChatSession:
+              adapter: str | Path | None = None,
+              quantize: str | None = None) -> ChatSession:
     """A ChatSession on a checkpoint directory (astrai or HF) holding its tokenizer.
 
     `chat_template`: a template name (chatml, llama3, qwen2.5, mistral, llama2) or .jinja
     file replacing the tokenizer's own; `template=False` chats with a base model.
-    `adapter`: a PEFT LoRA directory merged into the weights (`load_model`)."""
+    `adapter`: a PEFT LoRA directory merged into the weights, `quantize`: 'int8' weights
+    (`load_model`)."""
     from astrai.infer.config import CacheConfig
     from astrai.infer.engine import Engine
     from astrai.infer.loading import load_model, load_tokenizer
@@ -305,7 +307,7 @@ def open_chat(path: str | Path, *, params: SamplingParams | None = None,
         tok.chat_template = resolve_template(chat_template)
     if template:
         tok.require_template()  # before the weights load
-    model = load_model(path, device=device, dtype=dtype, adapter=adapter)
+    model = load_model(path, device=device, dtype=dtype, adapter=adapter, quantize=quantize)
     ctx = model.config.max_seq_len if max_context is None else max_context
     page = 16
     # Room for two conversations' worth of pages: the previous turn stays in the radix

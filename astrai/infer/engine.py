@@ -94,13 +94,16 @@ class Engine:
                         cache_config: CacheConfig | None = None,
                         backend: str | AttentionBackend | None = None,
                         scheduler_config: SchedulerConfig | None = None,
-                        seed: int = 0, adapter: str | Path | None = None) -> Engine:
+                        seed: int = 0, adapter: str | Path | None = None,
+                        quantize: str | None = None) -> Engine:
         """An engine over an astrai checkpoint or a HF Llama/Qwen2/Mistral directory, with
         the tokenizer stored in it (None when it has none: token ids in and out), and a
-        LoRA adapter merged in (`adapter`, or a LoRA checkpoint's own)."""
+        LoRA adapter merged in (`adapter`, or a LoRA checkpoint's own), and with
+        `quantize='int8'` int8 weights (`astrai.model.quant`, docs/engine.md)."""
         from astrai.infer.loading import load_model, load_tokenizer
 
-        model = load_model(path, device=device, dtype=dtype, adapter=adapter)
+        model = load_model(path, device=device, dtype=dtype, adapter=adapter,
+                           quantize=quantize)
         return cls(model, load_tokenizer(path), cache_config, backend,
                    scheduler_config=scheduler_config, seed=seed)
 

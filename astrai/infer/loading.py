@@ -23,6 +23,20 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return DTYPES[dtype]
 
 
+def dtype_warning(device: str | torch.device, dtype: str | torch.dtype | None) -> str | None:
+    """One line when bf16 on this CPU would be slower than fp32 (no AVX512_BF16 / AMX /
+    Arm BF16: torch then converts every bf16 product through fp32), else None."""
+    from astrai.device import cpu_has_bf16
+
+    dev = resolve_device(device)
+    if dev.type != "cpu" or resolve_dtype(dtype, dev) != torch.bfloat16:
+        return None
+    if cpu_has_bf16() is not False:
+        return None
+    return ("warning: --dtype bfloat16 on a CPU without bf16 instructions (AVX512_BF16, AMX) "
+            "runs slower than float32; drop --dtype, or try --quantize int8")
+
+
 def resolve_quantize(quantize: str | None) -> str | None:
     """None/'none' = the weights as loaded; otherwise a format of astrai.model.quant."""
     from astrai.model.quant import QUANTIZE

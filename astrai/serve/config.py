@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from astrai.errors import ConfigError
 from astrai.infer.config import CacheConfig, SchedulerConfig
+from astrai.infer.loading import resolve_quantize
 from astrai.serve.auth import key_problem
 
 
@@ -41,6 +42,8 @@ class ServeConfig:
     adapter: str | None = None
     """A PEFT LoRA adapter directory merged into the weights; None = the checkpoint's own
     adapter/ when it is a LoRA run's checkpoint."""
+    quantize: str | None = None
+    """Weight format: None (as loaded) | int8 (astrai.model.quant, docs/engine.md)."""
     backend: str | None = None
     """Attention backend: torch_native | flash | cuda; None = automatic."""
     seed: int = 0
@@ -61,6 +64,7 @@ class ServeConfig:
             raise ConfigError(f"--drain-timeout {self.drain_timeout}: must be >= 0")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes={self.max_body_bytes}: must be >= 1024")
+        resolve_quantize(self.quantize)
         problem = key_problem(self.api_key)
         if problem is not None:
             raise ConfigError(problem)

@@ -42,7 +42,8 @@ def load_engine(config: ServeConfig) -> Any:
         if tok is None:
             raise ConfigError(f"--chat-template: {path} has no tokenizer.json to apply it to")
         tok.chat_template = tpl.read_text(encoding="utf-8")
-    model = load_model(path, device=config.device, dtype=config.dtype, adapter=config.adapter)
+    model = load_model(path, device=config.device, dtype=config.dtype, adapter=config.adapter,
+                       quantize=config.quantize)
     cache = dataclasses.replace(config.cache, max_requests=config.max_running)
     sched = dataclasses.replace(config.scheduler, max_running=config.max_running)
     return Engine(model, tok, cache, config.backend, scheduler_config=sched, seed=config.seed)

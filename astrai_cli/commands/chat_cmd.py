@@ -25,9 +25,11 @@ from astrai_cli.options import (
     Device,
     Dtype,
     MaxContext,
+    Quantize,
     checkpoint_path,
     threads_option,
     use_threads,
+    warn_dtype,
 )
 
 
@@ -206,6 +208,7 @@ def register(app: typer.Typer) -> None:
             "--seed", help="Sampling seed (reproducible replies).")] = None,
         device: Device = "auto",
         dtype: Dtype = "auto",
+        quantize: Quantize = "none",
         adapter: Adapter = None,
         backend: Backend = None,
         max_context: MaxContext = None,
@@ -229,11 +232,12 @@ def register(app: typer.Typer) -> None:
                 from astrai.errors import ConfigError
                 raise ConfigError("--prompt is empty: give the message to answer")
         checkpoint = checkpoint_path(checkpoint, err)
+        warn_dtype(device, dtype, err)
         session = open_chat(checkpoint, params=params, system=system,
                             template=not no_template, chat_template=chat_template,
                             device=device, dtype=dtype,
                             backend=backend, max_context=max_context, seed=seed or 0,
-                            adapter=adapter)
+                            adapter=adapter, quantize=quantize)
         if text is not None:
             reply = session.reply(text)
             if reply.notice:

@@ -11,7 +11,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from astrai_cli.options import Adapter, checkpoint_path, threads_option, use_threads
+from astrai_cli.options import (
+    Adapter,
+    Quantize,
+    checkpoint_path,
+    threads_option,
+    use_threads,
+    warn_dtype,
+)
 
 METRICS = ("bpb", "ppl")
 
@@ -110,6 +117,7 @@ def register(app: typer.Typer) -> None:
             "--out", metavar="FILE", help="Also write the results as JSON to FILE.")] = None,
         threads: Annotated[str | None, threads_option()] = None,
         adapter: Adapter = None,
+        quantize: Quantize = "none",
     ) -> None:
         """Bits per byte / perplexity on held-out data, or lm-evaluation-harness tasks."""
         from astrai.atomic import write_json_atomic
@@ -121,6 +129,7 @@ def register(app: typer.Typer) -> None:
         _check_limit(limit, data is not None)
         use_threads(threads)
         checkpoint = checkpoint_path(checkpoint)  # a run directory: its newest checkpoint
+        warn_dtype(device, dtype)
         console = Console()
         if data is not None:
             from astrai.eval.perplexity import evaluate_perplexity
@@ -133,7 +142,7 @@ def register(app: typer.Typer) -> None:
             n = None if limit is None else int(limit)
             res = evaluate_perplexity(checkpoint, data, field=field, device=device,
                                       dtype=dtype, batch_tokens=batch_tokens, limit=n,
-                                      adapter=adapter).to_dict()
+                                      adapter=adapter, quantize=quantize).to_dict()
             out: dict = res
         else:
             from astrai.eval.tasks import require_lm_eval, result_rows, run_tasks
@@ -144,7 +153,8 @@ def register(app: typer.Typer) -> None:
             results = run_tasks(checkpoint, _split(tasks), num_fewshot=num_fewshot, limit=n,
                                 seed=seed, apply_chat_template=apply_chat_template,
                                 include_path=include_path, device=device, dtype=dtype,
-                                batch_tokens=batch_tokens, adapter=adapter)
+                                batch_tokens=batch_tokens, adapter=adapter,
+                                quantize=quantize)
             rows = result_rows(results)
             out = {"rows": rows, "results": results.get("results", {}),
                    "n-shot": results.get("n-shot", {}), "versions": results.get("versions", {})}

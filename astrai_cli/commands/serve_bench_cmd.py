@@ -21,9 +21,11 @@ from astrai_cli.options import (
     Device,
     Dtype,
     MaxContext,
+    Quantize,
     checkpoint_path,
     threads_option,
     use_threads,
+    warn_dtype,
 )
 
 # (label, key, format) rows of the table, in sections; a row whose value is None in every
@@ -74,7 +76,8 @@ def _model_title(m: dict) -> str:
     name = m.get("name") or m.get("path")
     if m.get("kind") == "server":
         return f"model '{name}' served at {m.get('base_url') or m.get('device')}"
-    return f"{name} ({m['kind']}, {m['dtype']} on {m['device']})"
+    weights = m['dtype'] if not m.get("quantize") else f"{m['quantize']} weights, {m['dtype']}"
+    return f"{name} ({m['kind']}, {weights} on {m['device']})"
 
 
 def render(report: dict, console: Console) -> None:
@@ -169,6 +172,7 @@ def register(app: typer.Typer) -> None:
         device: Device = "auto",
         threads: Annotated[str | None, threads_option()] = None,
         dtype: Dtype = "auto",
+        quantize: Quantize = "none",
         adapter: Adapter = None,
         page_size: Annotated[int, typer.Option("--page-size", help="KV page size.")] = 16,
         max_kv_tokens: Annotated[int, typer.Option(
@@ -216,13 +220,15 @@ def register(app: typer.Typer) -> None:
             backends=_backends(backend, compare_backends), device=device,
             threads=None if threads is None else use_threads(threads),
             dtype=None if dtype == "auto" else dtype,
-            adapter=None if adapter is None else str(adapter),
+            adapter=None if adapter is None else str(adapter), quantize=quantize,
             cache=CacheConfig(page_size=page_size, max_kv_tokens=max_kv_tokens,
                               max_requests=max_requests, radix=not no_radix,
                               max_context=max_context),
             scheduler=SchedulerConfig(max_step_tokens=max_step_tokens),
             base_url=base_url, endpoint=endpoint, model=model, api_key=api_key,
         )
+        if base_url is None:
+            warn_dtype(device, dtype)
         report = _run(config).to_dict()
         if out is not None:
             from astrai.atomic import write_json_atomic

@@ -20,9 +20,11 @@ from astrai_cli.options import (
     Device,
     Dtype,
     MaxContext,
+    Quantize,
     checkpoint_path,
     threads_option,
     use_threads,
+    warn_dtype,
 )
 
 
@@ -56,6 +58,7 @@ def register(app: typer.Typer) -> None:
             "Ctrl-C.")] = 30.0,
         device: Device = "auto",
         dtype: Dtype = "auto",
+        quantize: Quantize = "none",
         adapter: Adapter = None,
         backend: Backend = None,
         max_kv_tokens: Annotated[int, typer.Option(
@@ -82,12 +85,13 @@ def register(app: typer.Typer) -> None:
             served_model_name=served_model_name, max_running=max_running,
             max_queue=max_queue, drain_timeout=drain_timeout, device=device,
             dtype=None if dtype == "auto" else dtype, backend=backend, seed=seed,
-            adapter=None if adapter is None else str(adapter),
+            adapter=None if adapter is None else str(adapter), quantize=quantize,
             chat_template=None if chat_template is None else str(chat_template),
             cache=CacheConfig(page_size=page_size, max_kv_tokens=max_kv_tokens,
                               max_context=max_context),
             scheduler=SchedulerConfig(max_step_tokens=max_step_tokens))
         config.validate()  # bad flags fail before the weights load
+        warn_dtype(device, dtype)
         warning = open_warning(host, config.api_key)
         if warning is not None:
             print(f"astrai serve: warning: {warning}", file=sys.stderr, flush=True)

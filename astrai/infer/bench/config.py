@@ -62,6 +62,8 @@ class BenchConfig:
     """Model dtype: auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16."""
     adapter: str | None = None
     """A PEFT LoRA adapter directory merged into the checkpoint's weights."""
+    quantize: str | None = None
+    """Weight format: None (as loaded) | int8 (astrai.model.quant, docs/engine.md)."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     """The KV pool (page size, pool tokens, rows, radix sharing)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -88,6 +90,10 @@ class BenchConfig:
             raise ConfigError(f"--request-rate {self.request_rate}: must be > 0 or inf")
         if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
             raise ConfigError(f"--burstiness {self.burstiness}: must be > 0 (1 = Poisson)")
+        if self.quantize is not None:
+            from astrai.infer.loading import resolve_quantize
+
+            self.quantize = resolve_quantize(self.quantize)
         if not self.temperature >= 0:
             raise ConfigError(f"--temperature {self.temperature}: must be >= 0 (0 = greedy)")
         if self.threads is not None and self.threads < 1:

@@ -45,14 +45,17 @@ class Target:
 
 
 def load_target(target: str, device: str = "auto", dtype: str | None = None,
-                seed: int = 0, adapter: str | None = None) -> Target:
+                seed: int = 0, adapter: str | None = None,
+                quantize: str | None = None) -> Target:
     """A checkpoint directory, or a preset with random weights and a trained tiny tokenizer."""
-    from astrai.infer.loading import load_model, load_tokenizer, resolve_device, resolve_dtype
+    from astrai.infer.loading import (load_model, load_tokenizer, resolve_device, resolve_dtype,
+                                      resolve_quantize)
     from astrai.model.presets import PRESETS
 
     path = Path(target)
     if path.is_dir():
-        model = load_model(path, device=device, dtype=dtype, adapter=adapter)
+        model = load_model(path, device=device, dtype=dtype, adapter=adapter,
+                           quantize=quantize)
         tok = load_tokenizer(path)
         info = {"kind": "checkpoint", "path": str(path),
                 "tokenizer": "checkpoint" if tok is not None else None}
@@ -67,12 +70,17 @@ def load_target(target: str, device: str = "auto", dtype: str | None = None,
         tok = train_tokenizer([tiny_corpus_path()], PRESET_TOKENIZER_VOCAB, None)
         info = {"kind": "preset", "name": target,
                 "tokenizer": f"byte-level BPE {PRESET_TOKENIZER_VOCAB} (bundled corpus)"}
+        if resolve_quantize(quantize) is not None:
+            from astrai.model.quant import quantize_model
+
+            quantize_model(model, quantize)
     else:
         raise ConfigError(f"'{target}' is neither a checkpoint directory nor a preset: pass a "
                           f"directory or one of {', '.join(PRESETS)}")
     p = next(model.parameters())
     info.update(params=sum(t.numel() for t in model.parameters()), dtype=str(p.dtype)
-                .removeprefix("torch."), device=str(p.device))
+                .removeprefix("torch."), device=str(p.device),
+                quantize=getattr(model, "quantize", None))
     return Target(model, tok, info)
 
 
@@ -167,7 +175,7 @@ def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
     from astrai.infer.engine import Engine
 
     target = load_target(config.target, config.device, config.dtype, config.seed,
-                         adapter=config.adapter)
+                         adapter=config.adapter, quantize=config.quantize)
     max_context = config.cache.context_len(target.model.config.max_seq_len)
     config = fit_lengths(config, max_context)
     name, requests = build_workload(config, target)
