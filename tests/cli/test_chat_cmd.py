@@ -72,6 +72,18 @@ def test_prompt_prints_exactly_the_reply(ckpt):
     assert r.stdout == greedy(model, tok, ids, 7) + "\n"
 
 
+def test_quantize_int8_replies_as_the_engine_over_the_int8_model(ckpt):
+    from astrai.infer.loading import load_model
+
+    path, _, tok = ckpt
+    r = runner.invoke(app, ["chat", str(path), "--temperature", "0", "--max-tokens", "5",
+                            "--device", "cpu", "--quantize", "int8", "--prompt", "Hello"])
+    assert r.exit_code == 0, r.output
+    q = load_model(path, device="cpu", quantize="int8")
+    ids = tok.encode_chat([{"role": "user", "content": "Hello"}])
+    assert r.stdout == greedy(q, tok, ids, 5) + "\n"
+
+
 @pytest.mark.parametrize("flags, why", [
     (["--top-p", "1.5"], "top_p=1.5: must be in (0, 1]"),
     (["--temperature", "-1"], "temperature=-1.0: must be >= 0"),
@@ -79,6 +91,7 @@ def test_prompt_prints_exactly_the_reply(ckpt):
     (["--top-k", "-3"], "top_k=-3"),
     (["--top-k", "1180591620717411303424"], "top_k=1180591620717411303424: must be an integer"),
     (["--seed", str(2**70)], f"seed={2**70}: must be None or an integer"),
+    (["--quantize", "fp4"], "--quantize 'fp4': use none or int8"),
 ])
 def test_invalid_sampling_values_exit_2(ckpt, flags, why):
     r = runner.invoke(app, ["chat", str(ckpt[0]), "--prompt", "hi", *flags])

@@ -101,3 +101,15 @@ def test_without_lm_eval_says_how_to_install(monkeypatch, ckpt):
     r = runner.invoke(app, ["eval", str(ckpt), "--tasks", "arc_easy"])
     assert r.exit_code == 2
     assert "pip install 'astrai[eval]'" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_quantize_int8_scores_and_an_unknown_format_is_one_line(ckpt, held, one_thread):
+    r = runner.invoke(app, ["eval", str(ckpt), "--data", str(held), "--device", "cpu",
+                            "--quantize", "int8", "--json"])
+    assert r.exit_code == 0, r.output
+    ref = evaluate_perplexity(ckpt, held, device="cpu")
+    assert json.loads(r.stdout)["bpb"] == pytest.approx(ref.bpb, rel=0.01)
+    r = runner.invoke(app, ["eval", str(ckpt), "--data", str(held), "--device", "cpu",
+                            "--quantize", "int4"])
+    assert r.exit_code == 2 and "--quantize 'int4': use none or int8" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not r.stdout

@@ -70,6 +70,13 @@ def test_json_to_stdout_and_shared_prefix_hits(ckpt):
     assert d["workload"]["prefix_len"] == 32
 
 
+def test_quantize_int8_is_in_the_report(ckpt):
+    r = runner.invoke(app, ["serve-bench", str(ckpt), *FAST, "--quantize", "int8",
+                            "--compare-backends", "torch_native", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["model"]["quantize"] == "int8"
+
+
 def test_one_table_one_column_per_backend():
     base = {"completed": 3, "failed": 0, "duration": 1.0, "mean_ttft_ms": 5.0,
             "prefix_cache_hit_rate": 0.5, "request_goodput": None}
@@ -101,6 +108,7 @@ def test_one_table_one_column_per_backend():
     (["--threads", "0"], "--threads 0"),
     (["--input-len", "200"], "exceed the context of 128"),
     (["--workload", "nope.jsonl"], "workload 'nope.jsonl': no such file"),
+    (["--quantize", "int4"], "--quantize 'int4': use none or int8"),
 ])
 def test_bad_options_exit_2(ckpt, args, why):
     r = runner.invoke(app, ["serve-bench", str(ckpt), *FAST, *args])

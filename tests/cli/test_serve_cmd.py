@@ -22,6 +22,7 @@ runner = CliRunner()
     (["/no/such/dir", "--max-running", "0"], "--max-running"),
     (["/no/such/dir", "--port", "70000"], "--port"),
     (["/no/such/dir", "--api-key", ""], "--api-key"),
+    (["/no/such/dir", "--quantize", "int4"], "--quantize 'int4': use none or int8"),
 ])
 def test_bad_input_exits_2_in_one_line(args, words):
     r = runner.invoke(app, ["serve", *args])
