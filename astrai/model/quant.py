@@ -141,3 +141,12 @@ def quantize_model(model: nn.Module, fmt: str = "int8", *, head: bool = True) ->
                 model.lm_head = Int8Linear(q, scale)
     model.quantize = fmt
     return model
+
+
+def weight_count(model: nn.Module) -> int:
+    """The model's weights, int8 ones included (they are buffers, not parameters), the
+    int8 copy of a tied head counted once, as the table it copies."""
+    tied = getattr(getattr(model, "config", None), "tie_embeddings", False)
+    n = sum(p.numel() for p in model.parameters())
+    return n + sum(m.qweight.numel() for name, m in model.named_modules()
+                   if isinstance(m, Int8Linear) and not (tied and name == "lm_head"))

@@ -253,8 +253,13 @@ def register(app: typer.Typer) -> None:
             if reply.finish_reason == "length":  # stdout holds the reply alone, as it is
                 err.print(escape(length_note(reply, session)))
             return
-        n = sum(p.numel() for p in session.engine.model.parameters())
+        from astrai.model.quant import weight_count
+
+        model = session.engine.model
+        n = weight_count(model)
         title = f"{checkpoint} · {n / 1e6:.1f}M params · context {session.max_context}"
+        if getattr(model, "quantize", None):
+            title += f" · {model.quantize} weights"
         if no_template:
             title += " · no template"
         run_interactive(session, err, history_file, title)

@@ -20,6 +20,7 @@ from astrai.model.quant import (
     int8_linear,
     quantize_model,
     quantize_rows,
+    weight_count,
 )
 
 
@@ -72,6 +73,10 @@ def test_a_model_swaps_every_block_linear_and_the_head_not_the_embeddings():
     with torch.no_grad():
         a, b = model(ids).logits, q(ids).logits
     assert ((a - b).norm() / a.norm()).item() < 0.05
+    assert weight_count(q) == sum(p.numel() for p in model.parameters())
+    tied = build_model(small(tie_embeddings=True), seed=0)
+    n = sum(p.numel() for p in tied.parameters())
+    assert weight_count(quantize_model(tied)) == n  # the head's int8 copy counted once
 
 
 def test_tied_embeddings_get_an_int8_head_copy_and_moe_keeps_its_router():
