@@ -29,7 +29,7 @@ from astrai.train.compile import (
 )
 from astrai.train.context import RunPaths, TrainContext, TrainerState
 from astrai.train.data import TrainData
-from astrai.train.executor import EXECUTORS
+from astrai.train.executors import EXECUTORS
 from astrai.train.executors.process_group import check_parallel, expected_world_size
 from astrai.train.model_source import ModelSource, resolve_model
 from astrai.train.optim import build_optimizer, planned_groups
