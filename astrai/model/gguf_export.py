@@ -76,7 +76,9 @@ def export_gguf(checkpoint: str | Path, out: str | Path, *, dtype: torch.dtype |
     state = gguf_tensors(model.state_dict(), config, arch)
     if rope_freqs is not None:
         state["rope_freqs.weight"] = rope_freqs
-    float_type = _float_type(gguf, dtype or next(iter(state.values())).dtype)
+    # with q8_0, rows that do not split into blocks keep --dtype, f16 for auto (llama.cpp's)
+    fallback = torch.float16 if quantize else next(iter(state.values())).dtype
+    float_type = _float_type(gguf, dtype or fallback)
     writer_args = (checkpoint, config, arch, vocab, state, float_type, quantize)
     _write_atomic(out, lambda path: _write(gguf, path, *writer_args))
     return out
