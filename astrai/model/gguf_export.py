@@ -104,8 +104,8 @@ def is_gguf_export(path: Path) -> bool:
     try:
         field = gguf.GGUFReader(path).get_field(MARKER_KEY)
         return field is not None and isinstance(json.loads(field.contents()), dict)
-    except Exception:  # any unreadable file is "not an export"; the reader raises many kinds
-        return False
+    except (OSError, ValueError, LookupError, TypeError, UnicodeDecodeError):
+        return False  # unreadable or truncated (the reader's ValueError / IndexError): not ours
 
 
 def _write_atomic(out: Path, write) -> None:

@@ -24,8 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from astrai.errors import UnsupportedModelError
-from astrai.model.tokenizer_files import (END_OF_TURN, chat_template, special_token_ids,
-                                          token_ids, tokenizer_config, tokenizer_json)
+from astrai.model.tokenizer_files import (
+    END_OF_TURN,
+    chat_template,
+    special_token_ids,
+    token_ids,
+    tokenizer_config,
+    tokenizer_json,
+)
 
 # llama.cpp token types (llama-vocab.h, gguf.TokenType)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

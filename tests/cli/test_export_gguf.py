@@ -81,6 +81,12 @@ def test_overwrite_replaces_only_an_earlier_export(tmp_path, bpe_ck):
     one_line_error(export(str(bpe_ck), str(tmp_path / "other.gguf"), "--format", "gguf",
                           "--overwrite"))
     assert (tmp_path / "other.gguf").read_bytes() == before
+    # a truncated export cannot be read back, so it is not known to be ours
+    assert export(str(bpe_ck), str(tmp_path / "t.gguf"), "--format", "gguf").exit_code == 0
+    (tmp_path / "t.gguf").write_bytes((tmp_path / "t.gguf").read_bytes()[:3000])
+    msg = one_line_error(export(str(bpe_ck), str(tmp_path / "t.gguf"), "--format", "gguf",
+                                "--overwrite"))
+    assert "not an earlier astrai GGUF export" in msg
 
 
 def test_refusals_are_one_line(tmp_path, bpe_ck):
