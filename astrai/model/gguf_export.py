@@ -182,7 +182,7 @@ def _file_type(gguf: Any, qtypes: set) -> int:
 def _rope_params(c: ModelConfig, arch: str) -> tuple[dict[str, Any], torch.Tensor | None]:
     """({"base": rope_freq_base, rope.scaling.* values}, rope_freqs.weight or None): what
     gives llama.cpp astrai's RoPE table (astrai.model.rope). Static NTK is a base change; llama3's banded
-    scaling is llama.cpp's per-pair frequency divisors, which only its llama arch reads;
+    scaling is llama.cpp's per-pair frequency divisors (written for its llama arch only);
     YaRN's cos/sin factor is llama.cpp's attn_factor times its own 1 + 0.1·ln(factor)."""
     from astrai.model.rope import rope_inv_freq
 
@@ -197,7 +197,8 @@ def _rope_params(c: ModelConfig, arch: str) -> tuple[dict[str, Any], torch.Tenso
         if arch != "llama":
             raise UnsupportedModelError(
                 f"llama3 RoPE scaling with a {arch} model cannot be exported to GGUF: "
-                "llama.cpp reads its frequency factors (rope_freqs) only for llama")
+                "astrai writes its frequency factors (rope_freqs) only for the llama "
+                "architecture, whose llama.cpp loader is known to read them")
         plain, _ = rope_inv_freq(d, theta)
         scaled, _ = rope_inv_freq(d, theta, s)
         return {"base": theta}, (plain.double() / scaled.double()).float()

@@ -225,6 +225,6 @@ def test_rope_scaling_metadata(tmp_path, bpe_dir):
     assert "qwen2.rope.scaling.type" not in meta
     ck4, _, _ = checkpoint(tmp_path / "d", bpe_dir, qkv_bias=True, rope_scaling={
         "type": "llama3", "factor": 8.0, "original_max_position_embeddings": 16})
-    with pytest.raises(UnsupportedModelError, match="only for llama"):
+    with pytest.raises(UnsupportedModelError, match="only for the llama"):
         export_gguf(ck4, tmp_path / "no.gguf")
     assert not (tmp_path / "no.gguf").exists()
