@@ -228,3 +228,21 @@ def test_rope_scaling_metadata(tmp_path, bpe_dir):
     with pytest.raises(UnsupportedModelError, match="only for the llama"):
         export_gguf(ck4, tmp_path / "no.gguf")
     assert not (tmp_path / "no.gguf").exists()
+
+
+def test_yarn_metadata(tmp_path, bpe_dir):
+    import math
+
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    ck, _, _ = checkpoint(tmp_path, bpe_dir, rope_scaling=yarn)
+    meta = fields(gguf.GGUFReader(export_gguf(ck, tmp_path / "y.gguf")))
+    assert meta["llama.rope.scaling.type"] == "yarn"
+    assert (meta["llama.rope.scaling.factor"], meta["llama.rope.scaling.original_context_length"],
+            meta["llama.rope.scaling.yarn_beta_fast"], meta["llama.rope.scaling.yarn_beta_slow"]
+            ) == (4.0, 16, 32.0, 1.0)
+    assert "llama.rope.scaling.yarn_attn_factor" not in meta  # ggml's default is astrai's
+    ck, _, _ = checkpoint(tmp_path / "b", bpe_dir, rope_scaling={**yarn, "attention_factor": 1.0})
+    meta = fields(gguf.GGUFReader(export_gguf(ck, tmp_path / "y1.gguf")))
+    # ggml multiplies attn_factor by 1 + 0.1·ln(factor): the product must be astrai's 1.0
+    assert meta["llama.rope.scaling.yarn_attn_factor"] * (0.1 * math.log(4.0) + 1) == \
+        pytest.approx(1.0, rel=1e-6)
