@@ -18,17 +18,18 @@ def build_adamw(model: nn.Module, *, lr: float, weight_decay: float, betas: tupl
                 bf16_update: str = "nearest", rounding_seed: int = 0) -> torch.optim.Optimizer:
     """AdamW over decay_param_groups; moments in `state_dtype`. torch's AdamW keeps moments
     in the weights' dtype and rounds bf16 weights to nearest, so when they differ (bf16-true
-    weights with fp32 moments, the paper's advice) or another bf16 write is asked for
-    (astrai.train.bf16_update) astrai.train.adamw.AdamW is used instead."""
+    weights with fp32 moments, the paper's advice) or another write of bf16 weights is asked
+    for (astrai.train.bf16_update) astrai.train.adamw.AdamW is used instead. LoRA adapters
+    are fp32 over any base, so they keep torch's fused AdamW in every --bf16-update mode."""
     groups = decay_param_groups(model, weight_decay)
-    if bf16_update != "nearest" or any(p.dtype != state_dtype for g in groups
-                                       for p in g["params"]):
+    params = [p for g in groups for p in g["params"]]
+    rounds = bf16_update != "nearest" and any(p.dtype == torch.bfloat16 for p in params)
+    if rounds or any(p.dtype != state_dtype for p in params):
         return AdamW(groups, lr=lr, betas=betas, eps=eps, state_dtype=state_dtype,
                      bf16_update=bf16_update, rounding_seed=rounding_seed)
     # The fused kernel is one elementwise pass per tensor (faster than foreach on CPU; figures
     # in docs/train.md "Measured"), with no reductions, so runs stay bit-reproducible;
     # FSDP2's sharded (DTensor) parameters support it too.
-    params = [p for g in groups for p in g["params"]]
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
 
