@@ -4,8 +4,9 @@ Every config — model shapes, preprocess specs, training runs, the engine, the 
 quickstart, inspect-weights — is a pydantic model built on this class, so each refuses
 unknown keys, refuses a boolean where a number is expected (in lax mode pydantic reads
 `true` as 1: `max_seq_len: true` would pass as 1), and turns a validation failure into one
-line naming each bad field: `source: field: what is wrong; other.field: ...` (built with
-`Config(**fields)` or `Config.from_dict(data, source)`, a bad value is a ConfigError).
+line naming each bad field: `source: field: what is wrong; other.field: ...`. Build from user
+input with `Config.from_dict(data, source)` (a ConfigError); `Config(**fields)` raises
+pydantic's ValidationError, for values the code itself chose.
 """
 
 from __future__ import annotations
@@ -53,16 +54,8 @@ class TypedConfig(BaseModel):
 
     unknown_key_hint: ClassVar[str] = ""
     """Appended to an unknown-key error: where the valid keys are listed."""
-    config_name: ClassVar[str] = ""
-    """What a constructor's error names (`Config(field=bad)`); "" = the class name."""
-
-    def __init__(self, /, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as e:
-            name = self.config_name or type(self).__name__
-            raise ConfigError(f"{name}: {format_validation_error(e, self.unknown_key_hint)}"
-                              ) from None
+    config_name: ClassVar[str] = "config"
+    """What `from_dict`'s errors name when no source is given."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -74,8 +67,10 @@ class TypedConfig(BaseModel):
         return value
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "config") -> typing.Self:
-        """Validate a mapping; a ConfigError `source: field: problem` when it is wrong."""
+    def from_dict(cls, data: Any, source: str | None = None) -> typing.Self:
+        """Validate a mapping; a ConfigError `source: field: problem` when it is wrong
+        (`source` defaults to the class's config_name)."""
+        source = source or cls.config_name
         try:
             return cls.model_validate(data)
         except ValidationError as e:

@@ -166,10 +166,8 @@ class PrecisionOptions(Section):
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
     """dtype of the AdamW moments; fp32 even with bf16-true weights (the paper's advice)."""
     bf16_update: Literal["nearest", "stochastic", "kahan"] = "nearest"
-    """bf16-true only: how the fp32 update is written into a bf16 weight: nearest (an update
-    under half a bf16 ulp is lost: lock-in), stochastic (unbiased random rounding, seeded,
-    resumable), kahan (a bf16 compensation buffer keeps what rounding drops; +2 bytes per
-    parameter). docs/bf16-lockin.md."""
+    """bf16-true: rounding of updates into bf16 weights: nearest, stochastic (unbiased,
+    seeded) or kahan (+2 B/param); docs/bf16-lockin.md."""
 
 
 class RuntimeOptions(Section):

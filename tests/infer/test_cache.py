@@ -200,12 +200,12 @@ def test_cache_and_scheduler_configs_refuse_bad_values_in_one_line():
     from astrai.infer.config import CacheConfig, SchedulerConfig
 
     with pytest.raises(ConfigError, match=r"^cache: page_size: .*greater than or equal to 1"):
-        CacheConfig(page_size=0)
+        CacheConfig.from_dict({"page_size": 0})
     with pytest.raises(ConfigError, match=r"^cache: mode: "):
-        CacheConfig(mode="ring")
+        CacheConfig.from_dict({"mode": "ring"})
     with pytest.raises(ConfigError, match=r"^scheduler: watermark: .*less than 1"):
-        SchedulerConfig(watermark=1.0)
+        SchedulerConfig.from_dict({"watermark": 1.0})
     with pytest.raises(ConfigError, match=r"^scheduler: max_step_tokens: expected a number"):
-        SchedulerConfig(max_step_tokens=True)
+        SchedulerConfig.from_dict({"max_step_tokens": True})
     with pytest.raises(ConfigError, match="max_context=64 exceeds the model's max_seq_len=32"):
         CacheConfig(max_context=64).check(32)
