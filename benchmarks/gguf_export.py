@@ -11,8 +11,8 @@ compiler and CMake):
 Exports CHECKPOINT with `astrai export --format gguf --dtype float32` (or --quantize), runs
 the same prompt greedily in astrai (the plain forward pass, fp32, no cache: a correctness
 reference, not astrai's engine speed) and in llama.cpp, and prints both token lists, the
-first position where they differ (none expected in f32: both compute the same network in
-fp32 and only last-bit rounding differs) and llama.cpp's decode tokens/s. Without
+first position where they differ (none expected in f32, with llama.cpp's KV cache in f32
+too: both compute the same network and only last-bit rounding differs) and llama.cpp's decode tokens/s. Without
 --checkpoint it trains a 512-token byte-level BPE on a generated corpus and builds a
 random 4-layer model around it.
 """
@@ -61,8 +61,10 @@ def llama_cpp_greedy(gguf_file: Path, ids: list[int], n: int, threads: int
                      ) -> tuple[list[int], float]:
     import llama_cpp
 
+    # type_k/type_v 0 = GGML F32: llama.cpp's default f16 KV cache alone moves logits by
+    # ~1e-3, enough to flip a near-tie of a random model; in f32 they agree to ~5e-6.
     llm = llama_cpp.Llama(model_path=str(gguf_file), n_ctx=len(ids) + n + 8,
-                          n_threads=threads, verbose=False)
+                          n_threads=threads, verbose=False, type_k=0, type_v=0)
     out, start = [], time.perf_counter()
     for t in llm.generate(ids, temp=0.0, top_k=1, reset=True):
         out.append(t)

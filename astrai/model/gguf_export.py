@@ -12,7 +12,6 @@ replace an earlier export and nothing else (docs/export.md).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -111,15 +110,10 @@ def is_gguf_export(path: Path) -> bool:
 def _write_atomic(out: Path, write) -> None:
     """`write(path)` into a locked temporary directory beside `out` (after removing those
     of killed exports), then rename the file to `out`; nothing is left when it raises."""
-    from astrai.tempdir import follow_umask, remove_abandoned, sibling_tempdir
+    from astrai.model.export_output import export_tempdir
+    from astrai.tempdir import follow_umask
 
-    remove_abandoned(out)
-    with contextlib.ExitStack() as held:  # the lock on the temporary directory
-        try:
-            tmp = held.enter_context(sibling_tempdir(out))
-        except OSError as e:
-            raise CheckpointError(f"{out}: cannot create it ({e.strerror or e}); choose a "
-                                  "writable path") from None
+    with export_tempdir(out, "path") as tmp:
         write(tmp / out.name)
         follow_umask(tmp / out.name)
         os.replace(tmp / out.name, out)

@@ -122,7 +122,8 @@ def test_llama_cpp_greedy_tokens_equal_astrai(tmp_path, bpe_ck):
     tok = Tokenizer.load(bpe_ck)
     text = "one two three 7 four"
     ids = tok.encode(text, add_special_tokens=True)
-    llm = llama_cpp.Llama(model_path=str(out), n_ctx=128, n_threads=1, verbose=False)
+    llm = llama_cpp.Llama(model_path=str(out), n_ctx=128, n_threads=1, verbose=False,
+                          type_k=0, type_v=0)  # an f32 KV cache (llama.cpp's default: f16)
     assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids
     model, _, _ = load_pretrained(bpe_ck, dtype=torch.float32)
     ours, seq = [], list(ids)
