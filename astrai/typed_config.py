@@ -4,7 +4,9 @@ Every config — model shapes, preprocess specs, training runs, the engine, the 
 quickstart, inspect-weights — is a pydantic model built on this class, so each refuses
 unknown keys, refuses a boolean where a number is expected (in lax mode pydantic reads
 `true` as 1: `max_seq_len: true` would pass as 1), and turns a validation failure into one
-line naming each bad field: `source: field: what is wrong; other.field: ...`.
+line naming each bad field: `source: field: what is wrong; other.field: ...`. Build from user
+input with `Config.from_dict(data, source)` (a ConfigError); `Config(**fields)` raises
+pydantic's ValidationError, for values the code itself chose.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class TypedConfig(BaseModel):
 
     unknown_key_hint: ClassVar[str] = ""
     """Appended to an unknown-key error: where the valid keys are listed."""
+    config_name: ClassVar[str] = "config"
+    """What `from_dict`'s errors name when no source is given."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -63,8 +67,10 @@ class TypedConfig(BaseModel):
         return value
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "config") -> typing.Self:
-        """Validate a mapping; a ConfigError `source: field: problem` when it is wrong."""
+    def from_dict(cls, data: Any, source: str | None = None) -> typing.Self:
+        """Validate a mapping; a ConfigError `source: field: problem` when it is wrong
+        (`source` defaults to the class's config_name)."""
+        source = source or cls.config_name
         try:
             return cls.model_validate(data)
         except ValidationError as e:

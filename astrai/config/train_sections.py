@@ -165,6 +165,9 @@ class PrecisionOptions(Section):
     autocast), bf16-true (bf16 weights)."""
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
     """dtype of the AdamW moments; fp32 even with bf16-true weights (the paper's advice)."""
+    bf16_update: Literal["nearest", "stochastic", "kahan"] = "nearest"
+    """bf16-true: rounding of updates into bf16 weights: nearest, stochastic (unbiased,
+    seeded) or kahan (+2 B/param); docs/bf16-lockin.md."""
 
 
 class RuntimeOptions(Section):

@@ -312,8 +312,8 @@ def open_chat(path: str | Path, *, params: SamplingParams | None = None,
     page = 16
     # Room for two conversations' worth of pages: the previous turn stays in the radix
     # cache while the next one (which extends it) is prefilled.
-    cache = CacheConfig(page_size=page, max_kv_tokens=2 * (ctx + page), max_requests=4,
-                        max_context=max_context)
+    cache = CacheConfig.from_dict(dict(page_size=page, max_kv_tokens=2 * (ctx + page),
+                                       max_requests=4, max_context=max_context))
     engine = Engine(model, tok, cache, backend, seed=seed)
     return ChatSession(engine, tok, params, system=system, template=template)
 

@@ -1,52 +1,46 @@
 """Typed configs of the inference engine: the KV cache and the scheduler.
 
-Validation raises `ConfigError` naming the field and the fix (docs/architecture.md: "User mistakes raise an AstraiError").
+Both are `TypedConfig`s (docs/architecture.md "Configs"): a bad value is a ConfigError naming
+the field when the config is built; `CacheConfig.check` adds what depends on the model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from pydantic import Field
 
 from astrai.errors import ConfigError
+from astrai.typed_config import TypedConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-@dataclass
-class CacheConfig:
+class CacheConfig(TypedConfig):
     """Shape and policy of the KV pool (docs/engine.md)."""
+
+    config_name = "cache"
 
     mode: Literal["paged", "contiguous"] = "paged"
     """paged: slots handed out page by page on demand (radix sharing possible);
     contiguous: every request row owns max_context slots (req_to_token is linear)."""
-    page_size: int = 16
+    page_size: int = Field(16, ge=1)
     """Token slots per page (paged mode); the unit of allocation and of prefix sharing."""
-    max_kv_tokens: int = 32768
+    max_kv_tokens: int = Field(32768, ge=1)
     """Token slots in the pool (paged mode); rounded down to whole pages."""
-    max_requests: int = 64
+    max_requests: int = Field(64, ge=1)
     """Rows of req_to_token: requests that may hold KV at once."""
-    max_context: int | None = None
+    max_context: int | None = Field(None, ge=2)
     """Longest sequence (prompt + output) a request may reach; None = model max_seq_len."""
     radix: bool = True
     """Share complete prefix pages between requests through the radix cache (paged only)."""
-    dtype: str | None = None
-    """KV dtype: float32 | bfloat16 | float16; None = the model's dtype."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """KV dtype; None = the model's dtype."""
 
-    def validate(self, model_max_len: int) -> None:
-        if self.mode not in ("paged", "contiguous"):
-            raise ConfigError(f"cache mode '{self.mode}': use 'paged' or 'contiguous'")
-        if self.page_size < 1:
-            raise ConfigError(f"cache page_size={self.page_size}: must be >= 1")
-        if self.max_requests < 1:
-            raise ConfigError(f"cache max_requests={self.max_requests}: must be >= 1")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ConfigError(f"cache dtype '{self.dtype}': use one of {', '.join(DTYPES)}")
+    def check(self, model_max_len: int) -> None:
+        """What depends on the model: the context fits its RoPE table, the pool one context."""
         ctx = self.context_len(model_max_len)
-        if ctx < 2:
-            raise ConfigError(f"cache max_context={ctx}: must be >= 2")
         if self.mode == "paged" and self.num_pages() * self.page_size < ctx:
             raise ConfigError(
                 f"cache max_kv_tokens={self.max_kv_tokens} holds fewer than max_context={ctx} "
@@ -71,27 +65,16 @@ class CacheConfig:
         return default if self.dtype is None else DTYPES[self.dtype]
 
 
-@dataclass
-class SchedulerConfig:
+class SchedulerConfig(TypedConfig):
     """Continuous-batching policy (vLLM v1 style: decodes first, then prefill chunks)."""
 
-    max_step_tokens: int = 2048
+    config_name = "scheduler"
+
+    max_step_tokens: int = Field(2048, ge=1)
     """Token budget of one step; a longer prompt is prefilled in chunks of what remains."""
-    max_running: int | None = None
+    max_running: int | None = Field(None, ge=1)
     """Requests decoding at once; None = cache max_requests."""
-    watermark: float = 0.01
+    watermark: float = Field(0.01, ge=0, lt=1)
     """Fraction of pages kept free when admitting new requests (fewer preemptions)."""
     prompt_overflow: Literal["error", "truncate"] = "error"
     """A prompt longer than the context: fail, or keep its last tokens with a warning."""
-
-    def validate(self) -> None:
-        if self.max_step_tokens < 1:
-            raise ConfigError(f"scheduler max_step_tokens={self.max_step_tokens}: must be >= 1")
-        if self.max_running is not None and self.max_running < 1:
-            raise ConfigError(f"scheduler max_running={self.max_running}: must be >= 1")
-        if not 0.0 <= self.watermark < 1.0:
-            raise ConfigError(f"scheduler watermark={self.watermark}: must be in [0, 1)")
-        if self.prompt_overflow not in ("error", "truncate"):
-            raise ConfigError(
-                f"scheduler prompt_overflow='{self.prompt_overflow}': use 'error' or 'truncate'"
-            )

@@ -63,9 +63,8 @@ class Engine:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.cache_config = cache_config = cache_config or CacheConfig()
-        cache_config.validate(cfg.max_seq_len)
+        cache_config.check(cfg.max_seq_len)
         self.scheduler_config = sched = scheduler_config or SchedulerConfig()
-        sched.validate()
         self.max_context = cache_config.context_len(cfg.max_seq_len)
         self.vocab_size = cfg.vocab_size
         p = next(model.parameters())

@@ -70,17 +70,25 @@ def write_marker(tmp: Path, source: Path) -> None:
 
 
 @contextlib.contextmanager
-def export_output(out: Path, source: Path) -> Iterator[Path]:
-    """The temporary directory to write export `out` into (after the removal of killed
-    exports' temporary directories); marked and renamed to `out` when the block ends,
-    deleted when it raises. A one-line CheckpointError when it cannot be created."""
+def export_tempdir(out: Path, what: str = "OUT_DIR") -> Iterator[Path]:
+    """A locked temporary directory beside export `out` (after the removal of killed
+    exports' temporary directories); a one-line CheckpointError naming `what` when it
+    cannot be created. The caller moves its result into place and cleans up."""
     remove_abandoned(out)
     with contextlib.ExitStack() as held:  # the lock on the temporary directory
         try:
             tmp = held.enter_context(sibling_tempdir(out))
         except OSError as e:
             raise CheckpointError(f"{out}: cannot create it ({e.strerror or e}); choose a "
-                                  "writable OUT_DIR") from None
+                                  f"writable {what}") from None
+        yield tmp
+
+
+@contextlib.contextmanager
+def export_output(out: Path, source: Path) -> Iterator[Path]:
+    """The temporary directory to write export `out` into (export_tempdir); marked and
+    renamed to `out` when the block ends, deleted when it raises."""
+    with export_tempdir(out) as tmp:
         try:
             yield tmp
             write_marker(tmp, source)

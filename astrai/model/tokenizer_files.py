@@ -24,6 +24,30 @@ def _read(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def tokenizer_json(path: Path) -> dict[str, Any]:
+    """`path`/tokenizer.json as a dict ({} when missing or unreadable)."""
+    return _read(path / "tokenizer.json")
+
+
+def tokenizer_config(path: Path) -> dict[str, Any]:
+    """`path`/tokenizer_config.json as a dict ({} when missing or unreadable)."""
+    return _read(path / "tokenizer_config.json")
+
+
+def chat_template(path: Path) -> str | None:
+    """The chat template as astrai's tokenizer loader finds it: chat_template.jinja, else
+    tokenizer_config.json's "chat_template" (of a list of named templates, "default")."""
+    try:
+        return (path / "chat_template.jinja").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        pass
+    value = tokenizer_config(path).get("chat_template")
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        value = named.get("default") or next(iter(named.values()), None)
+    return value if isinstance(value, str) else None
+
+
 def token_ids(path: Path) -> dict[str, int]:
     """Token string -> id over tokenizer.json's vocabulary and added tokens."""
     tok = _read(path / "tokenizer.json")

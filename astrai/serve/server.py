@@ -30,8 +30,6 @@ log = logging.getLogger("astrai.serve")
 
 def load_engine(config: ServeConfig) -> Any:
     """The Engine over config.model_path, its KV rows sized for max_running requests."""
-    import dataclasses
-
     from astrai.infer.engine import Engine
     from astrai.infer.loading import load_model, load_tokenizer
 
@@ -44,8 +42,8 @@ def load_engine(config: ServeConfig) -> Any:
         tok.chat_template = tpl.read_text(encoding="utf-8")
     model = load_model(path, device=config.device, dtype=config.dtype, adapter=config.adapter,
                        quantize=config.quantize)
-    cache = dataclasses.replace(config.cache, max_requests=config.max_running)
-    sched = dataclasses.replace(config.scheduler, max_running=config.max_running)
+    cache = config.cache.model_copy(update={"max_requests": config.max_running})
+    sched = config.scheduler.model_copy(update={"max_running": config.max_running})
     return Engine(model, tok, cache, config.backend, scheduler_config=sched, seed=config.seed)
 
 

@@ -6,7 +6,7 @@ Entry points: `train(config)`, `resume(run_dir)`, `plan_run(config)` (astrai.tra
 from astrai.config.train import TrainConfig, load_train_config
 from astrai.train.callbacks import Callback, default_callbacks
 from astrai.train.context import TrainContext, TrainerState
-from astrai.train.executor import EXECUTORS, Executor, NoneExecutor
+from astrai.train.executors import EXECUTORS, Executor, NoneExecutor
 from astrai.train.report import MicroBatch, StepControl, StepReport
 from astrai.train.run import TrainSummary, plan_run, resume, train
 from astrai.train.strategies import STRATEGIES, Strategy

@@ -28,8 +28,9 @@ from astrai.train.compile import (
     checkpoint_module_types,
 )
 from astrai.train.context import RunPaths, TrainContext, TrainerState
+from astrai.train.bf16_update import restore_rounding, rounding_seed
 from astrai.train.data import TrainData
-from astrai.train.executor import EXECUTORS
+from astrai.train.executors import EXECUTORS
 from astrai.train.executors.process_group import check_parallel, expected_world_size
 from astrai.train.model_source import ModelSource, resolve_model
 from astrai.train.optim import build_optimizer, planned_groups
@@ -90,7 +91,8 @@ def prepare(config: TrainConfig, data: TrainData, *, world_size: int | None = No
         )
     device = resolve_device(config.runtime.device)
     precision = resolve_precision(config.precision.mode, device,
-                                  config.precision.optimizer_state_dtype)
+                                  config.precision.optimizer_state_dtype,
+                                  config.precision.bf16_update)
     types = checkpoint_module_types(config.runtime.gradient_checkpointing_modules)
     check_parallel(config, world_size, device)
     if source is None:
@@ -165,7 +167,8 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
         return apply_compile(model, config.runtime.compile, backend=config.runtime.compile_backend)
 
     def optimizer_fn(model):
-        return build_optimizer(model, config, p.precision.state_dtype)
+        seed = rounding_seed(config.seed, executor.rank, config.runtime.parallel)
+        return build_optimizer(model, config, p.precision.state_dtype, rounding_seed=seed)
 
     def scheduler_fn(optimizer):
         return SCHEDULERS.get(config.schedule.name)(
@@ -209,6 +212,7 @@ def restore(ctx: TrainContext, resume: dict[str, Any]) -> dict[str, Any]:
 
     ts = resume["trainer_state"]
     ctx.executor.load_optimizer_state_dict(ctx.optimizer, resume["optimizer"])
+    restore_rounding(ctx.optimizer, ts.get("bf16_rounding"), ctx.executor.rank)
     ctx.scheduler.load_state_dict(resume["scheduler"])
     state = TrainerState(**ts["state"])
     if state.step > ctx.total_steps:

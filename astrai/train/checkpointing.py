@@ -28,6 +28,7 @@ from safetensors import SafetensorError, safe_open
 from astrai.atomic import write_text_atomic
 from astrai.errors import CheckpointError
 from astrai.model.checkpoint import CONFIG, META, WEIGHTS, load_extra, read_meta, save_checkpoint
+from astrai.train.bf16_update import rounding_states
 from astrai.train.checkpoint_errors import (
     damaged_hint,
     disk_full_message,
@@ -109,9 +110,12 @@ def prune(ckpt_dir: Path, keep_last: int) -> None:
         remove_checkpoint(p)
 
 
-def trainer_state_payload(ctx: TrainContext, callbacks: list[Any]) -> dict[str, Any]:
+def trainer_state_payload(ctx: TrainContext, callbacks: list[Any],
+                          rounding: list[Any] | None = None) -> dict[str, Any]:
+    """`rounding`: every rank's stochastic-rounding generator state (rounding_states)."""
     return {
         "state": ctx.state.to_dict(),
+        "bf16_rounding": rounding,
         "rng": ctx.boundary_rng,
         "sampler": ctx.boundary_sampler,
         "strategy": ctx.strategy.state_dict(),
@@ -142,6 +146,7 @@ def save_training_checkpoint(ctx: TrainContext, callbacks: list[Any]) -> Path | 
     sharded state is collective); rank 0 writes."""
     weights = ctx.executor.model_state_dict()
     optimizer = ctx.executor.optimizer_state_dict(ctx.optimizer)
+    rounding = rounding_states(ctx.optimizer)
     path = None
     if ctx.is_main:
         s = ctx.state
@@ -153,7 +158,7 @@ def save_training_checkpoint(ctx: TrainContext, callbacks: list[Any]) -> Path | 
         path = ctx.paths.ckpt_dir / step_dir_name(s.step)
         weights, write_adapter = split_adapter(ctx, weights)
         extras = {"optimizer": optimizer, "scheduler": ctx.scheduler.state_dict(),
-                  "trainer_state": trainer_state_payload(ctx, callbacks)}
+                  "trainer_state": trainer_state_payload(ctx, callbacks, rounding)}
         try:
             save_checkpoint(path, weights, ctx.model_config, tokenizer_dir=ctx.tokenizer_dir,
                             meta=meta, extras=extras, write_more=write_adapter)

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 
 from astrai.config.train import TrainConfig
 from astrai.model.config import ModelConfig
-from astrai.train.executor import Executor
+from astrai.train.executors import Executor
 from astrai.train.report import StepReport
 from astrai.train.schedule import LRScheduler
 from astrai.train.strategies.base import Strategy

@@ -20,9 +20,9 @@ This is torch.optim.Muon op for op (same Newton-Schulz coefficients, eps, bf16 i
 and decay), tested against it; two things differ: the momentum buffer lives in
 `state_dtype` (fp32 with bf16-true weights, as astrai.train.adamw keeps AdamW's moments),
 and the update is computed in fp32 with only the final weight write rounded to the
-parameter dtype. Muon is for hidden matrices only: embeddings, the output head, norms,
-biases, the MoE router and reward heads take AdamW (as Jordan 2024 prescribes), in the
-same optimizer object so the LR schedule, checkpoints and resume treat it as one (its
+parameter dtype (by astrai.train.bf16_update: nearest, stochastic or Kahan). Muon is for
+hidden matrices only: embeddings, the output head, norms, biases, the MoE router and
+reward heads take AdamW (as Jordan 2024 prescribes), in the same optimizer object so the LR schedule, checkpoints and resume treat it as one (its
 state_dict is torch's layout, with a `muon` flag per group).
 """
 
@@ -80,9 +80,11 @@ class MuonAdamW(AdamW):
                  weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, momentum: float = 0.95, nesterov: bool = True,
                  adjust_lr: AdjustLR = "match_rms_adamw", ns_steps: int = NS_STEPS,
-                 state_dtype: torch.dtype = torch.float32) -> None:
+                 state_dtype: torch.dtype = torch.float32, bf16_update: str = "nearest",
+                 rounding_seed: int = 0) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         state_dtype=state_dtype, momentum=momentum, nesterov=nesterov,
+                         state_dtype=state_dtype, bf16_update=bf16_update,
+                         rounding_seed=rounding_seed, momentum=momentum, nesterov=nesterov,
                          adjust_lr=adjust_lr, ns_steps=ns_steps, muon=False)
         for group in self.param_groups:
             adjusted_lr(1.0, (1, 1), group["adjust_lr"])  # a bad name fails here
@@ -104,9 +106,9 @@ class MuonAdamW(AdamW):
         b32.lerp_(g, 1 - mu)
         update = g.lerp(b32, mu) if group["nesterov"] else b32
         ortho = newton_schulz(update, steps=group["ns_steps"])
-        p32 = p.float()
+        p32 = self.writer.read(p, state)
         p32.mul_(1 - lr * wd)
         p32.add_(ortho, alpha=-adjusted_lr(lr, p.shape, group["adjust_lr"]))
-        for dst, src in ((p, p32), (buf, b32)):
-            if dst.data_ptr() != src.data_ptr():
-                dst.copy_(src)  # round to the stored dtype
+        self.writer.write(p, p32, state)  # nearest, stochastic or Kahan (--bf16-update)
+        if buf.data_ptr() != b32.data_ptr():
+            buf.copy_(b32)  # round to the stored dtype

@@ -14,35 +14,45 @@ from astrai.train.param_groups import decay_param_groups, muon_param_groups
 
 
 def build_adamw(model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
-                eps: float, state_dtype: torch.dtype = torch.float32) -> torch.optim.Optimizer:
+                eps: float, state_dtype: torch.dtype = torch.float32,
+                bf16_update: str = "nearest", rounding_seed: int = 0) -> torch.optim.Optimizer:
     """AdamW over decay_param_groups; moments in `state_dtype`. torch's AdamW keeps moments
-    in the weights' dtype, so when they differ (bf16-true weights with fp32 moments, the
-    paper's advice) astrai.train.adamw.AdamW is used instead."""
+    in the weights' dtype and rounds bf16 weights to nearest, so when they differ (bf16-true
+    weights with fp32 moments, the paper's advice) or another write of bf16 weights is asked
+    for (astrai.train.bf16_update) astrai.train.adamw.AdamW is used instead. LoRA adapters
+    are fp32 over any base, so they keep torch's fused AdamW in every --bf16-update mode."""
     groups = decay_param_groups(model, weight_decay)
-    if any(p.dtype != state_dtype for g in groups for p in g["params"]):
-        return AdamW(groups, lr=lr, betas=betas, eps=eps, state_dtype=state_dtype)
+    params = [p for g in groups for p in g["params"]]
+    rounds = bf16_update != "nearest" and any(p.dtype == torch.bfloat16 for p in params)
+    if rounds or any(p.dtype != state_dtype for p in params):
+        return AdamW(groups, lr=lr, betas=betas, eps=eps, state_dtype=state_dtype,
+                     bf16_update=bf16_update, rounding_seed=rounding_seed)
     # The fused kernel is one elementwise pass per tensor (faster than foreach on CPU; figures
     # in docs/train.md "Measured"), with no reductions, so runs stay bit-reproducible;
     # FSDP2's sharded (DTensor) parameters support it too.
-    params = [p for g in groups for p in g["params"]]
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
 
 
-def build_optimizer(model: nn.Module, config: Any, state_dtype: torch.dtype = torch.float32
-                    ) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, config: Any, state_dtype: torch.dtype = torch.float32,
+                    *, rounding_seed: int = 0) -> torch.optim.Optimizer:
     """The optimizer `config` (a TrainConfig) asks for, over `model`'s trainable
-    parameters: AdamW (build_adamw), or Muon on the hidden matrices + AdamW on the rest."""
+    parameters: AdamW (build_adamw), or Muon on the hidden matrices + AdamW on the rest;
+    bf16 weights written as config.precision.bf16_update says, stochastic rounding seeded
+    by `rounding_seed` (astrai.train.bf16_update.rounding_seed)."""
     o = config.optimizer
     betas = (o.adam_beta1, o.adam_beta2)
+    update = config.precision.bf16_update
     if o.name == "adamw":
         return build_adamw(model, lr=o.max_lr, weight_decay=o.weight_decay,
-                           betas=betas, eps=o.adam_eps, state_dtype=state_dtype)
+                           betas=betas, eps=o.adam_eps, state_dtype=state_dtype,
+                           bf16_update=update, rounding_seed=rounding_seed)
     groups = muon_param_groups(model, lr=o.max_lr, muon_lr=o.muon_lr_value,
                                weight_decay=o.weight_decay)
     return MuonAdamW(groups, lr=o.max_lr, weight_decay=o.weight_decay, betas=betas,
                      eps=o.adam_eps, momentum=o.muon_momentum,
-                     adjust_lr=o.muon_adjust_lr, state_dtype=state_dtype)
+                     adjust_lr=o.muon_adjust_lr, state_dtype=state_dtype,
+                     bf16_update=update, rounding_seed=rounding_seed)
 
 
 def describe_groups(optimizer_or_groups: Any) -> list[dict[str, Any]]:

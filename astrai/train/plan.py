@@ -36,14 +36,38 @@ def warmup_steps(total: int, warmup_ratio: float, warmup: int | None = None) -> 
     return min(total, warmup if warmup is not None else round(warmup_ratio * total))
 
 
+UPDATE_MODES = (("fp32", "nearest"), ("bf16-mixed", "nearest"), ("bf16-true", "nearest"),
+                ("bf16-true", "stochastic"), ("bf16-true", "kahan"))
+
+
+def bytes_per_param(precision: str, bf16_update: str = "nearest", *, state_bytes: int = 4,
+                    muon_share: float = 0.0) -> dict[str, float]:
+    """Bytes each trained parameter holds: weight + gradient (2 each for bf16-true, else 4)
+    + optimizer state: two AdamW moments of `state_bytes` (one momentum buffer for the
+    `muon_share` of parameters Muon trains), plus Kahan's bf16 compensation (2). Stochastic
+    rounding adds only its generators (a few KB per device)."""
+    weight = 2 if precision == "bf16-true" else 4
+    state = (2 - muon_share) * state_bytes + (2 if bf16_update == "kahan" else 0)
+    return {"weights": weight, "gradients": weight, "optimizer": round(state, 3),
+            "total": round(2 * weight + state, 3)}
+
+
+def bytes_per_param_table(state_bytes: int = 4, muon_share: float = 0.0
+                          ) -> dict[str, dict[str, float]]:
+    """bytes_per_param of every precision / --bf16-update pair (what --dry-run lists)."""
+    return {(p if p != "bf16-true" else f"{p} {u}"): bytes_per_param(
+        p, u, state_bytes=state_bytes, muon_share=muon_share) for p, u in UPDATE_MODES}
+
+
 def memory_estimate(config: ModelConfig, batch_size: int, seq_len: int, *,
                     param_bytes: int = 4, act_bytes: int = 4,
                     gradient_checkpointing: bool = False, state_bytes: int = 4,
                     shards: int = 1, trainable: int | None = None,
-                    muon_params: int = 0) -> dict[str, int]:
+                    muon_params: int = 0, kahan: bool = False) -> dict[str, int]:
     """Rough peak bytes on one device: weights + grads (param_bytes each) + the two AdamW
-    moments (state_bytes each; Muon's `muon_params` have one momentum buffer) +
-    activations; FSDP divides the first three by `shards`.
+    moments (state_bytes each; Muon's `muon_params` have one momentum buffer; `kahan`: a
+    2-byte compensation per parameter) + activations; FSDP divides the first three by
+    `shards`.
     `trainable`: a LoRA run's adapter parameters (fp32, with fp32 gradients and moments);
     the base then has neither gradients nor moments.
 
@@ -62,7 +86,7 @@ def memory_estimate(config: ModelConfig, batch_size: int, seq_len: int, *,
     logits = B * T * V * 4 * 2
     out = {
         "weights": n * param_bytes // shards, "gradients": n * param_bytes // shards,
-        "optimizer": (n * 2 - muon_params) * state_bytes // shards,
+        "optimizer": ((n * 2 - muon_params) * state_bytes + (2 * n if kahan else 0)) // shards,
         "activations": int(acts + logits),
     }
     if trainable is not None:
@@ -112,6 +136,10 @@ class TrainPlan:
     param_groups: list[dict] | None = None
     """The optimizer's parameter groups (name, optimizer, tensors, params, lr, weight_decay);
     None for LoRA runs (AdamW on the adapters)."""
+    bf16_update: str = "nearest"
+    bytes_per_param: dict[str, dict[str, float]] | None = None
+    """Weights + gradients + optimizer state per trained parameter for each precision and
+    --bf16-update mode (bytes_per_param_table); None for LoRA runs (fp32 adapters)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -144,6 +172,9 @@ def make_plan(*, config, model_config: ModelConfig, model_desc: str, dataset_kin
     eff = world_size * config.batch_size * config.grad_accum_steps
     trainable = _trainable(config, model_config)
     muon = sum(g["params"] for g in param_groups or [] if g["optimizer"] == "muon")
+    state_bytes = 2 if config.precision.optimizer_state_dtype == "bf16" else 4
+    n = param_counts(model_config).total
+    update = config.precision.bf16_update
     return TrainPlan(
         strategy=config.strategy, dataset=str(config.data), dataset_kind=dataset_kind,
         dataset_samples=dataset_len, seq_len=seq_len, model=model_desc,
@@ -163,12 +194,14 @@ def make_plan(*, config, model_config: ModelConfig, model_desc: str, dataset_kin
             param_bytes=2 if precision == "bf16-true" else 4,
             act_bytes=2 if precision.startswith("bf16") else 4,
             gradient_checkpointing=config.runtime.gradient_checkpointing,
-            state_bytes=2 if config.precision.optimizer_state_dtype == "bf16" else 4,
+            state_bytes=state_bytes,
             shards=world_size if config.runtime.parallel == "fsdp" else 1, trainable=trainable,
-            muon_params=muon),
+            muon_params=muon, kahan=update == "kahan" and precision == "bf16-true"),
         parallel=config.runtime.parallel, nnodes=config.runtime.nnodes,
         nprocs=config.runtime.nprocs, optimizer_state_dtype=config.precision.optimizer_state_dtype,
         compile=config.runtime.compile,
         gradient_checkpointing=config.runtime.gradient_checkpointing, trainable_params=trainable,
-        optimizer=config.optimizer.name, param_groups=param_groups,
+        optimizer=config.optimizer.name, param_groups=param_groups, bf16_update=update,
+        bytes_per_param=None if trainable is not None else bytes_per_param_table(
+            state_bytes, muon / n if n else 0.0),
     )

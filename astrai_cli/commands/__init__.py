@@ -13,8 +13,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                       "and a sample in minutes.")),
     "info": ("info_cmd", ("Show a model's config, parameters by component, FLOPs per token "
                           "and weight memory.")),
-    "export": ("export_cmd", ("Export a checkpoint to Hugging Face format "
-                              "(AutoModelForCausalLM.from_pretrained).")),
+    "export": ("export_cmd", ("Export a checkpoint to Hugging Face format or to GGUF "
+                              "(llama.cpp, ollama).")),
     "kernels": ("kernels_cmd", ("Report the CUDA kernels: built or not, for which GPUs, "
                                 "and why not.")),
     "tokenizer": ("tokenizer_cmd", "Train and inspect byte-level BPE tokenizers."),
@@ -43,7 +43,8 @@ EXAMPLES: dict[str, list[str]] = {
     "": ["astrai quickstart", "astrai train --help"],
     "quickstart": ["astrai quickstart --out runs/quickstart"],
     "info": ["astrai info tiny"],
-    "export": ["astrai export runs/sft hf/sft --format hf"],
+    "export": ["astrai export runs/sft hf/sft --format hf",
+               "astrai export runs/sft sft.gguf --format gguf --quantize q8_0"],
     "kernels": ["astrai kernels"],
     "tokenizer": ["astrai tokenizer train corpus.jsonl --vocab-size 4096 --out runs/tokenizer"],
     "tokenizer train": [("astrai tokenizer train corpus.jsonl --vocab-size 4096 "

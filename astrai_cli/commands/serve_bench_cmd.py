@@ -221,10 +221,10 @@ def register(app: typer.Typer) -> None:
             threads=None if threads is None else use_threads(threads),
             dtype=None if dtype == "auto" else dtype,
             adapter=None if adapter is None else str(adapter), quantize=quantize,
-            cache=CacheConfig(page_size=page_size, max_kv_tokens=max_kv_tokens,
-                              max_requests=max_requests, radix=not no_radix,
-                              max_context=max_context),
-            scheduler=SchedulerConfig(max_step_tokens=max_step_tokens),
+            cache=CacheConfig.from_dict(dict(
+                page_size=page_size, max_kv_tokens=max_kv_tokens, max_requests=max_requests,
+                radix=not no_radix, max_context=max_context)),
+            scheduler=SchedulerConfig.from_dict(dict(max_step_tokens=max_step_tokens)),
             base_url=base_url, endpoint=endpoint, model=model, api_key=api_key,
         )
         if base_url is None:

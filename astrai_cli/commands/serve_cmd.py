@@ -87,9 +87,9 @@ def register(app: typer.Typer) -> None:
             dtype=None if dtype == "auto" else dtype, backend=backend, seed=seed,
             adapter=None if adapter is None else str(adapter), quantize=quantize,
             chat_template=None if chat_template is None else str(chat_template),
-            cache=CacheConfig(page_size=page_size, max_kv_tokens=max_kv_tokens,
-                              max_context=max_context),
-            scheduler=SchedulerConfig(max_step_tokens=max_step_tokens))
+            cache=CacheConfig.from_dict(dict(page_size=page_size, max_kv_tokens=max_kv_tokens,
+                                             max_context=max_context)),
+            scheduler=SchedulerConfig.from_dict(dict(max_step_tokens=max_step_tokens)))
         config.validate()  # bad flags fail before the weights load
         warn_dtype(device, dtype)
         warning = open_warning(host, config.api_key)

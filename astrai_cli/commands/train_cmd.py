@@ -161,6 +161,26 @@ def _group_row(g: dict[str, Any]) -> str:
             f"decay {g['weight_decay']:g}")
 
 
+def _update(plan: dict[str, Any]) -> str:
+    """`, stochastic bf16 update` for bf16-true runs that do not round to nearest."""
+    update = plan.get("bf16_update", "nearest")
+    return f", {update} bf16 update" if update != "nearest" else ""
+
+
+def _bytes_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
+    """`bytes / parameter` rows: weights + gradients + optimizer state of each mode, the
+    run's own marked."""
+    table = plan.get("bytes_per_param")
+    if not table:
+        return []
+    update = plan.get("bf16_update", "nearest")
+    mine = plan["precision"] if plan["precision"] != "bf16-true" else f"bf16-true {update}"
+    return [("bytes / parameter", "weights + gradients + optimizer state")] + [
+        (f"  {mode}" + (" (this run)" if mode == mine else ""),
+         f"{b['weights']:g} + {b['gradients']:g} + {b['optimizer']:g} = {b['total']:g}")
+        for mode, b in table.items()]
+
+
 def _count(n: int, one: str, many: str) -> str:
     """`1 process`, `2 processes`."""
     return f"{n} {one if n == 1 else many}"
@@ -191,7 +211,9 @@ def render_plan(plan: dict[str, Any], console: Console) -> None:
         ("optimizer", plan.get("optimizer", "adamw")),
         *[(f"  {g['name']}", _group_row(g)) for g in plan.get("param_groups") or []],
         ("device / precision", (f"{plan['device']} / {plan['precision']} (optimizer "
-                                f"moments {plan.get('optimizer_state_dtype', 'fp32')})")),
+                                f"moments {plan.get('optimizer_state_dtype', 'fp32')}"
+                                + _update(plan) + ")")),
+        *_bytes_rows(plan),
         ("parallel", (f"{plan.get('parallel', 'none')}: "
                       f"{_count(plan['world_size'], 'process', 'processes')} "
                       f"({_count(plan.get('nnodes', 1), 'node', 'nodes')} x "

@@ -99,7 +99,7 @@ def test_strategy_values_complete():
 
 def test_static_names_match_the_registries():
     """Completion lists strategy and executor names without importing astrai.train."""
-    from astrai.train.executor import EXECUTORS
+    from astrai.train.executors import EXECUTORS
     from astrai_cli.commands.train_cmd import EXECUTOR_NAMES, STRATEGY_NAMES
 
     assert sorted(STRATEGY_NAMES) == sorted(strategy_names())

@@ -143,3 +143,21 @@ def test_eval_takes_an_adapter(setup, tmp_path):
     assert nll(base, "--adapter", adapter) == pytest.approx(want.nll, rel=1e-5)
     assert nll(lora_ckpt) == pytest.approx(want.nll, rel=1e-5)
     assert nll(base) != pytest.approx(want.nll, rel=1e-3)
+
+
+def test_export_gguf_merges_the_adapter(setup, tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from astrai.model.gguf_names import gguf_name, unpermute_rows
+
+    _, _, lora_ckpt, merged, _ = setup
+    r = runner.invoke(app, ["export", str(lora_ckpt), str(tmp_path / "m.gguf"), "--format",
+                            "gguf", "--dtype", "f32"])
+    assert r.exit_code == 2 and "--merge-lora" in r.output  # full weights only
+    assert not (tmp_path / "m.gguf").exists()
+    r = runner.invoke(app, ["export", str(lora_ckpt), str(tmp_path / "m.gguf"), "--format",
+                            "gguf", "--dtype", "f32", "--merge-lora"])
+    assert r.exit_code == 0, r.output
+    got = {t.name: t.data for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    name = "layers.0.attn.q_proj.weight"
+    q = unpermute_rows(torch.from_numpy(got[gguf_name(name)].copy()), merged.config.n_heads)
+    torch.testing.assert_close(q, merged.state_dict()[name], rtol=0, atol=0)

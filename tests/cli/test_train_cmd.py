@@ -246,3 +246,26 @@ def test_muon_dry_run_shows_groups_and_refusals_exit_2(datasets, tmp_path):
     one_line_error(invoke("train", "--data", datasets["pretrain"], "--out", out, *SMALL,
                           "--muon-momentum", "0.9"), "--optimizer muon")
     assert not out.exists()
+
+
+def test_bf16_update_dry_run_shows_bytes_per_param_and_refusal_exit_2(datasets, tmp_path):
+    """--dry-run lists weights + gradients + optimizer state per parameter for every
+    precision / --bf16-update mode; the option with fp32 weights is a one-line error."""
+    out = tmp_path / "run"
+    args = ("train", "--data", datasets["pretrain"], "--out", out, *SMALL, "--precision",
+            "bf16-true", "--bf16-update", "kahan", "--dry-run")
+    r = invoke(*args, "--json")
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    totals = {k: v["total"] for k, v in plan["bytes_per_param"].items()}
+    assert totals == {"fp32": 16, "bf16-mixed": 16, "bf16-true nearest": 12,
+                      "bf16-true stochastic": 12, "bf16-true kahan": 14}
+    assert plan["bf16_update"] == "kahan"
+    assert plan["memory_bytes"]["optimizer"] == plan["params"] * 10  # 2 fp32 moments + comp
+    r = invoke(*args)
+    assert r.exit_code == 0 and "bytes / parameter" in r.stdout
+    assert "bf16-true kahan (this run)" in r.stdout and "2 + 2 + 10 = 14" in r.stdout
+    one_line_error(invoke("train", "--data", datasets["pretrain"], "--out", out, *SMALL,
+                          "--bf16-update", "stochastic"),
+                   "bf16_update: 'stochastic' needs --precision bf16-true", "auto = fp32")
+    assert not out.exists()

@@ -193,3 +193,19 @@ def test_build_kv_cache_fields():
               "out_cache_loc", "positions"):
         a, b = getattr(rec, f), getattr(rec2, f)
         assert a.dtype == b.dtype and torch.equal(a, b), f
+
+
+def test_cache_and_scheduler_configs_refuse_bad_values_in_one_line():
+    from astrai.errors import ConfigError
+    from astrai.infer.config import CacheConfig, SchedulerConfig
+
+    with pytest.raises(ConfigError, match=r"^cache: page_size: .*greater than or equal to 1"):
+        CacheConfig.from_dict({"page_size": 0})
+    with pytest.raises(ConfigError, match=r"^cache: mode: "):
+        CacheConfig.from_dict({"mode": "ring"})
+    with pytest.raises(ConfigError, match=r"^scheduler: watermark: .*less than 1"):
+        SchedulerConfig.from_dict({"watermark": 1.0})
+    with pytest.raises(ConfigError, match=r"^scheduler: max_step_tokens: expected a number"):
+        SchedulerConfig.from_dict({"max_step_tokens": True})
+    with pytest.raises(ConfigError, match="max_context=64 exceeds the model's max_seq_len=32"):
+        CacheConfig(max_context=64).check(32)

@@ -118,9 +118,42 @@ def scenarios(out_root: str, names: list[str]) -> dict:
         elif what == "muon":
             train(config_for(run, kind, parallel=parallel, optimizer="muon"),
                   data=data_for(kind))
+        elif what == "stochastic":  # bf16-true weights, --bf16-update stochastic
+            results[name] = stochastic_scenario(run, kind, parallel)
         elif what in ("block", "model"):  # torch.compile + activation checkpointing
             train(config_for(run, kind, parallel=parallel, **compiled(what)), data=data_for(kind))
     return results
+
+
+class LocalWeights(Callback):
+    """This rank's own (local shard of the) weights at the end, as float64 sums."""
+
+    name = "local_weights"
+
+    def on_train_end(self, ctx):
+        self.sums = [float(getattr(p, "_local_tensor", p).double().sum())
+                     for p in ctx.model.parameters()]
+
+
+def stochastic_scenario(run: Path, kind: str, parallel: str) -> dict:
+    """A bf16-true stochastic-rounding run of 4 steps, straight and interrupted after step 3
+    then resumed: each rank's final local weights of both."""
+    kw = {"parallel": parallel, "precision": "bf16-true", "bf16_update": "stochastic",
+          "max_steps": 4, "ckpt_interval": 2, "max_lr": 1e-2}
+    straight = LocalWeights()
+    train(config_for(run / "straight", kind, **kw), data=data_for(kind), callbacks=[straight])
+    try:
+        train(config_for(run / "cut", kind, **kw), data=data_for(kind),
+              callbacks=[StopAfterStep(3)])
+    except Interrupt:
+        pass
+    return {"straight": straight.sums, "resumed": _resume_sums(run / "cut" / "run", kind)}
+
+
+def _resume_sums(run_dir: Path, kind: str) -> list[float]:
+    cb = LocalWeights()
+    resume(run_dir, data=data_for(kind), callbacks=[cb])
+    return cb.sums
 
 
 def losses(run_dir: Path) -> list[float]:

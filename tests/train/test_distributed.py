@@ -92,6 +92,30 @@ def test_two_processes_match_one(tmp_path):
     assert losses(muon_ref) != losses(tmp_path / "ref-pretrain-8" / "run")  # Muon was used
 
 
+def test_bf16_stochastic_rounding_two_processes(tmp_path):
+    """--bf16-update stochastic on 2 processes: ddp replicas draw identical bits, so their
+    bf16 weights stay identical; fsdp ranks draw their own streams for their shards, and a
+    run interrupted after step 3 and resumed ends with every rank's shard of the straight
+    run (each rank's generator state came back); ddp resumes exactly too."""
+    names = ["ddp-pretrain-stochastic", "fsdp-pretrain-stochastic"]
+    res = run_workers(scenarios, (str(tmp_path), names), nprocs=2)
+    ddp = [res[r]["ddp-pretrain-stochastic"] for r in (0, 1)]
+    assert ddp[0]["straight"] == ddp[1]["straight"]  # replicas identical
+    for r in (0, 1):
+        for name in names:
+            assert res[r][name]["resumed"] == res[r][name]["straight"], (name, r)
+    fsdp = [res[r]["fsdp-pretrain-stochastic"]["straight"] for r in (0, 1)]
+    assert fsdp[0] != fsdp[1]  # different shards
+    ts = torch.load(tmp_path / names[1] / "straight" / "run" / "checkpoints" / "step_4" /
+                    "trainer_state.pt", weights_only=True)
+    states = [s["generators"]["cpu"] for s in ts["bf16_rounding"]]
+    assert len(states) == 2 and not torch.equal(states[0], states[1])  # own streams
+    ts = torch.load(tmp_path / names[0] / "straight" / "run" / "checkpoints" / "step_4" /
+                    "trainer_state.pt", weights_only=True)
+    states = [s["generators"]["cpu"] for s in ts["bf16_rounding"]]
+    assert torch.equal(states[0], states[1])  # ddp: one shared stream
+
+
 @pytest.mark.slow
 def test_two_processes_match_one_other_pairs(tmp_path):
     """The remaining executor x strategy pairs: ddp/sft and fsdp/seq."""

@@ -77,6 +77,25 @@ def test_bf16_base_keeps_fp32_adapters_and_moments(tmp_path):
                           for s in states)
 
 
+@pytest.mark.parametrize("update", ["stochastic", "kahan"])
+def test_bf16_update_with_lora_leaves_the_fp32_adapters_exact(update, tmp_path):
+    """--bf16-update on a bf16-true base with LoRA: the trained adapters are fp32, so no
+    write rounds; the run equals the nearest run byte for byte, with no Kahan buffers and
+    no random draws (the frozen bf16 base takes no update at all): torch's fused AdamW
+    keeps training them, as without the option."""
+    cap = Capture()
+    kw = {"strategy": "seq", "max_steps": 2, "precision": "bf16-true", **LORA}
+    train(make_config(tmp_path / "a", **kw), data=make_data("pretrain"))
+    train(make_config(tmp_path / "b", bf16_update=update, **kw), data=make_data("pretrain"),
+          callbacks=[cap])
+    writer = getattr(cap.ctx.optimizer, "writer", None)  # torch's fused AdamW: no writer
+    assert writer is None or not writer.generators
+    assert not any("kahan_comp" in s for s in cap.ctx.optimizer.state.values())
+    f = "adapter/adapter_model.safetensors"
+    assert (ckpt(tmp_path / "a" / "run", 2) / f).read_bytes() == \
+        (ckpt(tmp_path / "b" / "run", 2) / f).read_bytes()
+
+
 def test_interrupted_lora_run_resumes_bit_identical(tmp_path):
     """In process: a crash after micro-batch 3 (mid window), resumed (dropout on)."""
 

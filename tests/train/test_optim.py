@@ -7,7 +7,7 @@ from astrai.errors import ConfigError
 from astrai.model import build_model, get_preset
 from astrai.model.block import DecoderBlock
 from astrai.train.compile import apply_activation_checkpointing
-from astrai.train.executor import EXECUTORS
+from astrai.train.executors import EXECUTORS
 from astrai.train.param_groups import decay_param_groups
 
 from .conftest import TINY, VOCAB, collate, pretrain_samples

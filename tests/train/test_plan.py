@@ -27,3 +27,19 @@ def test_memory_estimate_counts_adamw_and_checkpointing():
     assert m["optimizer"] == 2 * m["weights"]
     assert m["total"] == sum(v for k, v in m.items() if k != "total")
     assert memory_estimate(c, 8, 256, gradient_checkpointing=True)["activations"] < m["activations"]
+
+
+def test_bytes_per_param_by_precision_and_bf16_update():
+    """weights + gradients + optimizer state: AdamW's two moments, Muon's one buffer, Kahan's
+    bf16 compensation."""
+    from astrai.train.plan import bytes_per_param
+
+    assert bytes_per_param("fp32")["total"] == 16
+    assert bytes_per_param("bf16-true", "stochastic")["total"] == 12
+    assert bytes_per_param("bf16-true", "kahan") == {"weights": 2, "gradients": 2,
+                                                     "optimizer": 10, "total": 14}
+    assert bytes_per_param("bf16-true", "nearest", state_bytes=2)["total"] == 8
+    assert bytes_per_param("bf16-true", "kahan", muon_share=1.0)["optimizer"] == 6
+    c = get_preset("tiny")
+    n = memory_estimate(c, 1, 8)["optimizer"]
+    assert memory_estimate(c, 1, 8, kahan=True)["optimizer"] == n * 10 // 8

@@ -145,17 +145,21 @@ def test_resumed_adamw_keeps_fp32_moments_of_bf16_weights():
         assert torch.equal(again.state[p][k], opt.state[p][k])
 
 
-@pytest.mark.parametrize("parallel,optimizer", [("none", "adamw"), ("none", "muon"),
-                                                ("fsdp", "adamw")])
-def test_bf16_true_resume_is_bit_identical(parallel, optimizer, tmp_path):
+@pytest.mark.parametrize("parallel,optimizer,update", [
+    ("none", "adamw", "nearest"), ("none", "muon", "nearest"), ("fsdp", "adamw", "nearest"),
+    ("none", "adamw", "stochastic"), ("none", "muon", "kahan"), ("fsdp", "adamw", "stochastic"),
+    ("fsdp", "adamw", "kahan"),
+])
+def test_bf16_true_resume_is_bit_identical(parallel, optimizer, update, tmp_path):
     """A bf16-true run interrupted after step 3 and resumed ends with the weights of the
-    straight run: its fp32 optimizer state came back fp32 (fsdp: as fp32 DTensor shards)."""
+    straight run: its fp32 optimizer state came back fp32 (fsdp: as fp32 DTensor shards),
+    the stochastic-rounding generator its state, the Kahan compensation its bf16 values."""
     from astrai.train import resume
 
     from .dist_helpers import Interrupt, StopAfterStep
 
     kw = {"precision": "bf16-true", "parallel": parallel, "optimizer": optimizer,
-          "max_steps": 5, "ckpt_interval": 2, "batch_size": 2}
+          "bf16_update": update, "max_steps": 5, "ckpt_interval": 2, "batch_size": 2}
     data = lambda: make_data("pretrain", n=16, T=8)
     train(make_config(tmp_path / "a", **kw), data=data())
     with pytest.raises(Interrupt):

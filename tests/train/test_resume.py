@@ -78,6 +78,7 @@ from astrai.train.callbacks import Callback
 from tests.train.conftest import make_config, make_data
 
 mode, kind, out, optimizer = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+extra = __import__("json").loads(sys.argv[5])
 
 class KillMidWindow(Callback):
     name = "kill"
@@ -103,30 +104,40 @@ else:
     ck.save_checkpoint = save_then_die
 strategy = "seq" if kind == "pretrain" else "sft"
 cfg = make_config(__import__("pathlib").Path(out), strategy=strategy, grad_accum_steps=2,
-                  epochs=4, ckpt_interval=2, optimizer=optimizer)
+                  epochs=4, ckpt_interval=2, optimizer=optimizer, **extra)
 train(cfg, data=make_data(kind, n=20), callbacks=cbs)
 """
 
 
-def run_killed(mode, kind, out, optimizer="adamw"):
+def run_killed(mode, kind, out, optimizer="adamw", extra=None):
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(repo=str(REPO)), mode, kind, str(out), optimizer],
+        [sys.executable, "-c", SCRIPT.format(repo=str(REPO)), mode, kind, str(out), optimizer,
+         json.dumps(extra or {})],
         check=False, capture_output=True, text=True, timeout=120, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("kind,optimizer", [("pretrain", "adamw"), ("pretrain", "muon")])
-def test_kill9_after_step_n_then_resume(kind, optimizer, tmp_path):
+BF16 = {"precision": "bf16-true", "max_lr": 1e-4}
+
+
+@pytest.mark.parametrize("kind,optimizer,extra", [
+    ("pretrain", "adamw", {}), ("pretrain", "muon", {}),
+    ("pretrain", "adamw", {**BF16, "bf16_update": "stochastic"}),
+    ("pretrain", "muon", {**BF16, "bf16_update": "kahan"}),
+], ids=["adamw", "muon", "bf16-stochastic-adamw", "bf16-kahan-muon"])
+def test_kill9_after_step_n_then_resume(kind, optimizer, extra, tmp_path):
     """(a) train to 2N straight vs kill -9 after step N (mid-window) and resume to 2N, with
-    either optimizer (Muon's momentum buffers and AdamW's moments both come back exactly).
-    (sft: through the CLI in tests/cli/test_train_cmd.py; both kinds in-process above.)"""
+    either optimizer (Muon's momentum buffers and AdamW's moments both come back exactly),
+    and bf16-true weights written stochastically (the generator state comes back) or with
+    Kahan compensation (the bf16 buffer comes back). (sft: through the CLI in
+    tests/cli/test_train_cmd.py; both kinds in-process above.)"""
     strategy = "seq" if kind == "pretrain" else "sft"
     kw = {"strategy": strategy, "grad_accum_steps": 2, "epochs": 4, "ckpt_interval": 2,
-          "optimizer": optimizer}
+          "optimizer": optimizer, **extra}
     a = train(make_config(tmp_path / "a", **kw), data=make_data(kind, n=20))
-    run_killed("kill", kind, tmp_path / "b", optimizer)
+    run_killed("kill", kind, tmp_path / "b", optimizer, extra)
     run_dir = tmp_path / "b" / "run"
     assert [s for s, _ in list_checkpoints(run_dir / "checkpoints")][-1] == 4
     b = resume(run_dir, data=make_data(kind, n=20))

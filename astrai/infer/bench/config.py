@@ -105,7 +105,6 @@ class BenchConfig:
                 raise ConfigError(f"backend '{b}': use one of {', '.join(BACKEND_NAMES)}")
         if len(set(self.backends)) != len(self.backends):
             raise ConfigError("--compare-backends names a backend twice")
-        self.scheduler.validate()
         if self.base_url is not None:
             if not self.base_url.startswith(("http://", "https://")):
                 raise ConfigError(f"--base-url {self.base_url}: use http://HOST:PORT")

@@ -11,7 +11,7 @@ costs what it would. Random prompts draw ids from the ids both share, minus spec
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +153,7 @@ def bench_settings(config: BenchConfig) -> dict[str, Any]:
         "warmup": config.warmup, "temperature": config.temperature,
         "ignore_eos": config.ignore_eos, "slos_ms": dict(config.slos),
         "threads": torch.get_num_threads(),
-        "cache": asdict(config.cache), "scheduler": asdict(config.scheduler),
+        "cache": config.cache.model_dump(), "scheduler": config.scheduler.model_dump(),
     }
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from astrai.train.executor import Executor
+from astrai.train.executors import Executor
 from astrai.train.executors import process_group as pg
 
 

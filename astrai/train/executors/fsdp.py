@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from astrai.errors import ConfigError
 from astrai.model.block import DecoderBlock
-from astrai.train.executor import clip_by_norm_
+from astrai.train.executors import clip_by_norm_
 from astrai.train.executors.distributed import DistributedExecutor
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from astrai.train.executor import unwrap
+from astrai.train.executors import unwrap
 
 
 def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -51,7 +51,7 @@ class PolicyBase:
 
     def __call__(self, *args, **kwargs):
         from astrai.model.lora import adapters_disabled
-        from astrai.train.executor import unwrap
+        from astrai.train.executors import unwrap
 
         model = unwrap(self.policy)
         with torch.no_grad(), adapters_disabled(model):

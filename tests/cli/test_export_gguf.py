@@ -1,0 +1,140 @@
+"""`astrai export --format gguf` through Typer's CliRunner: the file, the one-line refusals
+(exit 2, nothing written), --overwrite replacing only an earlier export; and, when
+llama-cpp-python is importable, llama.cpp's greedy tokens equal astrai's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from astrai.model.checkpoint import save_checkpoint
+from astrai_cli.main import app
+from tests.cli.test_info_export import make_checkpoint, one_line_error
+from tests.model.conftest import random_model, small_config
+
+gguf = pytest.importorskip("gguf")
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def bpe_ck(tmp_path_factory) -> Path:
+    """A tiny llama checkpoint with astrai's own byte-level BPE tokenizer."""
+    from astrai.data.bpe import train_tokenizer
+
+    root = tmp_path_factory.mktemp("ck")
+    (root / "c.txt").write_text("\n".join(f"one two three {i} four five." for i in range(200)))
+    train_tokenizer([root / "c.txt"], 300, root / "tok")
+    config = small_config(vocab_size=300, dim=64, ffn_dim=128, max_seq_len=128)
+    with torch.no_grad():  # larger than init, so greedy picks vary with the context
+        model = random_model(config)
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    save_checkpoint(root / "ck", model, config, tokenizer_dir=root / "tok", meta={"step": 1})
+    return root / "ck"
+
+
+def export(*args: str):
+    return runner.invoke(app, ["export", *args])
+
+
+def leftovers(d: Path, name: str) -> list[str]:
+    return [p.name for p in d.iterdir() if p.name.startswith(f".{name}.")]
+
+
+def test_export_gguf_and_overwrite(tmp_path, bpe_ck):
+    out = tmp_path / "m.gguf"
+    res = export(str(bpe_ck), str(out), "--format", "gguf", "--dtype", "f16")
+    assert res.exit_code == 0, res.output
+    assert "gguf" in res.stdout and out.is_file()
+    r = gguf.GGUFReader(out)
+    assert r.get_field("general.file_type").contents() == gguf.LlamaFileType.MOSTLY_F16
+    msg = one_line_error(export(str(bpe_ck), str(out), "--format", "gguf"))
+    assert "already exists" in msg and "--overwrite" in msg
+    res = export(str(bpe_ck), str(out), "--format", "gguf", "--quantize", "q8_0", "--overwrite")
+    assert res.exit_code == 0, res.output
+    r = gguf.GGUFReader(out)
+    assert r.get_field("general.file_type").contents() == gguf.LlamaFileType.MOSTLY_Q8_0
+    assert leftovers(tmp_path, "m.gguf") == []
+
+
+def test_overwrite_replaces_only_an_earlier_export(tmp_path, bpe_ck):
+    mine = tmp_path / "mine.gguf"
+    mine.write_bytes(b"GGUF not mine")
+    msg = one_line_error(export(str(bpe_ck), str(mine), "--format", "gguf", "--overwrite"))
+    assert "not an earlier astrai GGUF export" in msg and "astrai.export" in msg
+    assert mine.read_bytes() == b"GGUF not mine"
+    (tmp_path / "adir").mkdir()
+    msg = one_line_error(export(str(bpe_ck), str(tmp_path / "adir"), "--format", "gguf",
+                                "--overwrite"))
+    assert "a directory" in msg
+    # a GGUF someone else wrote (no astrai.export key) is refused as well
+    w = gguf.GGUFWriter(tmp_path / "other.gguf", "llama")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    before = (tmp_path / "other.gguf").read_bytes()
+    one_line_error(export(str(bpe_ck), str(tmp_path / "other.gguf"), "--format", "gguf",
+                          "--overwrite"))
+    assert (tmp_path / "other.gguf").read_bytes() == before
+    # a truncated export cannot be read back, so it is not known to be ours
+    assert export(str(bpe_ck), str(tmp_path / "t.gguf"), "--format", "gguf").exit_code == 0
+    (tmp_path / "t.gguf").write_bytes((tmp_path / "t.gguf").read_bytes()[:3000])
+    msg = one_line_error(export(str(bpe_ck), str(tmp_path / "t.gguf"), "--format", "gguf",
+                                "--overwrite"))
+    assert "not an earlier astrai GGUF export" in msg
+
+
+def test_refusals_are_one_line(tmp_path, bpe_ck):
+    moe = tmp_path / "moe"
+    moe.mkdir()
+    make_checkpoint(moe / "ck", n_experts=4, moe_top_k=1)
+    msg = one_line_error(export(str(moe / "ck"), str(tmp_path / "x.gguf"), "--format", "gguf"))
+    assert "mixture-of-experts" in msg
+    wl = tmp_path / "wl"
+    wl.mkdir()
+    make_checkpoint(wl / "ck", tokenizer=True)  # a WordLevel tokenizer
+    msg = one_line_error(export(str(wl / "ck"), str(tmp_path / "x.gguf"), "--format", "gguf"))
+    assert "WordLevel" in msg and "gpt2" in msg
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    make_checkpoint(bare / "ck")
+    msg = one_line_error(export(str(bare / "ck"), str(tmp_path / "x.gguf"), "--format", "gguf"))
+    assert "tokenizer.json" in msg
+    msg = one_line_error(export(str(bpe_ck), str(tmp_path / "hf"), "--quantize", "q8_0"))
+    assert "--format gguf" in msg
+    assert not (tmp_path / "x.gguf").exists() and leftovers(tmp_path, "x.gguf") == []
+
+
+def test_llama_cpp_greedy_tokens_equal_astrai(tmp_path, bpe_ck):
+    """llama.cpp (llama-cpp-python) runs the f32 export: its greedy continuation and its
+    tokenization equal astrai's. Skipped unless llama_cpp is importable."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from astrai.data.tokenizer import Tokenizer
+    from astrai.model.hf import load_pretrained
+
+    out = tmp_path / "m.gguf"
+    assert export(str(bpe_ck), str(out), "--format", "gguf", "--dtype", "float32").exit_code == 0
+    tok = Tokenizer.load(bpe_ck)
+    text = "one two three 7 four"
+    ids = tok.encode(text, add_special_tokens=True)
+    llm = llama_cpp.Llama(model_path=str(out), n_ctx=128, n_threads=1, verbose=False,
+                          type_k=0, type_v=0)  # an f32 KV cache (llama.cpp's default: f16)
+    assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids
+    model, _, _ = load_pretrained(bpe_ck, dtype=torch.float32)
+    ours, seq = [], list(ids)
+    with torch.no_grad():
+        for _ in range(16):
+            nxt = int(model(torch.tensor([seq])).logits[0, -1].argmax())
+            ours.append(nxt)
+            seq.append(nxt)
+    theirs = []
+    for t in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+        theirs.append(t)
+        if len(theirs) == 16:
+            break
+    assert theirs == ours

@@ -1,0 +1,33 @@
+"""Every function of the library reads on one screen: none is longer than 80 lines
+(docs/architecture.md; the CLI's command functions and tests are not held to it)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+LIB = Path(__file__).resolve().parents[1] / "astrai"
+MAX_LINES = 80
+
+
+def long_functions(root: Path, limit: int) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = node.end_lineno - node.lineno + 1
+                if n > limit:
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno} "
+                                 f"{node.name} ({n} lines)")
+    return found
+
+
+def test_no_library_function_is_longer_than_a_screen():
+    assert not long_functions(LIB, MAX_LINES)
+
+
+def test_the_check_finds_a_long_function(tmp_path):
+    pkg = tmp_path / "astrai"
+    pkg.mkdir()
+    (pkg / "m.py").write_text("def f():\n" + "    x = 1\n" * 81)
+    assert long_functions(pkg, MAX_LINES) == ["astrai/m.py:1 f (82 lines)"]
