@@ -110,13 +110,20 @@ def test_other_commands(model, tok):
     assert s.unescape("//reset me") == "/reset me"
 
 
-def test_context_overflow_drops_the_oldest_turns(model, tok):
+def overflow_notices(model, tok):
+    """(the session, the notice of each of its six replies): a conversation that outgrows a
+    64-token context."""
     s = session(model, tok, max_context=64, max_tokens=8)
     notices = []
     for i in range(6):
         r = s.reply(f"This is message number {i} of a longer conversation")
         list(r)
         notices.append(r.notice)
+    return s, notices
+
+
+def test_context_overflow_drops_the_oldest_turns(model, tok):
+    s, notices = overflow_notices(model, tok)
     assert notices[0] is None
     dropped = [n for n in notices if n]
     assert dropped and all("dropped the oldest" in n for n in dropped)
@@ -172,13 +179,7 @@ def test_open_chat_errors(tmp_path, tok, model):
 def test_dropped_turns_are_counted_in_words(model, tok):
     import re
 
-    s = session(model, tok, max_context=64, max_tokens=8)
-    notices = []
-    for i in range(6):
-        r = s.reply(f"This is message number {i} of a longer conversation")
-        list(r)
-        notices.append(r.notice)
-    dropped = [n for n in notices if n]
+    dropped = [n for n in overflow_notices(model, tok)[1] if n]
     assert "the context is full: dropped the oldest turn" in dropped  # one: no "1 turn"
     assert all(re.fullmatch(r"the context is full: dropped the oldest (turn|[2-9]\d* turns)",
                             n) for n in dropped), dropped
