@@ -1,8 +1,8 @@
 """Real model families' tokenizer files for interop tests, unpacked from tests/fixtures.
 
-tests/fixtures/tokenizers holds Qwen3's and Mistral-7B-v0.1's unmodified files (Apache-2.0)
-and a Llama-3-style tokenizer built by make_llama3_style.py there; tokenizer.json is
-xz-compressed. A family is a tokenizer plus the chat template it is tested with.
+tests/fixtures/tokenizers holds Qwen3's and Mistral-7B-v0.1's unmodified files (Apache-2.0),
+a Llama-3-style tokenizer built by make_llama3_style.py there and its Llama-3.1 twin with
+3.1's tool-aware template (make_llama31_style.py); tokenizer.json is xz-compressed. A family is a tokenizer plus the chat template it is tested with.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ FAMILIES: dict[str, tuple[str, str | None]] = {
     "qwen3": ("qwen3", None),            # its own template (rewrites earlier turns)
     "qwen2.5": ("qwen3", "qwen2.5"),     # the same vocabulary, Qwen2.5-Instruct's template
     "llama3": ("llama3-style", None),    # Llama-3-Instruct's template
+    "llama3.1": ("llama3.1-style", None),  # Llama-3.1-Instruct's template (JSON tool calls)
     "mistral": ("mistral-7b", "mistral"),  # Metaspace + byte fallback, [INST] template
 }
 """family -> (fixture folder, named template replacing the shipped one or None)."""
@@ -29,6 +30,8 @@ def unpack(folder: str, out: Path, template: str | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "tokenizer.json").write_bytes(lzma.decompress((src / "tokenizer.json.xz").read_bytes()))
     shutil.copy(src / "tokenizer_config.json", out / "tokenizer_config.json")
+    if (src / "chat_template.jinja").is_file():
+        shutil.copy(src / "chat_template.jinja", out / "chat_template.jinja")
     if template is not None:
         from astrai.data.chat_templates import NAMED_TEMPLATES
 
@@ -48,7 +51,7 @@ def family_dir(family: str, root: Path) -> Path:
 
 
 ARCH = {"qwen3": "Qwen2Config", "qwen2.5": "Qwen2Config", "llama3": "LlamaConfig",
-        "mistral": "MistralConfig"}
+        "llama3.1": "LlamaConfig", "mistral": "MistralConfig"}
 """family -> transformers config class of the tiny model built around its tokenizer."""
 
 

@@ -1,6 +1,12 @@
 """Chat templates: compiling and rendering them as Hugging Face transformers does.
 
-How a rendered conversation becomes ids and a loss mask is `astrai.data.chat_ids`.
+The environment is transformers' (`apply_chat_template` in "Templates for chat models"):
+sandboxed, trimmed blocks, `raise_exception`, `strftime_now`, and its `tojson` filter, which
+keeps key order and writes non-ASCII text as is (Jinja's own sorts keys and escapes HTML):
+templates that render tools or tool-call arguments depend on it. `tools` (OpenAI's
+`[{"type": "function", "function": {...}}]` list) and `documents` are passed as transformers
+passes them, None when absent. How a rendered conversation becomes ids and a loss mask is
+`astrai.data.chat_ids`.
 """
 
 from __future__ import annotations
@@ -10,7 +16,10 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+import json
+
 import jinja2
+import jinja2.meta
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -32,6 +41,12 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
 class _GenerationBlocks(Extension):
     """`{% generation %}...{% endgeneration %}` (transformers' marker of assistant text for
     `return_assistant_tokens_mask`) renders its body unchanged; astrai's masks come from the
@@ -50,6 +65,7 @@ def compile_template(source: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationBlocks]
     )
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = _strftime_now
     try:
@@ -59,15 +75,36 @@ def compile_template(source: str) -> jinja2.Template:
 
 
 def render(source: str, messages: Sequence[dict], *, add_generation_prompt: bool = False,
-           special: dict[str, Any] | None = None) -> str:
-    """Render `messages` through the template `source` (special: bos_token, eos_token, ...)."""
+           special: dict[str, Any] | None = None, tools: Sequence[dict] | None = None) -> str:
+    """Render `messages` through the template `source` (special: bos_token, eos_token, ...;
+    tools: the function tools in OpenAI's shape, None = none)."""
     try:
         return compile_template(source).render(
             messages=list(messages), add_generation_prompt=add_generation_prompt,
-            tools=None, **(special or {}),
+            tools=None if tools is None else list(tools), documents=None, **(special or {}),
         )
     except jinja2.TemplateError as e:
         raise DataError(f"chat template failed to render: {e}") from e
+
+
+_PROBE = "astrai_probe_function_7f3a"
+_PROBE_TOOLS = [{"type": "function", "function": {
+    "name": _PROBE, "description": "probe", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@lru_cache(maxsize=32)
+def renders_tools(source: str) -> bool:
+    """Whether the template writes the tools it is given into the prompt: a one-message
+    conversation is rendered with a probe tool and the probe's name looked for (a template
+    that fails on that conversation counts when it reads a `tools` variable)."""
+    try:
+        text = compile_template(source).render(
+            messages=[{"role": "user", "content": "hi"}], add_generation_prompt=True,
+            tools=_PROBE_TOOLS, documents=None, bos_token="", eos_token="", pad_token="")
+    except jinja2.TemplateError:
+        env = compile_template(source).environment
+        return "tools" in jinja2.meta.find_undeclared_variables(env.parse(source))
+    return _PROBE in text
 
 
 def check_messages(messages: Any, where: str) -> list[dict]:

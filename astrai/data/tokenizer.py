@@ -216,10 +216,12 @@ class Tokenizer:
         return render(self.require_template(), messages,
                       add_generation_prompt=add_generation_prompt, special=self.template_vars)
 
-    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True
-                    ) -> list[int]:
-        """The ids of `messages`: `astrai.data.chat_ids.conversation_ids(...).ids`."""
-        return conversation_ids(self, messages, add_generation_prompt=add_generation_prompt).ids
+    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                    tools: Sequence[dict] | None = None) -> list[int]:
+        """The ids of `messages` (and `tools`, OpenAI's function list):
+        `astrai.data.chat_ids.conversation_ids(...).ids`."""
+        return conversation_ids(self, messages, add_generation_prompt=add_generation_prompt,
+                                tools=tools).ids
 
     # ---- identity ----------------------------------------------------------------------
     def fingerprint(self) -> str:
