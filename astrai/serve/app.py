@@ -45,6 +45,8 @@ class ServerState:
     """Compared as UTF-8 bytes with the Authorization header's bytes (auth.py)."""
     max_body_bytes: int = 4 * 1024 * 1024
     created: int = 0
+    tool_call_parser: str | None = None
+    """`--tool-call-parser`: how tool calls are read; None = chosen from the template."""
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -192,7 +194,8 @@ def read_job(state: ServerState, kind: str, raw: bytes) -> Job:
 
     try:
         job = parse(kind, body, tokenizer=state.tokenizer, vocab_size=state.vocab_size,
-                    max_context=state.max_context, admit=admit)
+                    max_context=state.max_context, admit=admit,
+                    tool_parser=state.tool_call_parser)
     except AstraiError as e:  # e.g. a chat template that rejects the conversation
         raise bad_request(str(e)) from None
     except RecursionError:

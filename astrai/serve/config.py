@@ -8,6 +8,7 @@ from astrai.errors import ConfigError
 from astrai.infer.config import CacheConfig, SchedulerConfig
 from astrai.infer.loading import resolve_quantize
 from astrai.serve.auth import key_problem
+from astrai.serve.tool_parsers import PARSERS
 
 
 @dataclass
@@ -31,6 +32,9 @@ class ServeConfig:
     """Requests waiting beyond max_running; more get 503 with Retry-After."""
     chat_template: str | None = None
     """A Jinja chat template file replacing the tokenizer's; None = the tokenizer's own."""
+    tool_call_parser: str | None = None
+    """How tool calls are read from the output: hermes | llama3_json | mistral; None =
+    chosen from the chat template's call syntax (docs/serve.md "Tool calling")."""
     max_body_bytes: int = 4 * 1024 * 1024
     """Largest request body accepted; larger gets 413."""
     drain_timeout: float = 30.0
@@ -64,6 +68,9 @@ class ServeConfig:
             raise ConfigError(f"--drain-timeout {self.drain_timeout}: must be >= 0")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes={self.max_body_bytes}: must be >= 1024")
+        if self.tool_call_parser is not None and self.tool_call_parser not in PARSERS:
+            raise ConfigError(f"--tool-call-parser {self.tool_call_parser}: not a parser; use "
+                              f"one of {', '.join(PARSERS)}")
         resolve_quantize(self.quantize)
         problem = key_problem(self.api_key)
         if problem is not None:

@@ -20,25 +20,26 @@ from astrai.errors import ConfigError
 from astrai.infer.params import SamplingParams
 from astrai.serve.errors import bad_request
 from astrai.serve.limits import (
-    MAX_MESSAGES,
     MAX_N,
     MAX_PROMPTS,
     MAX_STOP,
     MAX_STOP_CHARS,
     MAX_TOP_LOGPROBS,
 )
+from astrai.serve.messages import read_messages
 from astrai.serve.prompts import chat_prompt_ids
+from astrai.serve.tools import ToolPlan, read_tools
 
 SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
             "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos",
             "stop_token_ids", "include_stop_str_in_output", "stream", "stream_options",
             "logprobs", "model", "user"}
-CHAT_FIELDS = SAMPLING | {"messages", "max_completion_tokens", "top_logprobs"}
+CHAT_FIELDS = SAMPLING | {"messages", "max_completion_tokens", "top_logprobs", "tools",
+                          "tool_choice", "parallel_tool_calls"}
 COMPLETION_FIELDS = SAMPLING | {"prompt"}
 HARMLESS = {"echo": False, "best_of": 1, "logit_bias": {}, "tools": [], "tool_choice": "none",
             "response_format": {"type": "text"}, "parallel_tool_calls": False}
 """Fields we do not implement, accepted only at the value that means "not used"."""
-ROLES = ("system", "user", "assistant")
 
 
 @dataclass
@@ -56,6 +57,8 @@ class Job:
     include_usage: bool
     top_logprobs: int | None
     """None: no logprobs; else how many alternatives per token (0 = only the chosen one)."""
+    tools: ToolPlan | None = None
+    """How a chat request uses tools (tools.py); None without tools."""
 
 
 def _is_num(v: Any) -> bool:
@@ -160,39 +163,6 @@ def _stream(body: dict) -> tuple[bool, bool]:
     return stream, bool(_bool(opts, "include_usage"))
 
 
-def _messages(body: dict) -> list[dict[str, str]]:
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise bad_request("'messages' must be a non-empty list of {\"role\", \"content\"} "
-                          "objects", "messages")
-    if len(msgs) > MAX_MESSAGES:
-        raise bad_request(f"'messages' holds {len(msgs)} messages; at most {MAX_MESSAGES} per "
-                          "request", "messages")
-    out = []
-    for i, m in enumerate(msgs):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad_request(f"{where} must be an object with 'role' and 'content'", where)
-        extra = set(m) - {"role", "content"}
-        if extra:
-            raise bad_request(f"{where}: field '{min(extra)}' is not supported",
-                              f"{where}.{min(extra)}", "unsupported_parameter")
-        role, content = m.get("role"), m.get("content")
-        if role not in ROLES:
-            raise bad_request(f"{where}: unknown role {role!r}; use one of {', '.join(ROLES)}",
-                              f"{where}.role")
-        if isinstance(content, list):  # content parts: only text parts have a meaning here
-            if not all(isinstance(p, dict) and p.get("type") == "text"
-                       and isinstance(p.get("text"), str) for p in content):
-                raise bad_request(f"{where}: only text content parts are supported",
-                                  f"{where}.content")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise bad_request(f"{where}: 'content' must be a string", f"{where}.content")
-        out.append({"role": role, "content": content})
-    return out
-
-
 def _completion_prompts(body: dict, tokenizer: Any) -> list[list[int] | str]:
     p = body.get("prompt")
     err = bad_request("'prompt' must be a string, a list of strings, a list of token ids or "
@@ -220,8 +190,9 @@ def _completion_prompts(body: dict, tokenizer: Any) -> list[list[int] | str]:
 
 def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, vocab_size: int,
           max_context: int, default_seed: int | None = None,
-          admit: Callable[[int], None] | None = None) -> Job:
+          admit: Callable[[int], None] | None = None, tool_parser: str | None = None) -> Job:
     """Validate one request body into a Job; raises APIError (400) naming the field.
+    `tool_parser` is the server's `--tool-call-parser` (None: chosen from the template).
 
     `admit(k)` is called with the request's number of choices (prompts x n) once the body
     is validated and before any prompt is tokenized or rendered and any SamplingParams
@@ -235,10 +206,11 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
     top_logprobs, kw, raw = _prompt_source(kind, body, tokenizer, default_seed)
     if kw["stop"] and tokenizer is None:
         raise bad_request("'stop' strings need a tokenizer; use stop_token_ids", "stop")
+    plan = read_tools(body, tokenizer.chat_template, tool_parser) if kind == "chat" else None
     if admit is not None:
         admit(len(raw) * n)
     if kind == "chat":
-        raw = [chat_prompt_ids(tokenizer, raw[0])]
+        raw = [chat_prompt_ids(tokenizer, raw[0], plan.tools if plan else None)]
     prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in raw]
     params = []
     for ids in prompts:
@@ -251,7 +223,7 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
             if top_logprobs is not None:
                 pk.update(logprobs=True, top_logprobs=top_logprobs)
             params.append(_params(pk))
-    return Job(kind, model, prompts, params, n, stream, include_usage, top_logprobs)
+    return Job(kind, model, prompts, params, n, stream, include_usage, top_logprobs, plan)
 
 
 def _prompt_source(kind: str, body: dict, tokenizer: Any, default_seed: int | None
@@ -264,7 +236,7 @@ def _prompt_source(kind: str, body: dict, tokenizer: Any, default_seed: int | No
         if top is not None and not lp:
             raise bad_request("'top_logprobs' needs logprobs=true", "top_logprobs")
         kw = _sampling(body, "max_completion_tokens", default_seed)
-        msgs = _messages(body)
+        msgs = read_messages(body)
         if tokenizer is None:
             raise bad_request("this model has no tokenizer: use /v1/completions with token ids")
         return (top or 0) if lp else None, kw, [msgs]

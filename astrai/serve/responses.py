@@ -7,6 +7,9 @@ prompt_tokens, completion_tokens, total_tokens and prompt_tokens_details.cached_
 A stream sends one chunk per generated token (the first chat chunk of a choice also
 carries the role), then, with stream_options.include_usage, a chunk with empty choices
 and the usage (every earlier chunk has "usage": null), then `data: [DONE]`.
+With tools, a chat choice's text is read for tool calls (tool_stream.py): they go to
+`message.tool_calls` / `delta.tool_calls`, and a choice that stopped with calls finishes
+with "tool_calls".
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from astrai.serve.protocol import Job
+from astrai.serve.tool_stream import ToolStream, message
 
 
 def sse(obj: dict | str) -> str:
@@ -36,6 +40,8 @@ class Choice:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     started: bool = False
+    tools: ToolStream | None = None
+    """The tool calls streamed so far, when the request's output is read for them."""
 
 
 class ResponseBuilder:
@@ -47,6 +53,12 @@ class ResponseBuilder:
         self.created = int(time.time())
         self.choices = [Choice() for _ in job.params]
         self.chat = job.kind == "chat"
+        plan = job.tools
+        self.parser = plan.parser if plan is not None else None
+        self.limit = plan.limit if plan is not None else None
+        if self.parser is not None and job.stream:
+            for c in self.choices:
+                c.tools = ToolStream(self.parser, self.limit)
 
     # -- bookkeeping -----------------------------------------------------------------------
     def add(self, index: int, out: Any) -> Choice:
@@ -101,8 +113,10 @@ class ResponseBuilder:
         choices = []
         for i, c in enumerate(self.choices):
             if self.chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": c.text},
-                                "logprobs": self._logprobs(c, 0), "finish_reason": c.finish_reason})
+                msg = ({"role": "assistant", "content": c.text} if self.parser is None
+                       else message(self.parser, c.text, self.limit))
+                choices.append({"index": i, "message": msg, "logprobs": self._logprobs(c, 0),
+                                "finish_reason": _finish(c.finish_reason, "tool_calls" in msg)})
             else:
                 choices.append({"index": i, "text": c.text, "logprobs": self._logprobs(c, 0),
                                 "finish_reason": c.finish_reason})
@@ -131,7 +145,10 @@ class ResponseBuilder:
                                      "logprobs": None, "finish_reason": None}]))
         c.started = True
         lp = self._logprobs(c, start, text_before)
-        if self.chat:
+        if self.chat and c.tools is not None:
+            body = {"index": index, "delta": self._tool_delta(c, out.finished), "logprobs": lp,
+                    "finish_reason": _finish(c.finish_reason, c.tools.called)}
+        elif self.chat:
             body = {"index": index, "delta": {"content": out.delta_text} if out.delta_text
                     else {}, "logprobs": lp, "finish_reason": c.finish_reason}
         else:
@@ -140,5 +157,18 @@ class ResponseBuilder:
         res.append(self._chunk([body]))
         return res
 
+    @staticmethod
+    def _tool_delta(c: Choice, final: bool) -> dict[str, Any]:
+        content, calls = c.tools.push(c.text, final)
+        delta: dict[str, Any] = {"content": content} if content else {}
+        if calls:
+            delta["tool_calls"] = calls
+        return delta
+
     def usage_chunk(self) -> dict[str, Any]:
         return self._chunk([], self.usage())
+
+
+def _finish(reason: str | None, called: bool) -> str | None:
+    """A choice that stopped after making tool calls finishes with "tool_calls"."""
+    return "tool_calls" if called and reason == "stop" else reason

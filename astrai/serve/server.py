@@ -74,7 +74,8 @@ class Server:
                                on_finish=self.metrics.request_finished)
         self.state = ServerState(self.loop, engine.tokenizer, name, engine.max_context,
                                  engine.vocab_size, self.metrics, config.api_key,
-                                 config.max_body_bytes)
+                                 config.max_body_bytes,
+                                 tool_call_parser=config.tool_call_parser)
         self.app = create_app(self.state)
         self._uv = _Uvicorn(uvicorn.Config(
             self.app, host=config.host, port=config.port, log_config=None, access_log=False,

@@ -53,6 +53,9 @@ def register(app: typer.Typer) -> None:
         chat_template: Annotated[Path | None, typer.Option(
             "--chat-template", help="A Jinja chat template file replacing the tokenizer's.")
         ] = None,
+        tool_call_parser: Annotated[str | None, typer.Option(
+            "--tool-call-parser", help="How tool calls are read from the output: hermes, "
+            "llama3_json, mistral (default: from the chat template).")] = None,
         drain_timeout: Annotated[float, typer.Option(
             "--drain-timeout", help="Seconds in-flight requests get to finish on SIGTERM / "
             "Ctrl-C.")] = 30.0,
@@ -87,6 +90,7 @@ def register(app: typer.Typer) -> None:
             dtype=None if dtype == "auto" else dtype, backend=backend, seed=seed,
             adapter=None if adapter is None else str(adapter), quantize=quantize,
             chat_template=None if chat_template is None else str(chat_template),
+            tool_call_parser=tool_call_parser,
             cache=CacheConfig.from_dict(dict(page_size=page_size, max_kv_tokens=max_kv_tokens,
                                              max_context=max_context)),
             scheduler=SchedulerConfig.from_dict(dict(max_step_tokens=max_step_tokens)))
