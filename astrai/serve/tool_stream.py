@@ -1,8 +1,8 @@
 """One choice's tool calls as its text grows: the content and `delta.tool_calls` entries
 to send (OpenAI's streaming shape), and the whole answer at the end.
 
-Each call is announced once its name is complete (`index`, `id`, `type`, `function.name`,
-`function.arguments: ""`), then its arguments follow as they are written, in pieces whose
+Each call is announced once its name is complete and its arguments object has begun
+(`index`, `id`, `type`, `function.name`, `function.arguments`), then its arguments follow as they are written, in pieces whose
 concatenation is the `arguments` string the non-streamed answer gives. Content is sent
 as soon as it can no longer be the start of a call. A call that turns out malformed after
 its name was sent cannot be taken back; the non-streamed answer has it as content.
@@ -67,7 +67,7 @@ class ToolStream:
         entries = []
         for i, scan in enumerate(scans):
             if i == len(self.calls):
-                if scan.name is None:
+                if scan.name is None or not scan.args:  # announced once its arguments begin
                     break
                 self.calls.append((call_id(), scan.name, ""))
                 entries.append({"index": i, "id": self.calls[i][0], "type": "function",
