@@ -29,6 +29,7 @@ import torch
 from pydantic import Field
 
 from astrai.inspect.config import InspectConfig
+from astrai.inspect.names import clean_name as _clean_name
 from astrai.inspect.names import parse_name
 from astrai.inspect.scan import CheckpointScan, summarize
 from astrai.inspect.tensor import analyze_tensor
@@ -36,16 +37,6 @@ from astrai.inspect.verdict import Finding, findings, verdict
 from astrai.typed_config import TypedConfig
 
 log = logging.getLogger("astrai.inspect.guard")
-
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
-
-
-def _clean_name(name: str) -> str:
-    # DDP / torch.compile / FSDP1 / activation-checkpoint wrappers add prefixes.
-    for p in _WRAPPER_PREFIXES:
-        name = name.replace(p, "")
-    return name
-
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor (FSDP2); the tensor itself otherwise."""

@@ -1,0 +1,104 @@
+"""Next-update visibility (astrai.inspect.visibility / next_update): the prediction matches
+the optimizer's own write, and `inspect-weights RUN --all-checkpoints` counts equal a
+direct computation from each checkpoint's files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from astrai.inspect.visibility import adam_step, half_ulp, lr_to_move, rounds_away
+from astrai.train import train
+from astrai.train.adamw import AdamW
+from astrai_cli.main import app
+
+from .conftest import make_data
+
+
+def test_adam_step_predicts_the_optimizers_write():
+    """With v = m^2 and the gradient equal to m, one AdamW step keeps both moments, so the
+    update it applies is adam_step's prediction: the entries it leaves unchanged are
+    those rounds_away names (fp32 op order may differ: a few boundary cases allowed)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.exp2(5 * torch.rand(64, 64, generator=g) - 3).bfloat16()  # |w| in [1/8, 4)
+    m = (torch.randn(64, 64, generator=g) * 1e-2).bfloat16().float()  # the bf16 gradient
+    p = torch.nn.Parameter(w.clone())
+    opt = AdamW([p], lr=4e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    opt.state[p].update(step=torch.tensor(5.0), exp_avg=m.clone(), exp_avg_sq=m.square())
+    p.grad = m.bfloat16()
+    opt.step()
+    moved = p.detach() != w
+    predicted = ~rounds_away(w, adam_step(w, m, m.square(), 5, lr=4e-3, betas=(0.9, 0.95),
+                                          eps=1e-8, weight_decay=0.1))
+    assert 0.05 < moved.float().mean() < 0.95  # the case is not trivial either way
+    assert (moved != predicted).sum() <= 4
+
+
+def test_half_ulp_and_lr_to_move():
+    w = torch.tensor([1.0, 1.5, 2.0, -3.0, 0.0]).bfloat16()
+    assert half_ulp(w)[:4].tolist() == [2**-8, 2**-8, 2**-7, 2**-7]
+    assert half_ulp(w)[4] > 0
+    u = torch.full((4,), 1e-4)
+    # half ulp 2^-8 at |w| in [1, 2): the lr that moves half the entries scales lr by it
+    lr = lr_to_move(torch.ones(4).bfloat16(), u, 1e-3)
+    assert abs(lr - 1e-3 * 2**-8 / 1e-4) < 1e-9
+    assert lr_to_move(w, torch.zeros(5), 1e-3) is None
+
+
+def _direct_counts(ckpt) -> dict[str, tuple[int, int]]:
+    """Per tensor (entries, below half ulp), written out again from the files: AdamW's step
+    from the saved moments with step + 1's bias corrections, then the bf16 write."""
+    opt = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    weights = load_file(str(ckpt / "model.safetensors"))
+    out = {}
+    for group in opt["param_groups"]:
+        b1, b2 = group["betas"]
+        for i in group["params"]:
+            name, st = opt["param_names"][i], opt["state"][i]
+            w, t = weights[name], float(st["step"]) + 1
+            m, v = st["exp_avg"].double(), st["exp_avg_sq"].double()
+            u = group["lr"] * (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + group["eps"])
+            u = u + group["lr"] * group["weight_decay"] * w.double()
+            same = (w.double() - u).float().bfloat16() == w
+            out[name] = (w.numel(), int(same.sum()))
+    return out
+
+
+def test_inspect_weights_all_checkpoints_counts_equal_a_direct_computation(tiny_config):
+    cfg = tiny_config(precision="bf16-true", max_lr=1e-4, ckpt_interval=2, guard_bf16=False)
+    run_dir = Path(train(cfg, data=make_data(n=16)).run_dir)
+    r = CliRunner().invoke(app, ["inspect-weights", str(run_dir), "--all-checkpoints",
+                                 "--json"])
+    assert r.exit_code in (0, 1), r.output
+    report = json.loads(r.stdout)
+    ckpts = report["checkpoints"]
+    assert [c["step"] for c in ckpts] == [2, 4]
+    for c in ckpts:
+        direct = _direct_counts(run_dir / "checkpoints" / f"step_{c['step']}")
+        ours = {t["name"]: (t["entries"], t["below_half_ulp"])
+                for t in c["next_update"]["tensors"]}
+        assert ours.keys() == direct.keys()
+        for name, (n, below) in direct.items():
+            assert ours[name][0] == n
+            assert abs(ours[name][1] - below) <= max(2, n // 1000), name
+        # at lr 1e-4 most bf16 entries near 1 cannot move: the norm gains at least
+        gains = [t for t in c["next_update"]["tensors"] if t["name"].endswith("norm.weight")]
+        assert gains and all(t["fraction"] > 0.9 for t in gains)
+        assert all(t["lr_to_move"] is None or t["lr_to_move"] > 1e-4 for t in gains)
+
+
+def test_muon_matrices_take_muons_step(tiny_config):
+    cfg = tiny_config(precision="bf16-true", optimizer="muon", max_lr=1e-4, ckpt_interval=4,
+                      guard_bf16=False)
+    run_dir = Path(train(cfg, data=make_data(n=16)).run_dir)
+    r = CliRunner().invoke(app, ["inspect-weights", str(run_dir), "--json"])
+    tensors = json.loads(r.stdout)["checkpoints"][0]["next_update"]["tensors"]
+    kinds = {t["name"]: t["optimizer"] for t in tensors}
+    assert kinds["layers.0.attn.q_proj.weight"] == "muon"
+    assert kinds["layers.0.attn_norm.weight"] == "adamw"
+    r = CliRunner().invoke(app, ["inspect-weights", str(run_dir)])
+    assert "Next update below half an ulp" in r.stdout
