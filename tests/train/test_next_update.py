@@ -100,5 +100,8 @@ def test_muon_matrices_take_muons_step(tiny_config):
     kinds = {t["name"]: t["optimizer"] for t in tensors}
     assert kinds["layers.0.attn.q_proj.weight"] == "muon"
     assert kinds["layers.0.attn_norm.weight"] == "adamw"
-    r = CliRunner().invoke(app, ["inspect-weights", str(run_dir)])
+    r = CliRunner().invoke(app, ["inspect-weights", str(run_dir), "--plot",
+                                 str(run_dir / "lockin.svg")])
     assert "Next update below half an ulp" in r.stdout
+    svg = (run_dir / "lockin.svg").read_text()
+    assert 'id="below_half_ulp' in svg and 'id="locked_fraction' in svg
