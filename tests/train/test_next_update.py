@@ -5,8 +5,10 @@ direct computation from each checkpoint's files."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
@@ -105,3 +107,46 @@ def test_muon_matrices_take_muons_step(tiny_config):
     assert "Next update below half an ulp" in r.stdout
     svg = (run_dir / "lockin.svg").read_text()
     assert 'id="below_half_ulp' in svg and 'id="locked_fraction' in svg
+
+
+def _records(run_dir):
+    return [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("mode", ["nearest", "stochastic"])
+def test_guard_logs_the_visible_update_fraction_and_names_the_fix(tiny_config, caplog, mode):
+    """At lr 1e-7 almost no bf16 weight can move to nearest (only |w| < ~2.6e-5): the
+    visible fraction is ~0 and the warning names the cures, once per group; under
+    stochastic rounding the warning does not suggest the mode already in use."""
+    cfg = tiny_config(precision="bf16-true", max_lr=1e-7, guard_every=1, bf16_update=mode)
+    with caplog.at_level(logging.WARNING):
+        run_dir = train(cfg, data=make_data(n=16)).run_dir
+    recs = _records(run_dir)
+    gains = [r["update_visible/adamw-no-decay"] for r in recs]
+    assert len(gains) == len(recs) and all(0.0 <= v <= 1.0 for v in gains)
+    warned = [r.getMessage() for r in caplog.records if "changed at this step" in r.getMessage()]
+    if mode == "nearest":
+        assert max(gains) < 0.05
+        msg = next(m for m in warned if "'adamw-no-decay'" in m)
+        assert "--bf16-update stochastic" in msg and "bf16-mixed" in msg
+        assert "learning rate of at least" in msg
+        assert sum("'adamw-no-decay'" in m for m in warned) == 1  # once per group
+    else:
+        assert not any("--bf16-update stochastic" in m for m in warned)
+
+
+def test_update_watch_equals_a_full_diff_when_it_samples_everything():
+    from astrai.inspect.update_watch import UpdateWatch
+
+    g = torch.Generator().manual_seed(3)
+    ps = [torch.nn.Parameter(torch.randn(n, generator=g).bfloat16()) for n in (100, 300)]
+    opt = torch.optim.SGD([{"params": ps, "name": "a"}], lr=1.0)
+    watch = UpdateWatch(per_tensor=1000)
+    before = [p.detach().clone() for p in ps]
+    watch.take(opt)
+    with torch.no_grad():
+        ps[0][:37] += 1.0
+        ps[1][::3] += 1.0
+    changed = sum(int((p.detach() != b).sum()) for p, b in zip(ps, before))
+    assert watch.fractions() == {"a": changed / 400}
+    assert watch.fractions() == {}  # the sample is used once
