@@ -227,6 +227,24 @@ def parse_precision(out: str) -> list[Row]:
     return rows
 
 
+def parse_bf16_update(out: str) -> list[Row]:
+    """bf16_update.py's table: each bf16-true mode's val bits per byte and bytes per
+    parameter against bf16-mixed (paired by seed)."""
+    rows = []
+    mixed = re.search(r"\nbf16-mixed\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+\d+\s+[\d.]+%\s+([\d.]+)",
+                      out)
+    for m in re.finditer(r"\n(bf16-true \w+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+"
+                         r"([\d.]+)%\s+([\d.]+)\s+([\d.]+)", out):
+        if not mixed:
+            break
+        rows.append(Row("bf16 updates", f"{m[1]}: val bits per byte vs bf16-mixed "
+                        f"(± {m[4]} s.e.; {m[6]}% unmoved in the 2nd half)", m[2], mixed[1],
+                        m[3], "≤ 1.01 (nearest: measurably worse)"))
+        rows.append(Row("bf16 updates", f"{m[1]}: bytes per parameter vs bf16-mixed", m[7],
+                        mixed[2], m[8], "stochastic ≤ 0.50, kahan ≤ 0.67"))
+    return rows
+
+
 def parse_serve(out: str) -> list[Row]:
     rows = []
     tp = r": ([\d.]+) output tok/s, median TTFT ([\d.]+) ms"
@@ -306,6 +324,8 @@ BENCHES = [
     Bench("precision", "train_precision.py",
           ["--presets", "tiny", "small", "--steps", "6", "--rounds", "2"], parse_precision,
           "the same Trainer in fp32", cpu_flags=("amx_bf16",)),
+    Bench("bf16_update", "bf16_update.py", ["--seeds", "3"], parse_bf16_update,
+          "bf16-mixed (fp32 master weights)", cpu_flags=("avx512_bf16",)),
     Bench("distributed", "train_distributed.py",
           ["--presets", "tiny", "--nprocs", "2", "--steps", "4", "--warmup", "1"],
           parse_distributed, "plain torch DDP"),

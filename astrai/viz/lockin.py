@@ -180,13 +180,14 @@ def _heatmap(ax: Any, g: LockinGrid, name: str, text: HeatmapText = HeatmapText(
         for j in range(len(g.kinds)):
             if g.locked[i][j]:
                 v = data[i, j]
-                ax.text(j, i, f"{100 * v:.2g}%", ha="center", va="center", fontsize="x-small",
+                label = f"{100 * v:.3g}%" if v < 1 else "100%"
+                ax.text(j, i, label, ha="center", va="center", fontsize="x-small",
                         color="white" if v > 0.6 * vmax else "black", gid=f"cell|{i}|{j}")
     if peak == 0:
         ax.text(0.5, 0.5, text.empty, transform=ax.transAxes, ha="center",
                 va="center", color="0.4")
     title = f"{text.title}\n{name}"
-    out = [f"{k} {100 * f:.2g}%" for k, f in g.outside if f > 0]
+    out = [f"{k} {100 * f:.3g}%" for k, f in g.outside if f > 0]
     if out:
         title += "\noutside the blocks: " + ", ".join(out)
     ax.set_title(title, fontsize="small")

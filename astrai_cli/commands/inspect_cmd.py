@@ -160,7 +160,8 @@ def _visibility_table(v, console: Console) -> None:
                     "would leave the weight unchanged)", title_justify="left",
               caption=v.note, caption_justify="left")
     for c in ("tensor", "optimizer", "entries", "below half ulp", "lr to move half"):
-        t.add_column(c, justify="left" if c in ("tensor", "optimizer") else "right")
+        t.add_column(c, justify="left" if c in ("tensor", "optimizer") else "right",
+                     overflow="fold")
     for (kind, opt), (n, below, lrs) in rows.items():
         med = sorted(lrs)[len(lrs) // 2] if lrs else None
         t.add_row(kind, opt, f"{n:,}", _pct(below, n), _g(med) if med else "—")

@@ -16,6 +16,7 @@ import typer
 
 from astrai_cli.options import (
     Adapter,
+    EnforceEager,
     Backend,
     Device,
     Dtype,
@@ -59,6 +60,7 @@ def register(app: typer.Typer) -> None:
         device: Device = "auto",
         dtype: Dtype = "auto",
         quantize: Quantize = "none",
+        enforce_eager: EnforceEager = False,
         adapter: Adapter = None,
         backend: Backend = None,
         max_kv_tokens: Annotated[int, typer.Option(
@@ -86,6 +88,7 @@ def register(app: typer.Typer) -> None:
             max_queue=max_queue, drain_timeout=drain_timeout, device=device,
             dtype=None if dtype == "auto" else dtype, backend=backend, seed=seed,
             adapter=None if adapter is None else str(adapter), quantize=quantize,
+            decode="eager" if enforce_eager else "auto",
             chat_template=None if chat_template is None else str(chat_template),
             cache=CacheConfig.from_dict(dict(page_size=page_size, max_kv_tokens=max_kv_tokens,
                                              max_context=max_context)),
