@@ -66,7 +66,8 @@ def is_muon_matrix(param: ParamName, ndim: int) -> bool:
     return ndim == 2 and _HIDDEN.search(param.name) is not None
 
 
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.",
+                     "_checkpoint_wrapped_module.")
 
 
 def clean_name(name: str) -> str:

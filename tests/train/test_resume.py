@@ -126,7 +126,8 @@ BF16 = {"precision": "bf16-true", "max_lr": 1e-4}
     ("pretrain", "adamw", {}), ("pretrain", "muon", {}),
     ("pretrain", "adamw", {**BF16, "bf16_update": "stochastic"}),
     ("pretrain", "muon", {**BF16, "bf16_update": "kahan"}),
-], ids=["adamw", "muon", "bf16-stochastic-adamw", "bf16-kahan-muon"])
+    ("pretrain", "adamw", {**BF16, "bf16_update": "nearest"}),
+], ids=["adamw", "muon", "bf16-stochastic-adamw", "bf16-kahan-muon", "bf16-nearest-adamw"])
 def test_kill9_after_step_n_then_resume(kind, optimizer, extra, tmp_path):
     """(a) train to 2N straight vs kill -9 after step N (mid-window) and resume to 2N, with
     either optimizer (Muon's momentum buffers and AdamW's moments both come back exactly),
