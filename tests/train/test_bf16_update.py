@@ -174,3 +174,31 @@ def test_flag_and_seeds():
     assert flag(("precision", "bf16_update"), TrainConfig) == "--bf16-update"
     assert rounding_seed(5, 1, "ddp") == rounding_seed(5, 0, "ddp") == 5  # identical bits
     assert rounding_seed(5, 1, "fsdp") != rounding_seed(5, 0, "fsdp")  # own streams
+
+
+def test_runs_saved_before_the_option_resume_nearest(tmp_path):
+    """A run saved before --bf16-update existed (no bf16_update key in its saved config)
+    rounded to nearest; its resume keeps doing so (auto would now pick stochastic):
+    bit-identical to an uninterrupted nearest run."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from astrai.train import resume, train
+    from astrai.train.run import find_resume_point
+
+    from .conftest import make_config, make_data
+    from .test_resume import final_weights
+
+    kw = {"precision": "bf16-true", "bf16_update": "nearest", "max_lr": 1e-4, "max_steps": 4,
+          "ckpt_interval": 2}
+    a = train(make_config(tmp_path / "a", **kw), data=make_data(n=16))
+    run = Path(train(make_config(tmp_path / "b", **kw), data=make_data(n=16)).run_dir)
+    shutil.rmtree(run / "checkpoints" / "step_4")  # resume from step 2
+    for f in (run / "train_config.json", run / "checkpoints" / "step_2" / "meta.json"):
+        saved = json.loads(f.read_text())
+        del saved.get("train_config", saved)["precision"]["bf16_update"]  # as saved before
+        f.write_text(json.dumps(saved))
+    assert find_resume_point(run)[0].precision.update_mode == "nearest"
+    resume(run, data=make_data(n=16))
+    assert final_weights(run, 4) == final_weights(Path(a.run_dir), 4)
