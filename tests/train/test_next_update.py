@@ -150,3 +150,17 @@ def test_update_watch_equals_a_full_diff_when_it_samples_everything():
     changed = sum(int((p.detach() != b).sum()) for p, b in zip(ps, before))
     assert watch.fractions() == {"a": changed / 400}
     assert watch.fractions() == {}  # the sample is used once
+
+
+def test_guard_steps_are_recorded_whatever_the_log_interval(tiny_config):
+    """The guard's checked steps (the first, every guard_every) write their record, so
+    update_visible/* and lockin/* reach metrics.jsonl (and TensorBoard) even when
+    --log-interval skips those steps."""
+    cfg = tiny_config(precision="bf16-true", max_lr=1e-5, guard_every=2, max_steps=6,
+                      log_interval=3)
+    recs = {r["step"]: r for r in _records(train(cfg, data=make_data(n=32)).run_dir)}
+    assert sorted(recs) == [1, 2, 3, 4, 6]  # 3: the log interval; 1, 2, 4, 6: the guard
+    for step in (1, 2, 4, 6):
+        assert "update_visible/adamw" in recs[step], recs[step]
+    assert all("lockin/locked" in recs[s] for s in (2, 4, 6))
+    assert "update_visible/adamw" not in recs[3]
