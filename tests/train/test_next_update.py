@@ -164,3 +164,21 @@ def test_guard_steps_are_recorded_whatever_the_log_interval(tiny_config):
         assert "update_visible/adamw" in recs[step], recs[step]
     assert all("lockin/locked" in recs[s] for s in (2, 4, 6))
     assert "update_visible/adamw" not in recs[3]
+
+
+def test_inspect_a_b_counts_equal_a_direct_diff(tiny_config):
+    """`inspect-weights A B` on two checkpoints of a bf16-true run: every tensor's moved
+    entries equal a direct bitwise diff of the two model.safetensors files."""
+    cfg = tiny_config(precision="bf16-true", bf16_update="nearest", max_lr=1e-4,
+                      ckpt_interval=2, keep_last=0, max_steps=4, guard_bf16=False)
+    run_dir = Path(train(cfg, data=make_data(n=16)).run_dir)
+    a, b = (run_dir / "checkpoints" / f"step_{s}" for s in (2, 4))
+    r = CliRunner().invoke(app, ["inspect-weights", str(a), str(b), "--json"])
+    assert r.exit_code in (0, 1), r.output
+    stuck = json.loads(r.stdout)["stuck"]["tensors"]
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert {t["name"] for t in stuck} == set(wa)
+    for t in stuck:
+        moved = int((wa[t["name"]].view(torch.int16) != wb[t["name"]].view(torch.int16)).sum())
+        assert t["numel"] - t["stuck"] == moved, t["name"]
+    assert any(t["stuck"] for t in stuck) and any(t["numel"] > t["stuck"] for t in stuck)
