@@ -169,9 +169,12 @@ class LockInGuard:
     def on_optimizer_step(self, ctx, control=None) -> None:
         # Gradients of this window are complete here (before optimizer.step and zero_grad).
         step = _step(ctx) + 1  # the step being taken
-        if self.config.visible_sample and (step == 1 or step % self.config.every == 0):
-            self._watch = self._watch or UpdateWatch(self.config.visible_sample)
-            self._watch.take(getattr(ctx, "optimizer", None))
+        if step == 1 or step % self.config.every == 0:
+            if control is not None and hasattr(control, "request_record"):
+                control.request_record()  # the step's record holds the guard's figures
+            if self.config.visible_sample:
+                self._watch = self._watch or UpdateWatch(self.config.visible_sample)
+                self._watch.take(getattr(ctx, "optimizer", None))
         if step > self.config.grad_steps:
             return
         params = list(ctx.model.named_parameters())

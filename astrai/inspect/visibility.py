@@ -34,6 +34,18 @@ def half_ulp(w: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.full_like(w, 0.5, dtype=torch.float32), e - bits).clamp_min(tiny)
 
 
+def adam_denom(v: torch.Tensor, t: float, beta2: float, eps: float) -> torch.Tensor:
+    """sqrt(v) / sqrt(1 - b2^t) + eps: the denominator of AdamW's step at step t, in fp32.
+    astrai.train.adamw's optimizer takes it from here, so the write and its prediction
+    share one formula."""
+    return (v.float().sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
+
+
+def adam_step_size(lr: float, beta1: float, t: float) -> float:
+    """lr / (1 - b1^t): the bias-corrected step size multiplying m / denom."""
+    return lr / (1 - beta1**t)
+
+
 def adam_step(w: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, step: float, *,
               lr: float, betas: tuple[float, float], eps: float, weight_decay: float
               ) -> torch.Tensor:
@@ -43,8 +55,7 @@ def adam_step(w: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, 
     equal to the running average would give."""
     b1, b2 = betas
     t = step + 1
-    denom = (exp_avg_sq.float().sqrt() / math.sqrt(1 - b2**t)).add_(eps)
-    u = exp_avg.float() / denom * (lr / (1 - b1**t))
+    u = exp_avg.float() / adam_denom(exp_avg_sq, t, b2, eps) * adam_step_size(lr, b1, t)
     return u.add_(w.float(), alpha=lr * weight_decay)
 
 

@@ -150,3 +150,35 @@ def test_update_watch_equals_a_full_diff_when_it_samples_everything():
     changed = sum(int((p.detach() != b).sum()) for p, b in zip(ps, before))
     assert watch.fractions() == {"a": changed / 400}
     assert watch.fractions() == {}  # the sample is used once
+
+
+def test_guard_steps_are_recorded_whatever_the_log_interval(tiny_config):
+    """The guard's checked steps (the first, every guard_every) write their record, so
+    update_visible/* and lockin/* reach metrics.jsonl (and TensorBoard) even when
+    --log-interval skips those steps."""
+    cfg = tiny_config(precision="bf16-true", max_lr=1e-5, guard_every=2, max_steps=6,
+                      log_interval=3)
+    recs = {r["step"]: r for r in _records(train(cfg, data=make_data(n=32)).run_dir)}
+    assert sorted(recs) == [1, 2, 3, 4, 6]  # 3: the log interval; 1, 2, 4, 6: the guard
+    for step in (1, 2, 4, 6):
+        assert "update_visible/adamw" in recs[step], recs[step]
+    assert all("lockin/locked" in recs[s] for s in (2, 4, 6))
+    assert "update_visible/adamw" not in recs[3]
+
+
+def test_inspect_a_b_counts_equal_a_direct_diff(tiny_config):
+    """`inspect-weights A B` on two checkpoints of a bf16-true run: every tensor's moved
+    entries equal a direct bitwise diff of the two model.safetensors files."""
+    cfg = tiny_config(precision="bf16-true", bf16_update="nearest", max_lr=1e-4,
+                      ckpt_interval=2, keep_last=0, max_steps=4, guard_bf16=False)
+    run_dir = Path(train(cfg, data=make_data(n=16)).run_dir)
+    a, b = (run_dir / "checkpoints" / f"step_{s}" for s in (2, 4))
+    r = CliRunner().invoke(app, ["inspect-weights", str(a), str(b), "--json"])
+    assert r.exit_code in (0, 1), r.output
+    stuck = json.loads(r.stdout)["stuck"]["tensors"]
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert {t["name"] for t in stuck} == set(wa)
+    for t in stuck:
+        moved = int((wa[t["name"]].view(torch.int16) != wb[t["name"]].view(torch.int16)).sum())
+        assert t["numel"] - t["stuck"] == moved, t["name"]
+    assert any(t["stuck"] for t in stuck) and any(t["numel"] > t["stuck"] for t in stuck)
