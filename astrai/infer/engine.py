@@ -47,6 +47,7 @@ from astrai.infer.runner import ModelRunner
 from astrai.infer.sampler import Pick, Sampler
 from astrai.infer.scheduler import Scheduler, StepBatch
 from astrai.infer.routing import Streams, drain
+from astrai.kernels.cpu_linear import enable_cpu_kernels
 from astrai.model.context import AttentionBackend
 
 log = logging.getLogger("astrai.infer")
@@ -78,6 +79,8 @@ class Engine:
                              head_dim=cfg.hdim, max_context=self.max_context,
                              dtype=cache_config.torch_dtype(p.dtype), device=p.device)
         self.scheduler = Scheduler(self.pool, sched, self.max_context)
+        if p.device.type == "cpu":
+            enable_cpu_kernels()  # astrai's decode GEMVs for few-row products, if they build
         self.runner = ModelRunner(model, self.pool)
         if decode == "auto" and backend is not None:
             decode = "eager"

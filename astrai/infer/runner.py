@@ -14,6 +14,7 @@ import torch
 from astrai.infer.cache.pool import PagePool
 from astrai.infer.cache.record import KVCache, build_kv_cache
 from astrai.infer.scheduler import StepBatch
+from astrai.model import fast_linear
 from astrai.model.context import AttentionBackend, ForwardContext
 
 
@@ -63,6 +64,8 @@ class ModelRunner:
             return lm(h)
         w = lm.weight if lm is not None else self.model.output_weight()
         bias = lm.bias if lm is not None else None
+        if h.device.type == "cpu" and fast_linear.installed() is not None:
+            return fast_linear.linear(h, w, bias)  # the CPU decode kernel reads [V, C] as is
         if h.device.type != "cpu" or h.shape[0] > 2 or bias is not None:
             return torch.nn.functional.linear(h, w, bias)
         key = (id(w), w.data_ptr(), w._version, w.dtype)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from astrai.errors import ConfigError
+from astrai.model import fast_linear
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The linear layers of a decoder block that can carry an adapter (HF Llama's names)."""
@@ -149,10 +150,11 @@ class LoRALinear(nn.Linear):
 
 
 def project(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
-    """layer(x) as F.linear on a plain layer's parameters (no module call, see block.py),
-    or through the layer when it is anything else: an adapter, int8 weights (quant.py)."""
+    """layer(x) as F.linear on a plain layer's parameters (no module call, see block.py;
+    a few rows may take an installed decode kernel, fast_linear.py), or through the layer
+    when it is anything else: an adapter, int8 weights (quant.py)."""
     if type(layer) is nn.Linear:
-        return F.linear(x, layer.weight, layer.bias)
+        return fast_linear.linear(x, layer.weight, layer.bias)
     return layer(x)
 
 

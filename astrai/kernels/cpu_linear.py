@@ -1,0 +1,102 @@
+"""astrai's CPU decode GEMVs (csrc/cpu/decode_gemv.cpp) as the model's few-row products.
+
+    from astrai.kernels.cpu_linear import enable_cpu_kernels
+    enable_cpu_kernels()        # build (or reuse) for this CPU and install; False: torch stays
+
+`enable_cpu_kernels()` builds the variant this CPU runs (astrai/kernels/cpu_build.py), wraps
+its ops and installs them in astrai/model/fast_linear.py, through which every linear layer
+of the blocks, the int8 layers and the engine's LM head go: from then on a product of at
+most `max_rows` rows on a CPU (a decode step) runs the kernel, and everything else torch.
+Without a compiler, on a CPU without AVX2+FMA, with ASTRAI_CPU_KERNELS=0 or when the build
+fails, nothing is installed (one debug line says why) and torch serves every product.
+
+int8 weights: `int8_act="int8"` (the default where the CPU has AVX512-VNNI) quantizes the
+activations to int8 per block of 64 (absmax) and takes int32 dots, as llama.cpp's
+q8_0 × q8_0 does; `"fp32"` keeps them fp32 (the int8 weights converted in registers): exact
+to the dequantized model. Each op has a fake implementation, so torch.compile traces a
+model that calls them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import torch
+
+from astrai.kernels import cpu_build
+from astrai.model import fast_linear
+
+log = logging.getLogger("astrai.kernels")
+
+MAX_ROWS = {"float": 16, "int8": 16}
+"""Most rows a kernel takes per format; above, torch's GEMM (figures in docs/engine.md)."""
+
+
+def _register_fakes(ns: str) -> None:
+    def fake(x, w, *rest):
+        return x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32)
+
+    for op in ("gemv", "gemv_int8", "gemv_q8"):
+        torch.library.register_fake(f"{ns}::{op}", fake)
+
+
+@functools.cache
+def load_ops(isa: str) -> tuple[object, dict[str, int]]:
+    """(op namespace, {"vector": floats per vector, "vnni": 0/1, "block": QK}) of the built
+    `isa` variant, fakes registered. Raises cpu_build.CpuKernelUnavailable."""
+    ops = cpu_build.load(isa)
+    _register_fakes(f"astrai_cpu_{isa}")
+    vector, vnni, block = ops.info()
+    return ops, {"vector": vector, "vnni": vnni, "block": block}
+
+
+def decode_kernels(isa: str, int8_act: str | None = None) -> fast_linear.DecodeKernels:
+    """The DecodeKernels of the `isa` build; `int8_act` "int8" | "fp32" (None: int8 where
+    the build has VNNI, else fp32)."""
+    ops, info = load_ops(isa)
+    if int8_act is None:
+        int8_act = "int8" if info["vnni"] else "fp32"
+    if int8_act not in ("int8", "fp32"):
+        raise ValueError(f"int8_act {int8_act!r}: use int8 or fp32")
+    int8 = ops.gemv_q8 if int8_act == "int8" else ops.gemv_int8
+    vnni = " vnni" if info["vnni"] and int8_act == "int8" else ""
+    return fast_linear.DecodeKernels(
+        name=f"{isa}, int8 x {int8_act}{vnni}", float_gemv=ops.gemv, int8_gemv=int8,
+        max_rows=MAX_ROWS["float"], max_rows_int8=MAX_ROWS["int8"])
+
+
+_tried: dict[tuple, fast_linear.DecodeKernels | None] = {}
+
+
+def enable_cpu_kernels(int8_act: str | None = None) -> bool:
+    """Install the CPU decode kernels for this machine (building them at first use);
+    False, with one debug line, where they cannot be had."""
+    if os.environ.get("ASTRAI_CPU_KERNELS", "1") == "0":
+        log.debug("CPU decode kernels off (ASTRAI_CPU_KERNELS=0); torch serves decode")
+        return False
+    key = (os.environ.get("ASTRAI_CPU_ISA", ""), int8_act)
+    if key not in _tried:
+        _tried[key] = _try_build(int8_act)
+    kernels = _tried[key]
+    if kernels is not None:
+        fast_linear.install(kernels)
+    return kernels is not None
+
+
+def _try_build(int8_act: str | None) -> fast_linear.DecodeKernels | None:
+    try:
+        isa = cpu_build.requested_isa()
+        if isa is None:
+            raise cpu_build.CpuKernelUnavailable("this CPU has no AVX2+FMA (or "
+                                                 "ASTRAI_CPU_ISA=none)")
+        return decode_kernels(isa, int8_act)
+    except cpu_build.CpuKernelUnavailable as e:
+        log.debug("CPU decode kernels unavailable, torch serves decode: %s", e)
+        return None
+
+
+def disable_cpu_kernels() -> None:
+    """Back to torch for every product."""
+    fast_linear.install(None)
