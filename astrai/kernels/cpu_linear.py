@@ -1,17 +1,18 @@
 """astrai's CPU decode GEMVs (csrc/cpu/decode_gemv.cpp) as the model's few-row products.
 
-    from astrai.kernels.cpu_linear import enable_cpu_kernels
-    enable_cpu_kernels()        # build (or reuse) for this CPU and install; False: torch stays
+    kernels = cpu_decode_kernels()      # built (or reused) for this CPU; None: torch only
+    with fast_linear.active(kernels):   # what the engine does around each forward pass
+        logits = model(ids, ctx)
 
-`enable_cpu_kernels()` builds the variant this CPU runs (astrai/kernels/cpu_build.py), wraps
-its ops and installs them in astrai/model/fast_linear.py, through which every linear layer
-of the blocks, the int8 layers and the engine's LM head go: from then on a product of at
+`cpu_decode_kernels()` builds the variant this CPU runs (astrai/kernels/cpu_build.py) and
+wraps its ops for astrai/model/fast_linear.py, through which every linear layer of the
+blocks, the int8 layers and the engine's LM head go: while they are active, a product of at
 most `max_rows` rows on a CPU (a decode step) runs the kernel, and everything else torch.
 Without a compiler, on a CPU without AVX2+FMA, with ASTRAI_CPU_KERNELS=0 or when the build
-fails, nothing is installed (one debug line says why) and torch serves every product.
+fails, it returns None (one debug line says why) and torch serves every product.
 
 int8 weights: `int8_act="int8"` (the default where the CPU has AVX512-VNNI) quantizes the
-activations to int8 per block of 64 (absmax) and takes int32 dots, as llama.cpp's
+activations to int8 per block of 128 (absmax) and takes int32 dots, as llama.cpp's
 q8_0 × q8_0 does; `"fp32"` keeps them fp32 (the int8 weights converted in registers): exact
 to the dequantized model. Each op has a fake implementation, so torch.compile traces a
 model that calls them.
@@ -36,10 +37,14 @@ MAX_ROWS = {"float": 16, "int8": 16}
 
 def _register_fakes(ns: str) -> None:
     def fake(x, w, *rest):
-        return x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32)
+        return x.new_empty(*x.shape[:-1], w.shape[0])
+
+    def fake_many(x, ws, *rest):
+        return [x.new_empty(*x.shape[:-1], w.shape[0]) for w in ws]
 
     for op in ("gemv", "gemv_int8", "gemv_q8"):
         torch.library.register_fake(f"{ns}::{op}", fake)
+        torch.library.register_fake(f"{ns}::{op}_many", fake_many)
 
 
 @functools.cache
@@ -60,29 +65,29 @@ def decode_kernels(isa: str, int8_act: str | None = None) -> fast_linear.DecodeK
         int8_act = "int8" if info["vnni"] else "fp32"
     if int8_act not in ("int8", "fp32"):
         raise ValueError(f"int8_act {int8_act!r}: use int8 or fp32")
-    int8 = ops.gemv_q8 if int8_act == "int8" else ops.gemv_int8
-    vnni = " vnni" if info["vnni"] and int8_act == "int8" else ""
+    quantized = int8_act == "int8"
+    vnni = " vnni" if info["vnni"] and quantized else ""
     return fast_linear.DecodeKernels(
-        name=f"{isa}, int8 x {int8_act}{vnni}", float_gemv=ops.gemv, int8_gemv=int8,
+        name=f"{isa}, int8 x {int8_act}{vnni}", float_gemv=ops.gemv,
+        int8_gemv=ops.gemv_q8 if quantized else ops.gemv_int8, float_many=ops.gemv_many,
+        int8_many=ops.gemv_q8_many if quantized else ops.gemv_int8_many,
         max_rows=MAX_ROWS["float"], max_rows_int8=MAX_ROWS["int8"])
 
 
-_tried: dict[tuple, fast_linear.DecodeKernels | None] = {}
+_built: dict[tuple, fast_linear.DecodeKernels | None] = {}
 
 
-def enable_cpu_kernels(int8_act: str | None = None) -> bool:
-    """Install the CPU decode kernels for this machine (building them at first use);
-    False, with one debug line, where they cannot be had."""
+def cpu_decode_kernels(int8_act: str | None = None) -> fast_linear.DecodeKernels | None:
+    """The CPU decode kernels of this machine (built at first use, then cached), or None,
+    with one debug line, where they cannot be had; use them with
+    `fast_linear.active(kernels)`."""
     if os.environ.get("ASTRAI_CPU_KERNELS", "1") == "0":
         log.debug("CPU decode kernels off (ASTRAI_CPU_KERNELS=0); torch serves decode")
-        return False
+        return None
     key = (os.environ.get("ASTRAI_CPU_ISA", ""), int8_act)
-    if key not in _tried:
-        _tried[key] = _try_build(int8_act)
-    kernels = _tried[key]
-    if kernels is not None:
-        fast_linear.install(kernels)
-    return kernels is not None
+    if key not in _built:
+        _built[key] = _try_build(int8_act)
+    return _built[key]
 
 
 def _try_build(int8_act: str | None) -> fast_linear.DecodeKernels | None:
@@ -95,8 +100,3 @@ def _try_build(int8_act: str | None) -> fast_linear.DecodeKernels | None:
     except cpu_build.CpuKernelUnavailable as e:
         log.debug("CPU decode kernels unavailable, torch serves decode: %s", e)
         return None
-
-
-def disable_cpu_kernels() -> None:
-    """Back to torch for every product."""
-    fast_linear.install(None)

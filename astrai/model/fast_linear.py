@@ -2,91 +2,122 @@
 
     y = fast_linear.linear(x, w, b)              # F.linear(x, w, b), or an installed kernel
     y = fast_linear.int8_product(x2, q, scale)   # None unless a kernel takes it
+    q, k, v = fast_linear.project_many(x, (q_proj, k_proj, v_proj))   # or None
 
 Decoding multiplies one row (a few, with concurrent requests) by every weight matrix once per
 token, so its speed is the bytes of the weights over the memory bandwidth; torch's CPU GEMV
-reaches about half of that. A set of kernels (`DecodeKernels`) is installed here from above —
-the CPU decode GEMVs of astrai/kernels/cpu_linear.py, which the engine installs on a CPU —
-because the model room may not import the kernels room (docs/architecture.md "Order of
-rooms"). A product goes to the kernel only when it takes it: a CPU tensor, at most
+reaches about half of that. A set of kernels (`DecodeKernels`) is handed in from above —
+the CPU decode GEMVs of astrai/kernels/cpu_linear.py, active while the engine runs a step on
+a CPU (`with fast_linear.active(kernels): ...`) — because the model room may not import the
+kernels room (docs/architecture.md "Order of rooms"); outside such a block every product is
+torch's. A product goes to the kernel only when it takes it: a CPU tensor, at most
 `max_rows` rows, fp32 (or bf16) activations and weights, nothing that needs a gradient;
 everything else, prefill included, stays on torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 Tensor = torch.Tensor
 
 
 @dataclass(frozen=True)
 class DecodeKernels:
-    """Kernels for products of a few rows; each takes x [M, K] fp32 contiguous."""
+    """Kernels for products of a few rows. Each takes x [..., K] fp32 or bf16 and returns
+    [..., N] in x's dtype (fp32 products); biases in any float dtype or None."""
 
     name: str
-    """e.g. "avx512 (vnni)", for logs and the benchmark."""
+    """e.g. "avx512, int8 x int8 vnni", for logs and the benchmark."""
     float_gemv: Callable[[Tensor, Tensor, Tensor | None], Tensor]
-    """(x, w [N, K] fp32 or bf16, bias fp32 or None) -> fp32 [M, N]."""
+    """(x, w [N, K] fp32 or bf16, bias) -> x (w)ᵀ + bias."""
     int8_gemv: Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]
-    """(x, q [N, K] int8, scale [N] fp32, bias fp32 or None) -> fp32 [M, N] ≈ x (s·q)ᵀ."""
+    """(x, q [N, K] int8, scale [N] fp32, bias) -> ≈ x (s·q)ᵀ + bias."""
+    float_many: Callable[[Tensor, list[Tensor], list[Tensor | None]], list[Tensor]]
+    """The float product against several weights (one call, one parallel region)."""
+    int8_many: Callable[[Tensor, list[Tensor], list[Tensor], list[Tensor | None]], list[Tensor]]
+    """The int8 product against several (q, scale) pairs."""
     max_rows: int = 16
     """Most rows of a float product sent to the kernel (above it torch's GEMM is faster)."""
     max_rows_int8: int = 16
     """The same for int8 weights."""
-    bf16: bool = True
-    """Whether bf16 weights go to float_gemv."""
 
 
 _kernels: DecodeKernels | None = None
+_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def install(kernels: DecodeKernels | None) -> DecodeKernels | None:
-    """Make `kernels` serve the products they take (None: torch for all); returns the set
-    that was installed before."""
+@contextlib.contextmanager
+def active(kernels: DecodeKernels | None) -> Iterator[None]:
+    """Within the block, `kernels` serve the products they take (None: torch serves all);
+    the engine wraps its forward passes in it. Process-wide while it lasts (a plain global,
+    which torch.compile guards on), restored after."""
     global _kernels
     before, _kernels = _kernels, kernels
-    return before
+    try:
+        yield
+    finally:
+        _kernels = before
 
 
 def installed() -> DecodeKernels | None:
+    """The kernels serving products now, or None."""
     return _kernels
 
 
-def _rows(x: Tensor) -> int:
-    return x.numel() // max(1, x.shape[-1])
-
-
-def _takes(x: Tensor, w: Tensor, limit: int) -> bool:
-    return (x.device.type == "cpu" and _rows(x) <= limit and w.stride(-1) == 1
-            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)))
+def _takes_x(x: Tensor, limit: int) -> bool:
+    """x is a few CPU rows of a dtype the kernels read, and no gradient flows through."""
+    return (x.device.type == "cpu" and x.dtype in _DTYPES
+            and x.numel() <= limit * x.shape[-1] and not torch.is_grad_enabled())
 
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """F.linear(x, w, b), through the installed kernel when it takes the product (fp32
-    weights with fp32 activations, bf16 with bf16; the result in x's dtype)."""
+    """F.linear(x, w, b), through the active kernel when it takes the product: a few rows,
+    no gradient, fp32 weights with fp32 activations or bf16 with bf16 (the result in x's
+    dtype, the products in fp32)."""
     k = _kernels
-    if k is None or not _takes(x, w, k.max_rows) or w.dtype != x.dtype or w.dim() != 2:
+    if k is None or not _takes_x(x, k.max_rows) or w.dtype != x.dtype or w.dim() != 2:
         return F.linear(x, w, b)
-    if x.dtype != torch.float32 and not (k.bf16 and x.dtype == torch.bfloat16):
-        return F.linear(x, w, b)
-    x2 = x.reshape(-1, x.shape[-1]).float().contiguous()  # (M, K)
-    out = k.float_gemv(x2, w, None if b is None else b.float())
-    return out.to(x.dtype).view(*x.shape[:-1], w.shape[0])
+    return k.float_gemv(x, w, b)
 
 
-def int8_product(x2: Tensor, q: Tensor, scale: Tensor,
+def int8_product(x: Tensor, q: Tensor, scale: Tensor,
                  bias: Tensor | None = None) -> Tensor | None:
-    """x2 [M, K] · (scale · q)ᵀ + bias in x2's dtype through the installed kernel, or None
+    """x [..., K] · (scale · q)ᵀ + bias in x's dtype through the active kernel, or None
     when no kernel takes it (the caller computes it)."""
     k = _kernels
-    if k is None or not _takes(x2, q, k.max_rows_int8) or q.dtype != torch.int8:
+    if k is None or not _takes_x(x, k.max_rows_int8) or q.dtype != torch.int8:
         return None
-    if x2.dtype not in (torch.float32, torch.bfloat16) or scale.dtype != torch.float32:
+    return k.int8_gemv(x, q, scale, bias)
+
+
+def project_many(x: Tensor, layers: tuple[nn.Module, ...]) -> list[Tensor] | None:
+    """[layer(x) for layer in layers] in one kernel call — several projections of the same
+    activations (q, k, v; gate, up) — or None when the active kernel does not take them
+    all (plain nn.Linear layers of x's dtype, or int8 layers, astrai/model/quant.py): the
+    caller projects one by one. Decoding is bound by per-call overhead at this size, so
+    the parameters are read from the modules' dicts."""
+    k = _kernels
+    if k is None:
         return None
-    out = k.int8_gemv(x2.float().contiguous(), q, scale, None if bias is None else bias.float())
-    return out.to(x2.dtype)
+    kind = type(layers[0])
+    if any(type(m) is not kind for m in layers):
+        return None
+    if kind is nn.Linear:
+        if not _takes_x(x, k.max_rows):
+            return None
+        ws = [m._parameters["weight"] for m in layers]
+        if any(w.dtype != x.dtype for w in ws):
+            return None
+        return k.float_many(x, ws, [m._parameters["bias"] for m in layers])
+    if "qweight" not in layers[0]._buffers or not _takes_x(x, k.max_rows_int8):
+        return None
+    bufs = [m._buffers for m in layers]
+    return k.int8_many(x, [b["qweight"] for b in bufs], [b["scale"] for b in bufs],
+                       [b["bias"] for b in bufs])

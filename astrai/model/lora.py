@@ -158,6 +158,13 @@ def project(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     return layer(x)
 
 
+def project_many(x: torch.Tensor, layers: tuple[nn.Module, ...]) -> list[torch.Tensor]:
+    """[project(x, layer) for layer in layers], in one call of an installed decode kernel
+    where it takes them all (fast_linear.py)."""
+    out = fast_linear.project_many(x, layers)
+    return out if out is not None else [project(x, m) for m in layers]
+
+
 def lora_layers(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:
     """(module name, layer) of every adapted layer."""
     for name, m in model.named_modules():

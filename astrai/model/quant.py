@@ -63,10 +63,10 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
                 scale_bf16: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] -> [..., N] = x (s·q)ᵀ + bias, in x's dtype. `fast` allows the int8
     kernel (bf16 activations) when x has at most FAST_ROWS rows."""
-    x2 = x.reshape(-1, x.shape[-1])  # (M, K), M = all leading dims
-    out = fast_linear.int8_product(x2, q, scale, bias)  # a decode kernel, where installed
+    out = fast_linear.int8_product(x, q, scale, bias)  # a decode kernel, where active
     if out is not None:
-        return out.view(*x.shape[:-1], q.shape[0])
+        return out
+    x2 = x.reshape(-1, x.shape[-1])  # (M, K), M = all leading dims
     if fast and x2.shape[0] <= FAST_ROWS:
         sb = scale.to(torch.bfloat16) if scale_bf16 is None else scale_bf16
         out = torch.ops.aten._weight_int8pack_mm(x2.to(torch.bfloat16), q, sb).to(x.dtype)

@@ -8,11 +8,15 @@
 // dot), and the op namespace (ASTRAI_CPU_NS) names the variant, so two builds can live in one
 // process. Ops (torch.ops.<ns>.*; schemas at the bottom):
 //
-//   gemv(x, w, bias)                 fp32 x [M,K] against fp32 or bf16 W [N,K] -> fp32 [M,N]
+//   gemv(x, w, bias)                 x [..., K] against fp32 or bf16 W [N, K] -> [..., N]
 //   gemv_int8(x, q, scale, bias)     int8 W, fp32 activations: exact to x · (s·q)ᵀ in fp32
 //   gemv_q8(x, q, scale, bias)       int8 W, activations quantized to int8 per block of QK
 //                                    (absmax, as llama.cpp's q8_0 × q8_0 dot): int32 dots,
 //                                    VNNI vpdpbusd where the CPU has it
+//   *_many(x, [w...], ...)           the same against several matrices (q, k, v; gate, up) in
+//                                    one parallel region, the activations quantized once
+//
+// x is fp32 or bf16 (the products are fp32 either way), the result in x's dtype.
 //
 // Design (per output-row tile of RT rows, per group of up to MB activation rows): one vector
 // accumulator per (activation row, weight row), each weight vector loaded once and used for
@@ -38,8 +42,30 @@
 
 namespace {
 
-constexpr int RT = 4;   // weight rows per tile
-constexpr int QK = 64;  // activation quantization block (gemv_q8)
+#ifndef ASTRAI_RT
+#define ASTRAI_RT 4
+#endif
+constexpr int RT = ASTRAI_RT;
+#ifndef ASTRAI_PF
+#define ASTRAI_PF 2048
+#endif
+constexpr int PF = ASTRAI_PF;  // software prefetch distance in bytes (0: none)
+#ifdef ASTRAI_PF_NTA
+#define PF_HINT _MM_HINT_NTA
+#elif defined(ASTRAI_PF_T1)
+#define PF_HINT _MM_HINT_T1
+#else
+#define PF_HINT _MM_HINT_T0
+#endif  // weight rows per tile (at most 4: the tile switch below)
+#ifndef ASTRAI_QK
+#define ASTRAI_QK 128
+#endif
+constexpr int QK = ASTRAI_QK;  // activation quantization block (gemv_q8), a multiple of 64
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr bool kVnni = true;
+#else
+constexpr bool kVnni = false;
+#endif
 
 // -- vectors --------------------------------------------------------------------------------
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -50,6 +76,12 @@ inline vf vset1(float a) { return _mm512_set1_ps(a); }
 inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
 inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 inline float vsum(vf a) { return _mm512_reduce_add_ps(a); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vmaxabs(vf m, vf a) { return _mm512_max_ps(m, _mm512_abs_ps(a)); }
+inline float vmax(vf a) { return _mm512_reduce_max_ps(a); }
+inline void vround_store(vf a, int32_t* p) {  // nearest, ties to even (MXCSR default)
+  _mm512_storeu_si512(p, _mm512_cvtps_epi32(a));
+}
 inline vf wload(const float* p) { return _mm512_loadu_ps(p); }
 inline vf wload(const c10::BFloat16* p) {  // bf16 -> fp32 is a 16-bit shift
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -71,6 +103,19 @@ inline float vsum(vf a) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf vmaxabs(vf m, vf a) {
+  return _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.f), a));
+}
+inline float vmax(vf a) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline void vround_store(vf a, int32_t* p) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_cvtps_epi32(a));
 }
 inline vf wload(const float* p) { return _mm256_loadu_ps(p); }
 inline vf wload(const c10::BFloat16* p) {
@@ -102,6 +147,8 @@ inline void dot_tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64
     vf xv[MBv];
     for (int m = 0; m < MBv; ++m) xv[m] = vload(x + m * ldx + k);
     for (int r = 0; r < R; ++r) {
+      if (PF && (k * static_cast<int64_t>(sizeof(W))) % 64 == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + k) + PF, PF_HINT);
       vf wv = wload(w + r * ldw + k);
       for (int m = 0; m < MBv; ++m) acc[m][r] = vfma(wv, xv[m], acc[m][r]);
     }
@@ -115,14 +162,25 @@ inline void dot_tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64
 }
 
 template <int MBv, typename W>
-inline void dot_rows(int R, const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t K,
-                     float* sums) {
+inline void dot_rows4(int R, const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t K,
+                      float* sums) {
   switch (R) {
     case 4: return dot_tile<MBv, 4>(x, ldx, w, ldw, K, sums);
     case 3: return dot_tile<MBv, 3>(x, ldx, w, ldw, K, sums);
     case 2: return dot_tile<MBv, 2>(x, ldx, w, ldw, K, sums);
     default: return dot_tile<MBv, 1>(x, ldx, w, ldw, K, sums);
   }
+}
+
+// R rows (<= RT) in sub-tiles of at most 4, one activation row: a whole tile of 8.
+template <int MBv, typename W>
+inline void dot_rows(int R, const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t K,
+                     float* sums) {
+  if constexpr (MBv == 1 && RT == 8) {
+    if (R == 8) return dot_tile<1, 8>(x, ldx, w, ldw, K, sums);
+  }
+  for (int r0 = 0; r0 < R; r0 += 4)
+    dot_rows4<MBv>(std::min(4, R - r0), x, ldx, w + r0 * ldw, ldw, K, sums + r0);
 }
 
 constexpr int MB = 4;  // activation rows per group
@@ -150,36 +208,50 @@ inline void store(const float* sums, int mb, int R, int64_t n0, const float* sca
     }
 }
 
-// Row tiles split over torch's threads; each thread streams its contiguous slice of W.
+// One weight matrix of a call: several (q, k, v; gate, up) share the activations and one
+// parallel region.
+struct Mat {
+  const void* w;
+  int64_t ldw, N;
+  const float* scale;  // per-row scale (int8) or null
+  const float* bias;   // or null
+  float* out;          // [M, N]
+};
+
+// Row tiles of every matrix split over torch's threads; each thread streams a contiguous
+// slice of the weights.
 template <typename Body>
-inline void over_tiles(int64_t N, int64_t K, Body body) {
-  const int64_t tiles = (N + RT - 1) / RT;
+inline void over_tiles(const std::vector<Mat>& mats, int64_t K, Body body) {
+  std::vector<int64_t> first(mats.size() + 1, 0);  // first tile of each matrix
+  for (size_t i = 0; i < mats.size(); ++i) first[i + 1] = first[i] + (mats[i].N + RT - 1) / RT;
   // a piece under ~32K weights costs a thread more to start than it saves
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, RT * K));
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, first.back(), grain, [&](int64_t t0, int64_t t1) {
+    size_t i = 0;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n0 = t * RT;
-      body(n0, static_cast<int>(std::min<int64_t>(RT, N - n0)));
+      while (t >= first[i + 1]) ++i;
+      const int64_t n0 = (t - first[i]) * RT;
+      body(mats[i], n0, static_cast<int>(std::min<int64_t>(RT, mats[i].N - n0)));
     }
   });
 }
 
 template <typename W>
-void gemv_float_weights(const float* x, int64_t M, int64_t K, const W* w, int64_t ldw,
-                        int64_t N, const float* scale, const float* bias, float* out) {
-  over_tiles(N, K, [&](int64_t n0, int R) {
+void gemv_float_weights(const float* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
+  over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
     float sums[MB * RT];
+    const W* w = static_cast<const W*>(mat.w) + n0 * mat.ldw;
     for (int64_t m0 = 0; m0 < M; m0 += MB) {
       const int mb = static_cast<int>(std::min<int64_t>(MB, M - m0));
-      dot_group(mb, R, x + m0 * K, K, w + n0 * ldw, ldw, K, sums);
-      store(sums, mb, R, n0, scale, bias, out + m0 * N, N);
+      dot_group(mb, R, x + m0 * K, K, w, mat.ldw, K, sums);
+      store(sums, mb, R, n0, mat.scale, mat.bias, mat.out + m0 * mat.N, mat.N);
     }
   });
 }
 
 // -- int8 × int8 (quantized activations) ----------------------------------------------------
-// Activations per row m and block b of QK values: s = max|x| / 127, xq = round(x / s) (int8),
-// zero-padded to whole blocks. The dot of a weight row q with them is
+// Activations per row m and block b of QK values: s = max|x| / 127, xq = round(x / s) (int8,
+// ties to even), zero-padded to whole blocks. The dot of a weight row q with them is
 //   Σ_b s_b · Σ_{k∈b} q_k · xq_k.
 struct QuantAct {
   std::vector<int8_t> q;   // [M, Kp]
@@ -189,77 +261,115 @@ struct QuantAct {
   int64_t Kp = 0, nb = 0;
 };
 
+// One block of n <= QK values (zero-padded to QK in `buf`): its scale, int8 values, their sum.
+inline float quantize_block(const float* x, int64_t n, int8_t* q, int32_t& qsum) {
+  alignas(64) float buf[QK];
+  const float* v = x;
+  if (n < QK) {
+    std::memset(buf, 0, sizeof buf);
+    std::memcpy(buf, x, static_cast<size_t>(n) * sizeof(float));
+    v = buf;
+  }
+  vf am = vzero();
+  for (int i = 0; i < QK; i += VL) am = vmaxabs(am, vload(v + i));
+  const float amax = vmax(am);
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  alignas(64) int32_t iv[QK];
+  for (int i = 0; i < QK; i += VL) vround_store(vmul(vload(v + i), vset1(inv)), iv + i);
+  int32_t sum = 0;
+  for (int i = 0; i < QK; ++i) {
+    q[i] = static_cast<int8_t>(iv[i]);  // |x / s| <= 127 by construction
+    sum += iv[i];
+  }
+  qsum = sum;
+  return amax / 127.f;
+}
+
 void quantize_act(const float* x, int64_t M, int64_t K, QuantAct& qa) {
   qa.nb = (K + QK - 1) / QK;
   qa.Kp = qa.nb * QK;
-  qa.q.assign(M * qa.Kp, 0);
-  qa.s.assign(M * qa.nb, 0.f);
-  qa.c.assign(M, 0.f);
-  qa.a.assign(M * qa.Kp, 0);
+  qa.q.resize(M * qa.Kp);
+  qa.s.resize(M * qa.nb);
+  qa.c.resize(M);
+  qa.a.resize(M * qa.Kp);
   for (int64_t m = 0; m < M; ++m) {
     double corr = 0;
     for (int64_t b = 0; b < qa.nb; ++b) {
-      const int64_t k0 = b * QK, k1 = std::min<int64_t>(K, k0 + QK);
-      float amax = 0.f;
-      for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(x[m * K + k]));
-      const float s = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+      const int64_t k0 = b * QK;
       int32_t qsum = 0;
-      for (int64_t k = k0; k < k1; ++k) {
-        const int32_t v = static_cast<int32_t>(std::nearbyint(x[m * K + k] * inv));
-        const int8_t vq = static_cast<int8_t>(std::max(-127, std::min(127, v)));
-        qa.q[m * qa.Kp + k] = vq;
-        qa.a[m * qa.Kp + k] = static_cast<uint8_t>(vq < 0 ? -vq : vq);
-        qsum += vq;
-      }
+      const float s = quantize_block(x + m * K + k0, std::min<int64_t>(QK, K - k0),
+                                     qa.q.data() + m * qa.Kp + k0, qsum);
       qa.s[m * qa.nb + b] = s;
       corr += static_cast<double>(s) * qsum;
     }
     qa.c[m] = static_cast<float>(128.0 * corr);
+    if (!kVnni)
+      for (int64_t k = 0; k < qa.Kp; ++k) {
+        const int8_t v = qa.q[m * qa.Kp + k];
+        qa.a[m * qa.Kp + k] = static_cast<uint8_t>(v < 0 ? -v : v);
+      }
   }
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-constexpr bool kVnni = true;
 // (q ^ 0x80) is q + 128 as an unsigned byte, so vpdpbusd (u8 × s8) gives Σ (q + 128) · xq; the
 // 128 · Σ xq part is the same for every weight row and is taken off once (QuantAct::c).
+template <int MBv, int R, bool MASKED>
+inline void q8_block(const int8_t* const* xr, const float* const* sr, const int8_t* const* wr,
+                     int64_t b, int64_t K, __m512 (&accf)[MBv][R]) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i acci[MBv][R];
+  for (int j = 0; j < QK / 64; ++j) {
+    const int64_t k = b * QK + j * 64;
+    __mmask64 mask = ~0ULL;
+    if (MASKED) mask = K - k >= 64 ? ~0ULL : K - k <= 0 ? 0ULL : ((1ULL << (K - k)) - 1);
+    __m512i xv[MBv];
+    for (int m = 0; m < MBv; ++m) xv[m] = _mm512_loadu_si512(xr[m] + k);
+    for (int r = 0; r < R; ++r) {
+      if (PF) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + k + PF), PF_HINT);
+      const __m512i wv = _mm512_xor_si512(
+          MASKED ? _mm512_maskz_loadu_epi8(mask, wr[r] + k) : _mm512_loadu_si512(wr[r] + k), flip);
+      for (int m = 0; m < MBv; ++m)
+        acci[m][r] = _mm512_dpbusd_epi32(j == 0 ? _mm512_setzero_si512() : acci[m][r], wv, xv[m]);
+    }
+  }
+  for (int m = 0; m < MBv; ++m) {
+    const __m512 s = _mm512_set1_ps(sr[m][b]);
+    for (int r = 0; r < R; ++r)
+      accf[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci[m][r]), s, accf[m][r]);
+  }
+}
+
 template <int MBv, int R>
 inline void q8_tile(const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw, int64_t K,
                     float* sums) {
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const int8_t* xr[MBv];
+  const float* sr[MBv];
+  const int8_t* wr[R];
+  for (int m = 0; m < MBv; ++m) {
+    xr[m] = qa.q.data() + (m0 + m) * qa.Kp;
+    sr[m] = qa.s.data() + (m0 + m) * qa.nb;
+  }
+  for (int r = 0; r < R; ++r) wr[r] = w + r * ldw;
   __m512 accf[MBv][R];
   for (int m = 0; m < MBv; ++m)
     for (int r = 0; r < R; ++r) accf[m][r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < qa.nb; ++b) {
-    __m512i acci[MBv][R];
-    const int64_t k = b * QK;  // QK == 64: one vector per block
-    const __mmask64 mask = K - k >= 64 ? ~0ULL : ((1ULL << (K - k)) - 1);
-    __m512i xv[MBv];
-    for (int m = 0; m < MBv; ++m)
-      xv[m] = _mm512_loadu_si512(qa.q.data() + (m0 + m) * qa.Kp + k);
-    for (int r = 0; r < R; ++r) {
-      __m512i wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w + r * ldw + k), flip);
-      for (int m = 0; m < MBv; ++m)
-        acci[m][r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv[m]);
-    }
-    for (int m = 0; m < MBv; ++m) {
-      const __m512 s = _mm512_set1_ps(qa.s[(m0 + m) * qa.nb + b]);
-      for (int r = 0; r < R; ++r)
-        accf[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci[m][r]), s, accf[m][r]);
-    }
-  }
+  const int64_t full = K / QK;
+  for (int64_t b = 0; b < full; ++b) q8_block<MBv, R, false>(xr, sr, wr, b, K, accf);
+  if (full < qa.nb) q8_block<MBv, R, true>(xr, sr, wr, full, K, accf);
   for (int m = 0; m < MBv; ++m)
-    for (int r = 0; r < R; ++r) sums[m * RT + r] = _mm512_reduce_add_ps(accf[m][r]) - qa.c[m0 + m];
+    for (int r = 0; r < R; ++r)
+      sums[m * RT + r] = _mm512_reduce_add_ps(accf[m][r]) - qa.c[m0 + m];
 }
 constexpr int MBQ = 2;
 #else
-constexpr bool kVnni = false;
 // AVX2: maddubs needs one unsigned side, so |xq| against q with xq's sign (llama.cpp's
 // trick); |q|, |xq| <= 127 keeps the 16-bit pair sums from saturating.
-inline __m256i dot32(const uint8_t* a, const int8_t* sx, const int8_t* w, bool tail, int64_t n) {
+inline __m256i dot32(const uint8_t* a, const int8_t* sx, const int8_t* w, int64_t left) {
   __m256i wv;
-  if (tail) {
+  if (left < 32) {
     alignas(32) int8_t buf[32] = {0};
-    std::memcpy(buf, w, static_cast<size_t>(n));
+    if (left > 0) std::memcpy(buf, w, static_cast<size_t>(left));
     wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
   } else {
     wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
@@ -276,17 +386,14 @@ inline void q8_tile(const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw
   for (int m = 0; m < MBv; ++m)
     for (int r = 0; r < R; ++r) accf[m][r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < qa.nb; ++b) {
-    for (int r = 0; r < R; ++r) {
-      for (int m = 0; m < MBv; ++m) {
-        const int64_t row = (m0 + m) * qa.Kp;
+    for (int m = 0; m < MBv; ++m) {
+      const int64_t row = (m0 + m) * qa.Kp;
+      const __m256 s = _mm256_set1_ps(qa.s[(m0 + m) * qa.nb + b]);
+      for (int r = 0; r < R; ++r) {
         __m256i acc = _mm256_setzero_si256();
-        for (int64_t k = b * QK; k < (b + 1) * QK; k += 32) {
-          if (K - k <= 0) break;
-          const bool tail = K - k < 32;
+        for (int64_t k = b * QK; k < (b + 1) * QK; k += 32)
           acc = _mm256_add_epi32(acc, dot32(qa.a.data() + row + k, qa.q.data() + row + k,
-                                            w + r * ldw + k, tail, K - k));
-        }
-        const __m256 s = _mm256_set1_ps(qa.s[(m0 + m) * qa.nb + b]);
+                                            w + r * ldw + k, K - k));
         accf[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), s, accf[m][r]);
       }
     }
@@ -298,8 +405,8 @@ constexpr int MBQ = 2;
 #endif
 
 template <int MBv>
-inline void q8_rows(int R, const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw,
-                    int64_t K, float* sums) {
+inline void q8_rows4(int R, const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw,
+                     int64_t K, float* sums) {
   switch (R) {
     case 4: return q8_tile<MBv, 4>(qa, m0, w, ldw, K, sums);
     case 3: return q8_tile<MBv, 3>(qa, m0, w, ldw, K, sums);
@@ -308,79 +415,151 @@ inline void q8_rows(int R, const QuantAct& qa, int64_t m0, const int8_t* w, int6
   }
 }
 
-void gemv_q8_impl(const float* x, int64_t M, int64_t K, const int8_t* w, int64_t ldw,
-                  int64_t N, const float* scale, const float* bias, float* out) {
+template <int MBv>
+inline void q8_rows(int R, const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw,
+                    int64_t K, float* sums) {
+  if constexpr (MBv == 1 && RT == 8) {
+    if (R == 8) return q8_tile<1, 8>(qa, m0, w, ldw, K, sums);
+  }
+  for (int r0 = 0; r0 < R; r0 += 4)
+    q8_rows4<MBv>(std::min(4, R - r0), qa, m0, w + r0 * ldw, ldw, K, sums + r0);
+}
+
+void gemv_q8_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
   thread_local QuantAct qa;
-  quantize_act(x, M, K, qa);
+  quantize_act(x, M, K, qa);  // once for every matrix of the call
   const QuantAct& q = qa;
-  over_tiles(N, K, [&](int64_t n0, int R) {
+  over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
     float sums[MB * RT];
+    const int8_t* w = static_cast<const int8_t*>(mat.w) + n0 * mat.ldw;
     for (int64_t m0 = 0; m0 < M; m0 += MBQ) {
       const int mb = static_cast<int>(std::min<int64_t>(MBQ, M - m0));
-      if (mb == 2) q8_rows<2>(R, q, m0, w + n0 * ldw, ldw, K, sums);
-      else q8_rows<1>(R, q, m0, w + n0 * ldw, ldw, K, sums);
-      store(sums, mb, R, n0, scale, bias, out + m0 * N, N);
+      if (mb == 2) q8_rows<2>(R, q, m0, w, mat.ldw, K, sums);
+      else q8_rows<1>(R, q, m0, w, mat.ldw, K, sums);
+      store(sums, mb, R, n0, mat.scale, mat.bias, mat.out + m0 * mat.N, mat.N);
     }
   });
 }
 
 // -- ops ------------------------------------------------------------------------------------
-void check_rows(const at::Tensor& x, const at::Tensor& w, const char* op) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, op, ": x [M, K] and w [N, K] expected");
-  TORCH_CHECK(x.size(1) == w.size(1), op, ": x has K=", x.size(1), ", w has K=", w.size(1));
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), op, ": x must be contiguous fp32");
-  TORCH_CHECK(w.stride(1) == 1, op, ": w's rows must be contiguous");
-  TORCH_CHECK(!x.is_cuda() && !w.is_cuda(), op, ": CPU tensors only");
+// x [..., K] fp32 or bf16 (computed in fp32); each output [..., N_i] in x's dtype; a bias in
+// any float dtype; weights [N_i, K] (rows made contiguous if they are not).
+using OptList = c10::List<std::optional<at::Tensor>>;
+
+struct Call {
+  at::Tensor x2;                  // [M, K] fp32 contiguous
+  std::vector<int64_t> lead;      // x's leading dims
+  std::vector<at::Tensor> outs;   // [M, N_i] fp32
+  std::vector<at::Tensor> keep;   // converted weights / biases / scales, alive for the call
+  std::vector<Mat> mats;
+  int64_t M = 0, K = 0;
+};
+
+const float* f32_vector(const std::optional<at::Tensor>& t, int64_t n, const char* what,
+                        Call& c) {
+  if (!t.has_value()) return nullptr;
+  TORCH_CHECK(t->numel() == n && !t->is_cuda(), what, " must be a CPU vector of ", n);
+  at::Tensor v = t->to(at::kFloat).contiguous();
+  c.keep.push_back(v);
+  return v.data_ptr<float>();
 }
 
-const float* opt_f32(const std::optional<at::Tensor>& t, int64_t n, const char* what) {
-  if (!t.has_value()) return nullptr;
-  TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == n, what,
-              " must be a contiguous fp32 vector of ", n);
-  return t->data_ptr<float>();
+Call prepare(const at::Tensor& x, at::TensorList ws, const at::TensorList* scales,
+             const OptList& biases, const char* op) {
+  TORCH_CHECK(x.dim() >= 1 && !x.is_cuda() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              op, ": x must be a fp32 or bf16 CPU tensor [..., K]");
+  TORCH_CHECK(!ws.empty(), op, ": no weights");
+  TORCH_CHECK(biases.size() == 0 || biases.size() == ws.size(), op, ": one bias (or None) per weight");
+  TORCH_CHECK(!scales || scales->size() == ws.size(), op, ": one scale per weight");
+  Call c;
+  c.K = x.size(-1);
+  c.lead = x.sizes().vec();
+  c.lead.pop_back();
+  c.x2 = x.reshape({-1, c.K}).to(at::kFloat).contiguous();
+  c.M = c.x2.size(0);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    at::Tensor w = ws[i];
+    TORCH_CHECK(w.dim() == 2 && w.size(1) == c.K && !w.is_cuda(), op, ": weight ", i,
+                " must be a CPU matrix [N, ", c.K, "]");
+    TORCH_CHECK(w.scalar_type() == ws[0].scalar_type(), op, ": weights of one dtype");
+    if (w.stride(1) != 1) {
+      w = w.contiguous();
+      c.keep.push_back(w);
+    }
+    const int64_t N = w.size(0);
+    c.outs.push_back(at::empty({c.M, N}, c.x2.options()));
+    const std::optional<at::Tensor> b = biases.size() ? biases.get(i) : std::nullopt;
+    c.mats.push_back({w.data_ptr(), w.stride(0), N,
+                      scales ? f32_vector((*scales)[i], N, "scale", c) : nullptr,
+                      f32_vector(b, N, "bias", c), c.outs.back().data_ptr<float>()});
+  }
+  return c;
+}
+
+std::vector<at::Tensor> finish(Call& c, at::ScalarType dtype) {
+  std::vector<at::Tensor> res;
+  for (at::Tensor& o : c.outs) {
+    std::vector<int64_t> shape = c.lead;
+    shape.push_back(o.size(1));
+    res.push_back((dtype == at::kFloat ? o : o.to(dtype)).view(shape));
+  }
+  return res;
+}
+
+std::vector<at::Tensor> gemv_many(const at::Tensor& x, at::TensorList ws, const OptList& biases) {
+  Call c = prepare(x, ws, nullptr, biases, "gemv");
+  const float* xp = c.x2.data_ptr<float>();
+  if (ws[0].scalar_type() == at::kFloat)
+    gemv_float_weights<float>(xp, c.M, c.K, c.mats);
+  else if (ws[0].scalar_type() == at::kBFloat16)
+    gemv_float_weights<c10::BFloat16>(xp, c.M, c.K, c.mats);
+  else
+    TORCH_CHECK(false, "gemv: weights must be fp32 or bf16, got ", ws[0].scalar_type());
+  return finish(c, x.scalar_type());
+}
+
+std::vector<at::Tensor> int8_many(const at::Tensor& x, at::TensorList qs, at::TensorList scales,
+                                  const OptList& biases, bool quantized) {
+  const char* op = quantized ? "gemv_q8" : "gemv_int8";
+  TORCH_CHECK(!qs.empty() && qs[0].scalar_type() == at::kChar, op, ": weights must be int8");
+  Call c = prepare(x, qs, &scales, biases, op);
+  if (quantized) gemv_q8_impl(c.x2.data_ptr<float>(), c.M, c.K, c.mats);
+  else gemv_float_weights<int8_t>(c.x2.data_ptr<float>(), c.M, c.K, c.mats);
+  return finish(c, x.scalar_type());
+}
+
+std::vector<at::Tensor> gemv_int8_many(const at::Tensor& x, at::TensorList qs,
+                                       at::TensorList scales, const OptList& biases) {
+  return int8_many(x, qs, scales, biases, false);
+}
+
+std::vector<at::Tensor> gemv_q8_many(const at::Tensor& x, at::TensorList qs,
+                                     at::TensorList scales, const OptList& biases) {
+  return int8_many(x, qs, scales, biases, true);
+}
+
+OptList one_bias(const std::optional<at::Tensor>& bias) {
+  OptList b;
+  b.push_back(bias);
+  return b;
 }
 
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
-  check_rows(x, w, "gemv");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  at::Tensor out = at::empty({M, N}, x.options());
-  const float* b = opt_f32(bias, N, "gemv: bias");
-  if (w.scalar_type() == at::kFloat)
-    gemv_float_weights(x.data_ptr<float>(), M, K, w.data_ptr<float>(), w.stride(0), N, nullptr,
-                       b, out.data_ptr<float>());
-  else if (w.scalar_type() == at::kBFloat16)
-    gemv_float_weights(x.data_ptr<float>(), M, K, w.data_ptr<c10::BFloat16>(), w.stride(0), N,
-                       nullptr, b, out.data_ptr<float>());
-  else
-    TORCH_CHECK(false, "gemv: w must be fp32 or bf16, got ", w.scalar_type());
-  return out;
+  return gemv_many(x, {w}, one_bias(bias))[0];
 }
 
 at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                      const std::optional<at::Tensor>& bias) {
-  check_rows(x, q, "gemv_int8");
-  TORCH_CHECK(q.scalar_type() == at::kChar, "gemv_int8: q must be int8");
-  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
-  at::Tensor out = at::empty({M, N}, x.options());
-  gemv_float_weights(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), q.stride(0), N,
-                     opt_f32(scale, N, "gemv_int8: scale"), opt_f32(bias, N, "gemv_int8: bias"),
-                     out.data_ptr<float>());
-  return out;
+  return int8_many(x, {q}, {scale}, one_bias(bias), false)[0];
 }
 
 at::Tensor gemv_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                    const std::optional<at::Tensor>& bias) {
-  check_rows(x, q, "gemv_q8");
-  TORCH_CHECK(q.scalar_type() == at::kChar, "gemv_q8: q must be int8");
-  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
-  at::Tensor out = at::empty({M, N}, x.options());
-  gemv_q8_impl(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), q.stride(0), N,
-               opt_f32(scale, N, "gemv_q8: scale"), opt_f32(bias, N, "gemv_q8: bias"),
-               out.data_ptr<float>());
-  return out;
+  return int8_many(x, {q}, {scale}, one_bias(bias), true)[0];
 }
 
-// What this build does: "avx512" / "avx2", and whether the int8 dot is VNNI.
+// What this build is: floats per vector (16: AVX-512, 8: AVX2), VNNI (1/0), the block QK.
 std::vector<int64_t> info() { return {VL, kVnni ? 1 : 0, QK}; }
 
 }  // namespace
@@ -389,8 +568,14 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.def("gemv(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
   m.def("gemv_int8(Tensor x, Tensor q, Tensor scale, Tensor? bias=None) -> Tensor");
   m.def("gemv_q8(Tensor x, Tensor q, Tensor scale, Tensor? bias=None) -> Tensor");
+  m.def("gemv_many(Tensor x, Tensor[] w, Tensor?[] bias) -> Tensor[]");
+  m.def("gemv_int8_many(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] bias) -> Tensor[]");
+  m.def("gemv_q8_many(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] bias) -> Tensor[]");
   m.def("info() -> int[]", &info);
   m.impl("gemv", c10::DispatchKey::CPU, &gemv);
   m.impl("gemv_int8", c10::DispatchKey::CPU, &gemv_int8);
   m.impl("gemv_q8", c10::DispatchKey::CPU, &gemv_q8);
+  m.impl("gemv_many", c10::DispatchKey::CPU, &gemv_many);
+  m.impl("gemv_int8_many", c10::DispatchKey::CPU, &gemv_int8_many);
+  m.impl("gemv_q8_many", c10::DispatchKey::CPU, &gemv_q8_many);
 }
