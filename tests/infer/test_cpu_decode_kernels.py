@@ -1,6 +1,6 @@
 """The engine on a CPU with astrai's decode GEMVs (astrai/kernels/cpu_linear.py) against the
 engine on torch's products: the same greedy tokens (fp32 and int8 weights) on the tiny model
-trained by test_quantized_inference, the kernels really used for decode steps and not for
+trained by the `trained` fixture (conftest.py), the kernels really used for decode steps and not for
 prefill, int8 activations costing under 1% of loss, and the engine without them."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from astrai.infer import CacheConfig, Engine, SamplingParams
 from astrai.infer.loading import load_model
 from astrai.kernels import cpu_build, cpu_linear
 from astrai.model import fast_linear
-from tests.infer.test_quantized_inference import dequantized_twin, trained  # noqa: F401
+from tests.infer.test_quantized_inference import dequantized_twin
 
 KERNELS = cpu_linear.cpu_decode_kernels()
 needs_kernels = pytest.mark.skipif(KERNELS is None, reason="the CPU decode kernels do not "
@@ -59,7 +59,7 @@ def separated_prompt(model: nn.Module, ids: torch.Tensor) -> tuple[list[int], li
 
 @needs_kernels
 @pytest.mark.parametrize("quantize", [None, "int8"])
-def test_greedy_tokens_equal_with_and_without_the_kernels(trained, quantize):  # noqa: F811
+def test_greedy_tokens_equal_with_and_without_the_kernels(trained, quantize):
     """fp32: the kernels against torch's GEMV; int8: the int8 x int8 kernel against the
     dequantized weights in fp32 on torch (what the int8 model approximates)."""
     ckpt, _, _, ids = trained
@@ -74,7 +74,7 @@ def test_greedy_tokens_equal_with_and_without_the_kernels(trained, quantize):  #
 
 
 @needs_kernels
-def test_prefill_of_many_rows_stays_on_torch(trained):  # noqa: F811
+def test_prefill_of_many_rows_stays_on_torch(trained):
     ckpt, _, _, ids = trained
     eng = engine(load_model(ckpt, device="cpu"))
     rows: list[int] = []
@@ -84,7 +84,7 @@ def test_prefill_of_many_rows_stays_on_torch(trained):  # noqa: F811
 
 
 @needs_kernels
-def test_int8_activations_cost_under_one_percent_of_loss(trained):  # noqa: F811
+def test_int8_activations_cost_under_one_percent_of_loss(trained):
     """Teacher-forced loss over 16-token windows of the memorised text, every product of a
     window (16 rows) through the int8 x int8 kernel, against the dequantized fp32 model on
     torch: within 1%, as the int8 bits-per-byte test asks of the weights alone."""
@@ -106,7 +106,7 @@ def test_int8_activations_cost_under_one_percent_of_loss(trained):  # noqa: F811
     assert abs(got - ref) / ref < 0.01 and got != ref
 
 
-def test_the_engine_runs_without_the_kernels(trained, monkeypatch):  # noqa: F811
+def test_the_engine_runs_without_the_kernels(trained, monkeypatch):
     ckpt, _, _, ids = trained
     cpu_linear._built.clear()
     monkeypatch.setenv("ASTRAI_CPU_ISA", "none")
