@@ -7,7 +7,8 @@
 `cpu_decode_kernels()` builds the variant this CPU runs (astrai/kernels/cpu_build.py) and
 wraps its ops for astrai/model/fast_linear.py, through which every linear layer of the
 blocks, the int8 layers and the engine's LM head go: while they are active, a product of at
-most `max_rows` rows on a CPU (a decode step) runs the kernel, and everything else torch.
+most 16 rows on a CPU (a decode step) runs the kernel, and everything else torch; with fp32
+weights one row stays on torch where its GEMV is measured faster (MKL on an Intel CPU).
 Without a compiler, on a CPU without AVX2+FMA, with ASTRAI_CPU_KERNELS=0 or when the build
 fails, it returns None (one debug line says why) and torch serves every product.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 
 import torch
 
@@ -31,8 +33,9 @@ from astrai.model import fast_linear
 
 log = logging.getLogger("astrai.kernels")
 
-MAX_ROWS = {"float": 16, "int8": 16}
-"""Most rows a kernel takes per format; above, torch's GEMM (figures in docs/engine.md)."""
+MAX_ROWS = {"fp32": 16, "bf16": 8, "int8": 16}
+"""Most rows the kernel takes per weight format; above, torch's GEMM is as fast (bf16: from
+16 rows oneDNN's AMX GEMM is faster where the CPU has AMX; figures in docs/engine.md)."""
 
 
 def _register_fakes(ns: str) -> None:
@@ -67,11 +70,33 @@ def decode_kernels(isa: str, int8_act: str | None = None) -> fast_linear.DecodeK
         raise ValueError(f"int8_act {int8_act!r}: use int8 or fp32")
     quantized = int8_act == "int8"
     vnni = " vnni" if info["vnni"] and quantized else ""
+    fp32_min = 2 if torch_gemv_is_faster(ops) else 1
     return fast_linear.DecodeKernels(
-        name=f"{isa}, int8 x {int8_act}{vnni}", float_gemv=ops.gemv,
-        int8_gemv=ops.gemv_q8 if quantized else ops.gemv_int8, float_many=ops.gemv_many,
-        int8_many=ops.gemv_q8_many if quantized else ops.gemv_int8_many,
-        max_rows=MAX_ROWS["float"], max_rows_int8=MAX_ROWS["int8"])
+        name=f"{isa}, int8 x {int8_act}{vnni}" + (", fp32 row 1 on torch" if fp32_min > 1 else ""),
+        float_gemv=ops.gemv, int8_gemv=ops.gemv_q8 if quantized else ops.gemv_int8,
+        float_many=ops.gemv_many, int8_many=ops.gemv_q8_many if quantized else ops.gemv_int8_many,
+        fp32_rows=(fp32_min, MAX_ROWS["fp32"]), bf16_rows=(1, MAX_ROWS["bf16"]),
+        int8_rows=(1, MAX_ROWS["int8"]))
+
+
+@functools.cache
+def torch_gemv_is_faster(ops) -> bool:
+    """Whether torch's own fp32 GEMV (MKL on x86) beats the kernel on one row: timed once,
+    alternating, best of 5, on 16 MB of 768 x 768 matrices (out of L2, as a model's are).
+    On an Intel CPU MKL's sgemv streams a few percent faster; on others it reaches about
+    half the bandwidth (measured on an AMD EPYC), and the kernel takes one row as well."""
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(768, 768, generator=g) for _ in range(7)]
+    x = torch.randn(1, 768, generator=g)
+    best = {"kernel": float("inf"), "torch": float("inf")}
+    with torch.inference_mode():
+        for _ in range(5):
+            for name, f in (("kernel", ops.gemv), ("torch", torch.nn.functional.linear)):
+                t0 = time.perf_counter()
+                for w in ws:
+                    f(x, w)
+                best[name] = min(best[name], time.perf_counter() - t0)
+    return best["torch"] < best["kernel"]
 
 
 _built: dict[tuple, fast_linear.DecodeKernels | None] = {}

@@ -10,9 +10,9 @@ reaches about half of that. A set of kernels (`DecodeKernels`) is handed in from
 the CPU decode GEMVs of astrai/kernels/cpu_linear.py, active while the engine runs a step on
 a CPU (`with fast_linear.active(kernels): ...`) — because the model room may not import the
 kernels room (docs/architecture.md "Order of rooms"); outside such a block every product is
-torch's. A product goes to the kernel only when it takes it: a CPU tensor, at most
-`max_rows` rows, fp32 (or bf16) activations and weights, nothing that needs a gradient;
-everything else, prefill included, stays on torch.
+torch's. A product goes to the kernel only when it takes it: a CPU tensor, a row count in
+the kernel's range for the weights' dtype (`DecodeKernels.rows`), fp32 or bf16
+activations, no gradient; everything else, prefill included, stays on torch.
 """
 
 from __future__ import annotations
@@ -43,10 +43,18 @@ class DecodeKernels:
     """The float product against several weights (one call, one parallel region)."""
     int8_many: Callable[[Tensor, list[Tensor], list[Tensor], list[Tensor | None]], list[Tensor]]
     """The int8 product against several (q, scale) pairs."""
-    max_rows: int = 16
-    """Most rows of a float product sent to the kernel (above it torch's GEMM is faster)."""
-    max_rows_int8: int = 16
+    fp32_rows: tuple[int, int] = (1, 16)
+    """(fewest, most) rows of a product with fp32 weights the kernel takes: outside, torch's
+    GEMM is as fast or faster (astrai/kernels/cpu_linear.py measures the fewest)."""
+    bf16_rows: tuple[int, int] = (1, 8)
+    """The same for bf16 weights (from 16 rows torch's AMX GEMM wins where there is one)."""
+    int8_rows: tuple[int, int] = (1, 16)
     """The same for int8 weights."""
+
+    def rows(self, dtype: torch.dtype) -> tuple[int, int]:
+        """The row range of weights of `dtype` ((0, 0): none)."""
+        return {torch.float32: self.fp32_rows, torch.bfloat16: self.bf16_rows,
+                torch.int8: self.int8_rows}.get(dtype, (0, 0))
 
 
 _kernels: DecodeKernels | None = None
@@ -71,20 +79,28 @@ def installed() -> DecodeKernels | None:
     return _kernels
 
 
-def _takes_x(x: Tensor, limit: int) -> bool:
-    """x is a few CPU rows of a dtype the kernels read, and no gradient flows through."""
-    return (x.device.type == "cpu" and x.dtype in _DTYPES
-            and x.numel() <= limit * x.shape[-1] and not torch.is_grad_enabled())
+def _takes(k: DecodeKernels, x: Tensor, wdtype: torch.dtype) -> bool:
+    """A few CPU rows of fp32/bf16 activations (within the kernel's range for weights of
+    `wdtype`), and no gradient to flow."""
+    if x.device.type != "cpu" or x.dtype not in _DTYPES or torch.is_grad_enabled():
+        return False
+    lo, hi = k.rows(wdtype)
+    return lo * x.shape[-1] <= x.numel() <= hi * x.shape[-1]
+
+
+def takes(x: Tensor, w: Tensor) -> bool:
+    """Whether the active kernel takes x · wᵀ (float weights of x's dtype)."""
+    k = _kernels
+    return k is not None and w.dtype == x.dtype and w.dim() == 2 and _takes(k, x, w.dtype)
 
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     """F.linear(x, w, b), through the active kernel when it takes the product: a few rows,
     no gradient, fp32 weights with fp32 activations or bf16 with bf16 (the result in x's
     dtype, the products in fp32)."""
-    k = _kernels
-    if k is None or not _takes_x(x, k.max_rows) or w.dtype != x.dtype or w.dim() != 2:
+    if not takes(x, w):
         return F.linear(x, w, b)
-    return k.float_gemv(x, w, b)
+    return _kernels.float_gemv(x, w, b)
 
 
 def int8_product(x: Tensor, q: Tensor, scale: Tensor,
@@ -92,7 +108,7 @@ def int8_product(x: Tensor, q: Tensor, scale: Tensor,
     """x [..., K] · (scale · q)ᵀ + bias in x's dtype through the active kernel, or None
     when no kernel takes it (the caller computes it)."""
     k = _kernels
-    if k is None or not _takes_x(x, k.max_rows_int8) or q.dtype != torch.int8:
+    if k is None or q.dtype != torch.int8 or not _takes(k, x, torch.int8):
         return None
     return k.int8_gemv(x, q, scale, bias)
 
@@ -110,13 +126,11 @@ def project_many(x: Tensor, layers: tuple[nn.Module, ...]) -> list[Tensor] | Non
     if any(type(m) is not kind for m in layers):
         return None
     if kind is nn.Linear:
-        if not _takes_x(x, k.max_rows):
-            return None
         ws = [m._parameters["weight"] for m in layers]
-        if any(w.dtype != x.dtype for w in ws):
+        if any(w.dtype != x.dtype for w in ws) or not _takes(k, x, x.dtype):
             return None
         return k.float_many(x, ws, [m._parameters["bias"] for m in layers])
-    if "qweight" not in layers[0]._buffers or not _takes_x(x, k.max_rows_int8):
+    if "qweight" not in layers[0]._buffers or not _takes(k, x, torch.int8):
         return None
     bufs = [m._buffers for m in layers]
     return k.int8_many(x, [b["qweight"] for b in bufs], [b["scale"] for b in bufs],

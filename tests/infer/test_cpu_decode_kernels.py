@@ -5,6 +5,8 @@ prefill, int8 activations costing under 1% of loss, and the engine without them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -29,13 +31,16 @@ def greedy(eng: Engine, prompt: list[int], n: int = 32) -> list[int]:
 
 
 def counted(k: fast_linear.DecodeKernels, rows: list[int]) -> fast_linear.DecodeKernels:
+    """`k` counting the rows of every product it takes, taking fp32 products of one row too
+    (on an Intel CPU torch's GEMV keeps them by measurement, cpu_linear.py)."""
     def wrap(f):
         def g(x, *a):
             rows.append(x.numel() // x.shape[-1])
             return f(x, *a)
         return g
-    return fast_linear.DecodeKernels(k.name, wrap(k.float_gemv), wrap(k.int8_gemv),
-                                     wrap(k.float_many), wrap(k.int8_many))
+    return dataclasses.replace(k, float_gemv=wrap(k.float_gemv), int8_gemv=wrap(k.int8_gemv),
+                               float_many=wrap(k.float_many), int8_many=wrap(k.int8_many),
+                               fp32_rows=(1, k.fp32_rows[1]))
 
 
 def separated_prompt(model: nn.Module, ids: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -70,7 +75,7 @@ def test_greedy_tokens_equal_with_and_without_the_kernels(trained, quantize):
     rows: list[int] = []
     eng.cpu_kernels = counted(KERNELS, rows)
     assert greedy(eng, prompt) == ref
-    assert rows and set(rows) <= set(range(1, KERNELS.max_rows + 1)) and 1 in rows
+    assert rows and max(rows) <= 16
 
 
 @needs_kernels
@@ -108,10 +113,9 @@ def test_int8_activations_cost_under_one_percent_of_loss(trained):
 
 def test_the_engine_runs_without_the_kernels(trained, monkeypatch):
     ckpt, _, _, ids = trained
-    cpu_linear._built.clear()
+    monkeypatch.setattr(cpu_linear, "_built", {})
     monkeypatch.setenv("ASTRAI_CPU_ISA", "none")
     eng = engine(load_model(ckpt, device="cpu"))
     assert eng.cpu_kernels is None
     assert len(greedy(eng, ids[:8].tolist(), n=4)) == 4
-    cpu_linear._built.clear()
     assert cpu_build.requested_isa() is None

@@ -7,6 +7,8 @@ session (cached across sessions); skipped without a C++ compiler or on a CPU wit
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -134,8 +136,9 @@ def counting(k: fast_linear.DecodeKernels, calls: list) -> fast_linear.DecodeKer
             calls.append(a[0].shape)
             return f(*a)
         return g
-    return fast_linear.DecodeKernels(k.name, wrap(k.float_gemv), wrap(k.int8_gemv),
-                                     wrap(k.float_many), wrap(k.int8_many))
+    return dataclasses.replace(k, float_gemv=wrap(k.float_gemv), int8_gemv=wrap(k.int8_gemv),
+                               float_many=wrap(k.float_many), int8_many=wrap(k.int8_many),
+                               fp32_rows=(1, 16))
 
 
 def test_dispatch_takes_few_rows_without_grad_and_leaves_the_rest_to_torch():
@@ -154,6 +157,12 @@ def test_dispatch_takes_few_rows_without_grad_and_leaves_the_rest_to_torch():
             fast_linear.linear(x.double(), lin.weight.double())  # fp64: torch
         grad = fast_linear.linear(x, lin.weight, lin.bias)  # training: torch (autograd)
     assert calls == [(1, 2, 32)] * 3
+    calls.clear()
+    with torch.no_grad(), fast_linear.active(dataclasses.replace(counting(k, calls),
+                                                                 fp32_rows=(2, 16))):
+        fast_linear.linear(x[:, :1], lin.weight)  # one row below the fp32 range: torch
+        fast_linear.linear(x, lin.weight)
+    assert calls == [(1, 2, 32)]
     assert grad.requires_grad and fast_linear.installed() is None
     ref = x @ lin.weight.T + lin.bias
     torch.testing.assert_close(a, ref.detach(), rtol=1e-5, atol=1e-5)
@@ -163,7 +172,7 @@ def test_dispatch_takes_few_rows_without_grad_and_leaves_the_rest_to_torch():
 
 
 def test_no_kernels_where_they_cannot_be_had(monkeypatch, caplog):
-    cpu_linear._built.clear()
+    monkeypatch.setattr(cpu_linear, "_built", {})  # the cached set comes back after
     monkeypatch.setenv("ASTRAI_CPU_KERNELS", "0")
     assert cpu_linear.cpu_decode_kernels() is None
     monkeypatch.setenv("ASTRAI_CPU_KERNELS", "1")
@@ -181,7 +190,6 @@ def test_no_kernels_where_they_cannot_be_had(monkeypatch, caplog):
     monkeypatch.setenv("ASTRAI_CPU_ISA", "sse2")
     with pytest.raises(cpu_build.CpuKernelUnavailable, match="use one of avx512, avx2"):
         cpu_build.requested_isa()
-    cpu_linear._built.clear()
 
 
 def test_isa_and_flags_follow_the_cpu_flags():
