@@ -48,7 +48,7 @@ from astrai.infer.sampler import Pick, Sampler
 from astrai.infer.scheduler import Scheduler, StepBatch
 from astrai.infer.routing import Streams, drain
 from astrai.kernels.cpu_linear import cpu_decode_kernels
-from astrai.model import fast_linear
+from astrai.model import fast_path
 from astrai.model.context import AttentionBackend
 
 log = logging.getLogger("astrai.infer")
@@ -215,7 +215,7 @@ class Engine:
     def _run(self, batch: StepBatch) -> list[Pick | Exception]:
         """Forward the step, then sample: per sampling request its new token, or the error
         that stopped it."""
-        with fast_linear.active(self.cpu_kernels):
+        with fast_path.active(self.cpu_kernels):
             if self.decode_step.accepts(batch):
                 logits = self.decode_step.run(batch)  # static shapes (CUDA graphs on CUDA)
             else:

@@ -33,7 +33,7 @@ _NEEDS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma
 _FLAGS = {"avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma",
                      "-mf16c"],
           "avx2": ["-mavx2", "-mfma", "-mf16c"]}
-BASE_FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-ffp-contract=fast")
+BASE_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")
 
 
 class CpuKernelUnavailable(RuntimeError):

@@ -1,11 +1,11 @@
 """astrai's CPU decode GEMVs (csrc/cpu/decode_gemv.cpp) as the model's few-row products.
 
     kernels = cpu_decode_kernels()      # built (or reused) for this CPU; None: torch only
-    with fast_linear.active(kernels):   # what the engine does around each forward pass
+    with fast_path.active(kernels):   # what the engine does around each forward pass
         logits = model(ids, ctx)
 
 `cpu_decode_kernels()` builds the variant this CPU runs (astrai/kernels/cpu_build.py) and
-wraps its ops for astrai/model/fast_linear.py, through which every linear layer of the
+wraps its ops for astrai/model/fast_path.py, through which every linear layer of the
 blocks, the int8 layers and the engine's LM head go: while they are active, a product of at
 most 16 rows on a CPU (a decode step) runs the kernel, and everything else torch; with fp32
 weights one row stays on torch where its GEMV is measured faster (MKL on an Intel CPU).
@@ -29,7 +29,7 @@ import time
 import torch
 
 from astrai.kernels import cpu_build
-from astrai.model import fast_linear
+from astrai.model import fast_path
 
 log = logging.getLogger("astrai.kernels")
 
@@ -48,6 +48,7 @@ def _register_fakes(ns: str) -> None:
     for op in ("gemv", "gemv_int8", "gemv_q8"):
         torch.library.register_fake(f"{ns}::{op}", fake)
         torch.library.register_fake(f"{ns}::{op}_many", fake_many)
+    torch.library.register_fake(f"{ns}::rms_norm", lambda x, w, eps: torch.empty_like(x))
 
 
 @functools.cache
@@ -60,7 +61,7 @@ def load_ops(isa: str) -> tuple[object, dict[str, int]]:
     return ops, {"vector": vector, "vnni": vnni, "block": block}
 
 
-def decode_kernels(isa: str, int8_act: str | None = None) -> fast_linear.DecodeKernels:
+def decode_kernels(isa: str, int8_act: str | None = None) -> fast_path.DecodeKernels:
     """The DecodeKernels of the `isa` build; `int8_act` "int8" | "fp32" (None: int8 where
     the build has VNNI, else fp32)."""
     ops, info = load_ops(isa)
@@ -71,12 +72,12 @@ def decode_kernels(isa: str, int8_act: str | None = None) -> fast_linear.DecodeK
     quantized = int8_act == "int8"
     vnni = " vnni" if info["vnni"] and quantized else ""
     fp32_min = 2 if torch_gemv_is_faster(ops) else 1
-    return fast_linear.DecodeKernels(
+    return fast_path.DecodeKernels(
         name=f"{isa}, int8 x {int8_act}{vnni}" + (", fp32 row 1 on torch" if fp32_min > 1 else ""),
         float_gemv=ops.gemv, int8_gemv=ops.gemv_q8 if quantized else ops.gemv_int8,
         float_many=ops.gemv_many, int8_many=ops.gemv_q8_many if quantized else ops.gemv_int8_many,
         fp32_rows=(fp32_min, MAX_ROWS["fp32"]), bf16_rows=(1, MAX_ROWS["bf16"]),
-        int8_rows=(1, MAX_ROWS["int8"]))
+        int8_rows=(1, MAX_ROWS["int8"]), rms_norm=ops.rms_norm)
 
 
 @functools.cache
@@ -99,13 +100,13 @@ def torch_gemv_is_faster(ops) -> bool:
     return best["torch"] < best["kernel"]
 
 
-_built: dict[tuple, fast_linear.DecodeKernels | None] = {}
+_built: dict[tuple, fast_path.DecodeKernels | None] = {}
 
 
-def cpu_decode_kernels(int8_act: str | None = None) -> fast_linear.DecodeKernels | None:
+def cpu_decode_kernels(int8_act: str | None = None) -> fast_path.DecodeKernels | None:
     """The CPU decode kernels of this machine (built at first use, then cached), or None,
     with one debug line, where they cannot be had; use them with
-    `fast_linear.active(kernels)`."""
+    `fast_path.active(kernels)`."""
     if os.environ.get("ASTRAI_CPU_KERNELS", "1") == "0":
         log.debug("CPU decode kernels off (ASTRAI_CPU_KERNELS=0); torch serves decode")
         return None
@@ -115,7 +116,7 @@ def cpu_decode_kernels(int8_act: str | None = None) -> fast_linear.DecodeKernels
     return _built[key]
 
 
-def _try_build(int8_act: str | None) -> fast_linear.DecodeKernels | None:
+def _try_build(int8_act: str | None) -> fast_path.DecodeKernels | None:
     try:
         isa = cpu_build.requested_isa()
         if isa is None:

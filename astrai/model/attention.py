@@ -33,7 +33,7 @@ class Attention(nn.Module):
         H, K, D = self.n_heads, self.n_kv_heads, self.head_dim
         # F.linear on the layers' parameters: no nn.Module call per projection (block.py),
         # unless a layer carries a LoRA adapter (lora.py); a decode kernel takes the three
-        # in one call (fast_linear.py)
+        # in one call (fast_path.py)
         q, k, v = project_many(x, (self.q_proj, self.k_proj, self.v_proj))
         q = q.view(B, T, H, D)  # (B, T, H, D)
         k = k.view(B, T, K, D)  # (B, T, K, D)

@@ -13,6 +13,7 @@
 //   gemv_q8(x, q, scale, bias)       int8 W, activations quantized to int8 per block of QK
 //                                    (absmax, as llama.cpp's q8_0 × q8_0 dot): int32 dots,
 //                                    VNNI vpdpbusd where the CPU has it
+//   rms_norm(x, w, eps)              the norm before those products, one pass per row
 //   *_many(x, [w...], ...)           the same against several matrices (q, k, v; gate, up) in
 //                                    one parallel region, the activations quantized once
 //
@@ -27,6 +28,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
@@ -34,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #ifndef ASTRAI_CPU_NS
@@ -559,6 +562,49 @@ at::Tensor gemv_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
   return int8_many(x, {q}, {scale}, one_bias(bias), true)[0];
 }
 
+// RMSNorm of a few rows (the norms around a decode step's products), as astrai/model/norm.py:
+// fp32: x · rsqrt(mean(x²) + eps) · w; bf16: w · bf16(x · rsqrt(mean(x²) + eps)) with the
+// statistics in fp32 and each product rounded once to bf16, as HF Llama's RMSNorm. One
+// thread: a row is a few KB, less than a parallel region costs.
+template <typename T>
+void rms_rows(const T* x, const T* w, T* out, int64_t rows, int64_t C, float eps) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* xr = x + i * C;
+    T* o = out + i * C;
+    float ss = 0.f;
+    for (int64_t c = 0; c < C; ++c) {
+      const float v = static_cast<float>(xr[c]);
+      ss += v * v;
+    }
+    const float r = 1.f / std::sqrt(ss / static_cast<float>(C) + eps);
+    for (int64_t c = 0; c < C; ++c) {
+      if constexpr (std::is_same_v<T, float>) {
+        o[c] = xr[c] * r * w[c];
+      } else {
+        const T normed = static_cast<T>(static_cast<float>(xr[c]) * r);
+        o[c] = static_cast<T>(static_cast<float>(w[c]) * static_cast<float>(normed));
+      }
+    }
+  }
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  TORCH_CHECK(!x.is_cuda() && x.scalar_type() == w.scalar_type() && w.dim() == 1 &&
+                  x.size(-1) == w.size(0) &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "rms_norm: x [..., C] and w [C] of one dtype, fp32 or bf16, on the CPU");
+  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  const int64_t C = x.size(-1), rows = C ? xc.numel() / C : 0;
+  if (x.scalar_type() == at::kFloat)
+    rms_rows(xc.data_ptr<float>(), wc.data_ptr<float>(), out.data_ptr<float>(), rows, C,
+             static_cast<float>(eps));
+  else
+    rms_rows(xc.data_ptr<c10::BFloat16>(), wc.data_ptr<c10::BFloat16>(),
+             out.data_ptr<c10::BFloat16>(), rows, C, static_cast<float>(eps));
+  return out;
+}
+
 // What this build is: floats per vector (16: AVX-512, 8: AVX2), VNNI (1/0), the block QK.
 std::vector<int64_t> info() { return {VL, kVnni ? 1 : 0, QK}; }
 
@@ -571,6 +617,7 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.def("gemv_many(Tensor x, Tensor[] w, Tensor?[] bias) -> Tensor[]");
   m.def("gemv_int8_many(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] bias) -> Tensor[]");
   m.def("gemv_q8_many(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] bias) -> Tensor[]");
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("info() -> int[]", &info);
   m.impl("gemv", c10::DispatchKey::CPU, &gemv);
   m.impl("gemv_int8", c10::DispatchKey::CPU, &gemv_int8);
@@ -578,4 +625,5 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.impl("gemv_many", c10::DispatchKey::CPU, &gemv_many);
   m.impl("gemv_int8_many", c10::DispatchKey::CPU, &gemv_int8_many);
   m.impl("gemv_q8_many", c10::DispatchKey::CPU, &gemv_q8_many);
+  m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
 }

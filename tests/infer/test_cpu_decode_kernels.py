@@ -14,7 +14,7 @@ from torch import nn
 from astrai.infer import CacheConfig, Engine, SamplingParams
 from astrai.infer.loading import load_model
 from astrai.kernels import cpu_build, cpu_linear
-from astrai.model import fast_linear
+from astrai.model import fast_path
 from tests.infer.test_quantized_inference import dequantized_twin
 
 KERNELS = cpu_linear.cpu_decode_kernels()
@@ -30,7 +30,7 @@ def greedy(eng: Engine, prompt: list[int], n: int = 32) -> list[int]:
     return eng.generate(prompt, SamplingParams.greedy(n, ignore_eos=True))[0].token_ids
 
 
-def counted(k: fast_linear.DecodeKernels, rows: list[int]) -> fast_linear.DecodeKernels:
+def counted(k: fast_path.DecodeKernels, rows: list[int]) -> fast_path.DecodeKernels:
     """`k` counting the rows of every product it takes, taking fp32 products of one row too
     (on an Intel CPU torch's GEMV keeps them by measurement, cpu_linear.py)."""
     def wrap(f):
@@ -99,7 +99,7 @@ def test_int8_activations_cost_under_one_percent_of_loss(trained):
     windows = ids[:1024 - 1024 % 17].view(-1, 17)  # (W, 17)
 
     def loss(model, kernels):
-        with torch.no_grad(), fast_linear.active(kernels):
+        with torch.no_grad(), fast_path.active(kernels):
             total = 0.0
             for w in windows:
                 logits = model(w[None, :-1]).logits[0]

@@ -1,14 +1,16 @@
-"""The linear products of inference, with a slot for faster kernels on a few rows (decoding).
+"""The linear products (and norms) of inference, with a slot for faster kernels on a few rows.
 
-    y = fast_linear.linear(x, w, b)              # F.linear(x, w, b), or an installed kernel
-    y = fast_linear.int8_product(x2, q, scale)   # None unless a kernel takes it
-    q, k, v = fast_linear.project_many(x, (q_proj, k_proj, v_proj))   # or None
+    y = fast_path.linear(x, w, b)              # F.linear(x, w, b), or an active kernel
+    y = fast_path.int8_product(x2, q, scale)   # None unless a kernel takes it
+    q, k, v = fast_path.project_many(x, (q_proj, k_proj, v_proj))   # or None
+    y = fast_path.rms_norm(x, w, eps)          # None unless a kernel takes it
 
 Decoding multiplies one row (a few, with concurrent requests) by every weight matrix once per
-token, so its speed is the bytes of the weights over the memory bandwidth; torch's CPU GEMV
-reaches about half of that. A set of kernels (`DecodeKernels`) is handed in from above —
+token, so its speed is the bytes of the weights over the memory bandwidth — if nothing else
+costs: torch's int8 and bf16 GEMVs fall well short of it, and each eager op around them
+(a norm: ~25 µs in a decode step) adds up over a model's layers. A set of kernels (`DecodeKernels`) is handed in from above —
 the CPU decode GEMVs of astrai/kernels/cpu_linear.py, active while the engine runs a step on
-a CPU (`with fast_linear.active(kernels): ...`) — because the model room may not import the
+a CPU (`with fast_path.active(kernels): ...`) — because the model room may not import the
 kernels room (docs/architecture.md "Order of rooms"); outside such a block every product is
 torch's. A product goes to the kernel only when it takes it: a CPU tensor, a row count in
 the kernel's range for the weights' dtype (`DecodeKernels.rows`), fp32 or bf16
@@ -43,6 +45,8 @@ class DecodeKernels:
     """The float product against several weights (one call, one parallel region)."""
     int8_many: Callable[[Tensor, list[Tensor], list[Tensor], list[Tensor | None]], list[Tensor]]
     """The int8 product against several (q, scale) pairs."""
+    rms_norm: Callable[[Tensor, Tensor, float], Tensor] | None = None
+    """(x [..., C], w [C] of x's dtype, eps) -> astrai.model.norm.rms_norm(x, w, eps)."""
     fp32_rows: tuple[int, int] = (1, 16)
     """(fewest, most) rows of a product with fp32 weights the kernel takes: outside, torch's
     GEMM is as fast or faster (astrai/kernels/cpu_linear.py measures the fewest)."""
@@ -111,6 +115,20 @@ def int8_product(x: Tensor, q: Tensor, scale: Tensor,
     if k is None or q.dtype != torch.int8 or not _takes(k, x, torch.int8):
         return None
     return k.int8_gemv(x, q, scale, bias)
+
+
+NORM_ELEMENTS = 1 << 16
+"""Largest x (elements) a norm kernel takes: the rows of a decode step, not a prefill."""
+
+
+def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor | None:
+    """The active kernel's RMSNorm of a few rows (x and w of one dtype, fp32 or bf16, no
+    gradient), or None: the caller computes it."""
+    k = _kernels
+    if (k is None or k.rms_norm is None or x.device.type != "cpu" or x.dtype != w.dtype
+            or x.dtype not in _DTYPES or x.numel() > NORM_ELEMENTS or torch.is_grad_enabled()):
+        return None
+    return k.rms_norm(x, w, eps)
 
 
 def project_many(x: Tensor, layers: tuple[nn.Module, ...]) -> list[Tensor] | None:
