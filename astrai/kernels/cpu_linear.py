@@ -49,6 +49,7 @@ def _register_fakes(ns: str) -> None:
         torch.library.register_fake(f"{ns}::{op}", fake)
         torch.library.register_fake(f"{ns}::{op}_many", fake_many)
     torch.library.register_fake(f"{ns}::rms_norm", lambda x, w, eps: torch.empty_like(x))
+    torch.library.register_fake(f"{ns}::paged_decode", lambda q, *rest: torch.empty_like(q))
 
 
 @functools.cache
@@ -77,7 +78,7 @@ def decode_kernels(isa: str, int8_act: str | None = None) -> fast_path.DecodeKer
         float_gemv=ops.gemv, int8_gemv=ops.gemv_q8 if quantized else ops.gemv_int8,
         float_many=ops.gemv_many, int8_many=ops.gemv_q8_many if quantized else ops.gemv_int8_many,
         fp32_rows=(fp32_min, MAX_ROWS["fp32"]), bf16_rows=(1, MAX_ROWS["bf16"]),
-        int8_rows=(1, MAX_ROWS["int8"]), rms_norm=ops.rms_norm)
+        int8_rows=(1, MAX_ROWS["int8"]), rms_norm=ops.rms_norm, paged_decode=ops.paged_decode)
 
 
 @functools.cache

@@ -1,9 +1,11 @@
-"""The linear products (and norms) of inference, with a slot for faster kernels on a few rows.
+"""The few-row work of a decode step — linear products, norms, decode attention — with a slot
+for faster kernels.
 
     y = fast_path.linear(x, w, b)              # F.linear(x, w, b), or an active kernel
     y = fast_path.int8_product(x2, q, scale)   # None unless a kernel takes it
     q, k, v = fast_path.project_many(x, (q_proj, k_proj, v_proj))   # or None
     y = fast_path.rms_norm(x, w, eps)          # None unless a kernel takes it
+    o = fast_path.paged_decode(q, k_buf, v_buf, req_to_token, rows, lens, scale)  # or None
 
 Decoding multiplies one row (a few, with concurrent requests) by every weight matrix once per
 token, so its speed is the bytes of the weights over the memory bandwidth — if nothing else
@@ -47,6 +49,9 @@ class DecodeKernels:
     """The int8 product against several (q, scale) pairs."""
     rms_norm: Callable[[Tensor, Tensor, float], Tensor] | None = None
     """(x [..., C], w [C] of x's dtype, eps) -> astrai.model.norm.rms_norm(x, w, eps)."""
+    paged_decode: Callable[..., Tensor] | None = None
+    """Decode attention over the paged KV pool, astrai.kernels.ops.paged_decode's contract
+    (q [B, H, D], k_buf, v_buf [S, K, D], req_to_token, req_pool_indices, seq_lens, scale)."""
     fp32_rows: tuple[int, int] = (1, 16)
     """(fewest, most) rows of a product with fp32 weights the kernel takes: outside, torch's
     GEMM is as fast or faster (astrai/kernels/cpu_linear.py measures the fewest)."""
@@ -129,6 +134,17 @@ def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor | None:
             or x.dtype not in _DTYPES or x.numel() > NORM_ELEMENTS or torch.is_grad_enabled()):
         return None
     return k.rms_norm(x, w, eps)
+
+
+def paged_decode(q: Tensor, k_buf: Tensor, v_buf: Tensor, req_to_token: Tensor,
+                 req_pool_indices: Tensor, seq_lens: Tensor, scale: float) -> Tensor | None:
+    """The active kernel's decode attention (one query per request over its first
+    seq_lens[b] slots; q and the pool of one dtype, fp32 or bf16), or None."""
+    k = _kernels
+    if (k is None or k.paged_decode is None or q.device.type != "cpu" or q.dtype not in _DTYPES
+            or k_buf.dtype != q.dtype or torch.is_grad_enabled()):
+        return None
+    return k.paged_decode(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale)
 
 
 def project_many(x: Tensor, layers: tuple[nn.Module, ...]) -> list[Tensor] | None:

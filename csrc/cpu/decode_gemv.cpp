@@ -14,6 +14,7 @@
 //                                    (absmax, as llama.cpp's q8_0 × q8_0 dot): int32 dots,
 //                                    VNNI vpdpbusd where the CPU has it
 //   rms_norm(x, w, eps)              the norm before those products, one pass per row
+//   paged_decode(q, k_buf, v_buf, ...) one query per request against the paged KV pool
 //   *_many(x, [w...], ...)           the same against several matrices (q, k, v; gate, up) in
 //                                    one parallel region, the activations quantized once
 //
@@ -80,6 +81,7 @@ inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
 inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 inline float vsum(vf a) { return _mm512_reduce_add_ps(a); }
 inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline void vstore(float* p, vf a) { _mm512_storeu_ps(p, a); }
 inline vf vmaxabs(vf m, vf a) { return _mm512_max_ps(m, _mm512_abs_ps(a)); }
 inline float vmax(vf a) { return _mm512_reduce_max_ps(a); }
 inline void vround_store(vf a, int32_t* p) {  // nearest, ties to even (MXCSR default)
@@ -108,6 +110,7 @@ inline float vsum(vf a) {
   return _mm_cvtss_f32(s);
 }
 inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline void vstore(float* p, vf a) { _mm256_storeu_ps(p, a); }
 inline vf vmaxabs(vf m, vf a) {
   return _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.f), a));
 }
@@ -605,6 +608,94 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return out;
 }
 
+// Decode attention over the paged KV pool (the engine's layout, astrai/infer/cache/record.py):
+// one query per request, q [B, H, D]; request b attends to slots req_to_token[row_b, :len_b]
+// of k_buf / v_buf [S, Kh, D]; query head h reads kv head h / (H / Kh). The math of
+// astrai/kernels/reference.py paged_decode_ref in fp32 (scores, softmax, weighted sum), the
+// result rounded once to q's dtype. Threads take (request, kv head) pairs; the H / Kh query
+// heads of a pair share each key and value read.
+template <typename T>
+inline float dot(const float* a, const T* b, int64_t n) {
+  vf acc = vzero();
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) acc = vfma(vload(a + i), wload(b + i), acc);
+  float s = vsum(acc);
+  for (; i < n; ++i) s += a[i] * to_f(b[i]);
+  return s;
+}
+
+template <typename T>  // y += a · x
+inline void axpy(float a, const T* x, float* y, int64_t n) {
+  const vf av = vset1(a);
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) vstore(y + i, vfma(av, wload(x + i), vload(y + i)));
+  for (; i < n; ++i) y[i] += a * to_f(x[i]);
+}
+
+template <typename T>
+void paged_decode_rows(const T* q, const T* kb, const T* vb, const int32_t* r2t, int64_t ldr,
+                       const int64_t* rows, const int32_t* lens, int64_t B, int64_t H,
+                       int64_t Kh, int64_t D, float scale, T* out) {
+  const int64_t G = H / Kh;
+  at::parallel_for(0, B * Kh, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> qf(G * D), acc(G * D), sc;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t b = p / Kh, kh = p % Kh, L = lens[b];
+      const int32_t* slots = r2t + rows[b] * ldr;
+      for (int64_t i = 0; i < G * D; ++i)
+        qf[i] = static_cast<float>(q[(b * H + kh * G) * D + i]) * scale;
+      sc.assign(G * L, 0.f);
+      for (int64_t j = 0; j < L; ++j) {
+        const T* kr = kb + (static_cast<int64_t>(slots[j]) * Kh + kh) * D;
+        for (int64_t g = 0; g < G; ++g) sc[g * L + j] = dot(qf.data() + g * D, kr, D);
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t g = 0; g < G; ++g) {
+        float mx = -INFINITY, sum = 0.f;
+        for (int64_t j = 0; j < L; ++j) mx = std::max(mx, sc[g * L + j]);
+        for (int64_t j = 0; j < L; ++j) sum += (sc[g * L + j] = std::exp(sc[g * L + j] - mx));
+        const float inv = L ? 1.f / sum : 0.f;
+        for (int64_t j = 0; j < L; ++j) sc[g * L + j] *= inv;
+      }
+      for (int64_t j = 0; j < L; ++j) {
+        const T* vr = vb + (static_cast<int64_t>(slots[j]) * Kh + kh) * D;
+        for (int64_t g = 0; g < G; ++g) axpy(sc[g * L + j], vr, acc.data() + g * D, D);
+      }
+      for (int64_t i = 0; i < G * D; ++i) out[(b * H + kh * G) * D + i] = static_cast<T>(acc[i]);
+    }
+  });
+}
+
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                        const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                        const at::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.sizes() == k_buf.sizes() &&
+                  q.size(2) == k_buf.size(2) && q.size(1) % k_buf.size(1) == 0,
+              "paged_decode: q [B, H, D], k_buf / v_buf [S, K, D] with K dividing H");
+  TORCH_CHECK(q.scalar_type() == k_buf.scalar_type() && v_buf.scalar_type() == q.scalar_type() &&
+                  (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
+              "paged_decode: q, k_buf, v_buf of one dtype, fp32 or bf16");
+  TORCH_CHECK(k_buf.is_contiguous() && v_buf.is_contiguous() && !q.is_cuda(),
+              "paged_decode: contiguous CPU K/V buffers");
+  const at::Tensor qc = q.contiguous();
+  const at::Tensor r2t = req_to_token.to(at::kInt).contiguous();
+  const at::Tensor rows = req_pool_indices.to(at::kLong).contiguous();
+  const at::Tensor lens = seq_lens.to(at::kInt).contiguous();
+  at::Tensor out = at::empty_like(qc);
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), Kh = k_buf.size(1);
+  const float sc = static_cast<float>(scale);
+  if (q.scalar_type() == at::kFloat)
+    paged_decode_rows(qc.data_ptr<float>(), k_buf.data_ptr<float>(), v_buf.data_ptr<float>(),
+                      r2t.data_ptr<int32_t>(), r2t.size(1), rows.data_ptr<int64_t>(),
+                      lens.data_ptr<int32_t>(), B, H, Kh, D, sc, out.data_ptr<float>());
+  else
+    paged_decode_rows(qc.data_ptr<c10::BFloat16>(), k_buf.data_ptr<c10::BFloat16>(),
+                      v_buf.data_ptr<c10::BFloat16>(), r2t.data_ptr<int32_t>(), r2t.size(1),
+                      rows.data_ptr<int64_t>(), lens.data_ptr<int32_t>(), B, H, Kh, D, sc,
+                      out.data_ptr<c10::BFloat16>());
+  return out;
+}
+
 // What this build is: floats per vector (16: AVX-512, 8: AVX2), VNNI (1/0), the block QK.
 std::vector<int64_t> info() { return {VL, kVnni ? 1 : 0, QK}; }
 
@@ -618,6 +709,8 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.def("gemv_int8_many(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] bias) -> Tensor[]");
   m.def("gemv_q8_many(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] bias) -> Tensor[]");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def("paged_decode(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, "
+        "Tensor req_pool_indices, Tensor seq_lens, float scale) -> Tensor");
   m.def("info() -> int[]", &info);
   m.impl("gemv", c10::DispatchKey::CPU, &gemv);
   m.impl("gemv_int8", c10::DispatchKey::CPU, &gemv_int8);
@@ -626,4 +719,5 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.impl("gemv_int8_many", c10::DispatchKey::CPU, &gemv_int8_many);
   m.impl("gemv_q8_many", c10::DispatchKey::CPU, &gemv_q8_many);
   m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
+  m.impl("paged_decode", c10::DispatchKey::CPU, &paged_decode);
 }

@@ -1,8 +1,9 @@
-"""The CPU decode GEMVs (csrc/cpu/decode_gemv.cpp) against their torch references, on every
+"""The CPU decode kernels (csrc/cpu/decode_gemv.cpp) against their torch references, on every
 code path this CPU runs (AVX-512 and AVX2 on an AVX-512 machine), and the dispatch that
-sends a few-row product to them: odd sizes, tails that are no multiple of a vector or a
-block, 1..8 activation rows, fp32 / bf16 / int8 weights, biases, several matrices per call,
-and the fallback to torch where the kernels cannot be had. One build per code path and
+sends a decode step's work to them: GEMVs of odd sizes, tails that are no multiple of a
+vector or a block, 1..8 activation rows, fp32 / bf16 / int8 weights, biases, several
+matrices per call; the RMSNorm; paged decode attention (GQA, fp32 and bf16); the fallback
+to torch where the kernels cannot be had. One build per code path and
 session (cached across sessions); skipped without a C++ compiler or on a CPU without AVX2."""
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import torch
 from torch import nn
 
 from astrai.kernels import cpu_build, cpu_linear
-from astrai.kernels.reference import gemv_q8_ref
+from astrai.kernels.reference import gemv_q8_ref, paged_decode_ref
 from astrai.model import fast_path
 from astrai.model.norm import rms_norm
 from astrai.model.quant import Int8Linear, dequantize_rows, quantize_rows
+
+from .kernel_cases import decode_case
 
 BEST = cpu_build.best_isa()
 HERE = [] if BEST is None else list(cpu_build.ISAS[cpu_build.ISAS.index(BEST):])
@@ -124,6 +127,18 @@ def test_rms_norm_matches_the_model_norm(ops, shape):
                                rtol=2 ** -7, atol=1e-3)
 
 
+@pytest.mark.parametrize("lens,H,K,D", [([5, 2], 4, 2, 16), ([3, 40, 1], 8, 2, 64),
+                                         ([17], 12, 12, 64), ([1, 9, 130], 6, 3, 24)])
+def test_paged_decode_matches_the_reference(ops, lens, H, K, D):
+    o, _ = ops
+    case = decode_case(lens, H, K, D, seed=len(lens))
+    torch.testing.assert_close(o.paged_decode(*case, 0.3), paged_decode_ref(*case, 0.3),
+                               rtol=1e-5, atol=1e-5)
+    bf = [c.bfloat16() if c.is_floating_point() else c for c in case]
+    torch.testing.assert_close(o.paged_decode(*bf, 0.3), paged_decode_ref(*bf, 0.3),
+                               rtol=2 ** -7, atol=1e-2)
+
+
 def test_the_engine_gets_the_kernels_here():
     """A compiler and AVX2 are here: a build that fails must fail a test, not fall back."""
     assert cpu_linear.cpu_decode_kernels() is not None
@@ -137,6 +152,8 @@ def test_ops_trace_through_their_fake_implementations(ops):
     torch.library.opcheck(o.gemv_q8_many.default, (x, [q, q[:3]], [s, s[:3]], [None, None]),
                           test_utils=("test_faketensor",))
     torch.library.opcheck(o.rms_norm.default, (x, x[0], 1e-5), test_utils=("test_faketensor",))
+    case = decode_case([3, 8], 4, 2, 16)
+    torch.library.opcheck(o.paged_decode.default, (*case, 0.25), test_utils=("test_faketensor",))
 
 
 def counting(k: fast_path.DecodeKernels, calls: list) -> fast_path.DecodeKernels:
