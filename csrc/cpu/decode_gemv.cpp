@@ -82,6 +82,10 @@ inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 inline float vsum(vf a) { return _mm512_reduce_add_ps(a); }
 inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 inline void vstore(float* p, vf a) { _mm512_storeu_ps(p, a); }
+inline vf vmaxv(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vfloor(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline vf vpow2i(vf n) { return _mm512_scalef_ps(vset1(1.f), n); }  // 2^n, n integral
 inline vf vmaxabs(vf m, vf a) { return _mm512_max_ps(m, _mm512_abs_ps(a)); }
 inline float vmax(vf a) { return _mm512_reduce_max_ps(a); }
 inline void vround_store(vf a, int32_t* p) {  // nearest, ties to even (MXCSR default)
@@ -111,6 +115,13 @@ inline float vsum(vf a) {
 }
 inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 inline void vstore(float* p, vf a) { _mm256_storeu_ps(p, a); }
+inline vf vmaxv(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline vf vfloor(vf a) { return _mm256_floor_ps(a); }
+inline vf vpow2i(vf n) {  // 2^n for integral n in [-126, 127]: the exponent bits
+  const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+}
 inline vf vmaxabs(vf m, vf a) {
   return _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.f), a));
 }
@@ -614,6 +625,43 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
 // astrai/kernels/reference.py paged_decode_ref in fp32 (scores, softmax, weighted sum), the
 // result rounded once to q's dtype. Threads take (request, kv head) pairs; the H / Kh query
 // heads of a pair share each key and value read.
+// e^x for x <= 0 (softmax after the max is taken off), Cephes' expf polynomial: relative
+// error ~1e-7; below -87 it is 0.
+inline vf vexp_neg(vf x) {
+  x = vmaxv(x, vset1(-87.f));
+  const vf n = vfloor(vfma(x, vset1(1.44269504088896341f), vset1(0.5f)));
+  vf r = vfma(n, vset1(-0.693359375f), x);
+  r = vfma(n, vset1(2.12194440e-4f), r);
+  vf y = vset1(1.9875691500e-4f);
+  y = vfma(y, r, vset1(1.3981999507e-3f));
+  y = vfma(y, r, vset1(8.3334519073e-3f));
+  y = vfma(y, r, vset1(4.1665795894e-2f));
+  y = vfma(y, r, vset1(1.6666665459e-1f));
+  y = vfma(y, r, vset1(5.0000001201e-1f));
+  y = vfma(y, vmul(r, r), vadd(r, vset1(1.f)));
+  return vmul(y, vpow2i(n));
+}
+
+// s[0:n] <- softmax(s[0:n]), in place.
+inline void softmax(float* s, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, s[i]);
+  const vf m = vset1(mx);
+  vf acc = vzero();
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) {
+    const vf e = vexp_neg(vadd(vload(s + i), vmul(m, vset1(-1.f))));
+    vstore(s + i, e);
+    acc = vadd(acc, e);
+  }
+  float sum = vsum(acc);
+  for (; i < n; ++i) sum += (s[i] = std::exp(s[i] - mx));
+  const float inv = n ? 1.f / sum : 0.f;
+  const vf iv = vset1(inv);
+  for (i = 0; i + VL <= n; i += VL) vstore(s + i, vmul(vload(s + i), iv));
+  for (; i < n; ++i) s[i] *= inv;
+}
+
 template <typename T>
 inline float dot(const float* a, const T* b, int64_t n) {
   vf acc = vzero();
@@ -637,31 +685,33 @@ void paged_decode_rows(const T* q, const T* kb, const T* vb, const int32_t* r2t,
                        const int64_t* rows, const int32_t* lens, int64_t B, int64_t H,
                        int64_t Kh, int64_t D, float scale, T* out) {
   const int64_t G = H / Kh;
-  at::parallel_for(0, B * Kh, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<float> qf(G * D), acc(G * D), sc;
+  // pieces: (request, a contiguous run of kv heads); each key / value row is read once per
+  // piece, position by position (the pool is [slot, kv head, D]: heads are adjacent)
+  const int64_t per = std::max<int64_t>(1, (Kh + 1) / 2), pieces = (Kh + per - 1) / per;
+  at::parallel_for(0, B * pieces, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> qf, acc, sc;
     for (int64_t p = p0; p < p1; ++p) {
-      const int64_t b = p / Kh, kh = p % Kh, L = lens[b];
+      const int64_t b = p / pieces, h0 = (p % pieces) * per, h1 = std::min(Kh, h0 + per);
+      const int64_t nh = (h1 - h0) * G, L = lens[b];  // query heads of the piece
       const int32_t* slots = r2t + rows[b] * ldr;
-      for (int64_t i = 0; i < G * D; ++i)
-        qf[i] = static_cast<float>(q[(b * H + kh * G) * D + i]) * scale;
-      sc.assign(G * L, 0.f);
+      qf.resize(nh * D);
+      acc.assign(nh * D, 0.f);
+      sc.resize(nh * L);
+      for (int64_t i = 0; i < nh * D; ++i)
+        qf[i] = static_cast<float>(q[(b * H + h0 * G) * D + i]) * scale;
       for (int64_t j = 0; j < L; ++j) {
-        const T* kr = kb + (static_cast<int64_t>(slots[j]) * Kh + kh) * D;
-        for (int64_t g = 0; g < G; ++g) sc[g * L + j] = dot(qf.data() + g * D, kr, D);
+        const T* kr = kb + (static_cast<int64_t>(slots[j]) * Kh + h0) * D;
+        for (int64_t kh = 0, i = 0; kh < h1 - h0; ++kh)
+          for (int64_t g = 0; g < G; ++g, ++i) sc[i * L + j] = dot(qf.data() + i * D, kr + kh * D, D);
       }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t g = 0; g < G; ++g) {
-        float mx = -INFINITY, sum = 0.f;
-        for (int64_t j = 0; j < L; ++j) mx = std::max(mx, sc[g * L + j]);
-        for (int64_t j = 0; j < L; ++j) sum += (sc[g * L + j] = std::exp(sc[g * L + j] - mx));
-        const float inv = L ? 1.f / sum : 0.f;
-        for (int64_t j = 0; j < L; ++j) sc[g * L + j] *= inv;
-      }
+      for (int64_t i = 0; i < nh; ++i) softmax(sc.data() + i * L, L);
       for (int64_t j = 0; j < L; ++j) {
-        const T* vr = vb + (static_cast<int64_t>(slots[j]) * Kh + kh) * D;
-        for (int64_t g = 0; g < G; ++g) axpy(sc[g * L + j], vr, acc.data() + g * D, D);
+        const T* vr = vb + (static_cast<int64_t>(slots[j]) * Kh + h0) * D;
+        for (int64_t kh = 0, i = 0; kh < h1 - h0; ++kh)
+          for (int64_t g = 0; g < G; ++g, ++i) axpy(sc[i * L + j], vr + kh * D, acc.data() + i * D, D);
       }
-      for (int64_t i = 0; i < G * D; ++i) out[(b * H + kh * G) * D + i] = static_cast<T>(acc[i]);
+      for (int64_t i = 0; i < nh * D; ++i)
+        out[(b * H + h0 * G) * D + i] = static_cast<T>(acc[i]);
     }
   });
 }
