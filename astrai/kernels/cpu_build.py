@@ -1,8 +1,8 @@
 """Build csrc/cpu/decode_gemv.cpp for the CPU found, at first use, cached like the CUDA kernels.
 
 The code path is picked at compile time by the -m flags, which follow the CPU's flags in
-/proc/cpuinfo: `avx512` (avx512f/bw/vl/dq + FMA; `-mavx512vnni` too where the CPU has
-avx512_vnni, for the int8 dot) or `avx2` (avx2 + fma). ASTRAI_CPU_ISA=avx512|avx2|none
+/proc/cpuinfo: `avx512` (avx512f/bw/vl/dq + FMA; `-mavx512vnni` and `-mavx512bf16` too where the CPU
+has avx512_vnni / avx512_bf16, for the int8 and bf16 dots) or `avx2` (avx2 + fma). ASTRAI_CPU_ISA=avx512|avx2|none
 forces a path (a lower one than the CPU's, or none: the torch fallback).
 
 torch.utils.cpp_extension builds it (`-O3`, OpenMP for at::parallel_for; ~8 s on two cores:
@@ -81,6 +81,8 @@ def compile_flags(isa: str, flags: frozenset[str] | None = None) -> list[str]:
     out = [*BASE_FLAGS, *_FLAGS[isa], f"-DASTRAI_CPU_NS=astrai_cpu_{isa}"]
     if isa == "avx512" and "avx512_vnni" in flags:
         out.append("-mavx512vnni")
+    if isa == "avx512" and "avx512_bf16" in flags:
+        out.append("-mavx512bf16")
     return out
 
 

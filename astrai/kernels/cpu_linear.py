@@ -54,12 +54,13 @@ def _register_fakes(ns: str) -> None:
 
 @functools.cache
 def load_ops(isa: str) -> tuple[object, dict[str, int]]:
-    """(op namespace, {"vector": floats per vector, "vnni": 0/1, "block": QK}) of the built
+    """(op namespace, {"vector": floats per vector, "vnni": 0/1, "block": QK, "bf16_dot":
+    0/1}) of the built
     `isa` variant, fakes registered. Raises cpu_build.CpuKernelUnavailable."""
     ops = cpu_build.load(isa)
     _register_fakes(f"astrai_cpu_{isa}")
-    vector, vnni, block = ops.info()
-    return ops, {"vector": vector, "vnni": vnni, "block": block}
+    vector, vnni, block, bf16 = ops.info()
+    return ops, {"vector": vector, "vnni": vnni, "block": block, "bf16_dot": bf16}
 
 
 def decode_kernels(isa: str, int8_act: str | None = None) -> fast_path.DecodeKernels:
@@ -72,6 +73,7 @@ def decode_kernels(isa: str, int8_act: str | None = None) -> fast_path.DecodeKer
         raise ValueError(f"int8_act {int8_act!r}: use int8 or fp32")
     quantized = int8_act == "int8"
     vnni = " vnni" if info["vnni"] and quantized else ""
+    vnni += ", bf16 dots" if info["bf16_dot"] else ""
     fp32_min = 2 if torch_gemv_is_faster(ops) else 1
     return fast_path.DecodeKernels(
         name=f"{isa}, int8 x {int8_act}{vnni}" + (", fp32 row 1 on torch" if fp32_min > 1 else ""),

@@ -9,6 +9,7 @@
 // process. Ops (torch.ops.<ns>.*; schemas at the bottom):
 //
 //   gemv(x, w, bias)                 x [..., K] against fp32 or bf16 W [N, K] -> [..., N]
+//                                    (bf16 x bf16: vdpbf16ps where the CPU has AVX512-BF16)
 //   gemv_int8(x, q, scale, bias)     int8 W, fp32 activations: exact to x · (s·q)ᵀ in fp32
 //   gemv_q8(x, q, scale, bias)       int8 W, activations quantized to int8 per block of QK
 //                                    (absmax, as llama.cpp's q8_0 × q8_0 dot): int32 dots,
@@ -265,6 +266,69 @@ void gemv_float_weights(const float* x, int64_t M, int64_t K, const std::vector<
     }
   });
 }
+
+// -- bf16 × bf16 (AVX512-BF16) --------------------------------------------------------------
+// bf16 activations against bf16 weights with vdpbf16ps: 32 products of bf16 pairs per
+// instruction, accumulated in fp32 (torch's bf16 GEMM keeps the same fp32 accumulator).
+#if defined(__AVX512BF16__)
+constexpr bool kBf16Dot = true;
+template <int MBv, int R>
+inline void bf16_tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* w, int64_t ldw,
+                      int64_t K, float* sums) {
+  __m512 acc[MBv][R];
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    __m512bh xv[MBv];
+    for (int m = 0; m < MBv; ++m) xv[m] = (__m512bh)_mm512_loadu_si512(x + m * ldx + k);
+    for (int r = 0; r < R; ++r) {
+      if (PF && k % 32 == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + k) + PF, PF_HINT);
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + r * ldw + k);
+      for (int m = 0; m < MBv; ++m) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv[m], wv);
+    }
+  }
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r) {
+      float s = _mm512_reduce_add_ps(acc[m][r]);
+      for (int64_t t = k; t < K; ++t)
+        s += static_cast<float>(x[m * ldx + t]) * static_cast<float>(w[r * ldw + t]);
+      sums[m * RT + r] = s;
+    }
+}
+
+template <int MBv>
+inline void bf16_rows(int R, const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* w,
+                      int64_t ldw, int64_t K, float* sums) {
+  for (int r0 = 0; r0 < R; r0 += 4) {
+    const int rr = std::min(4, R - r0);
+    const c10::BFloat16* wr = w + r0 * ldw;
+    float* sr = sums + r0;
+    switch (rr) {
+      case 4: bf16_tile<MBv, 4>(x, ldx, wr, ldw, K, sr); break;
+      case 3: bf16_tile<MBv, 3>(x, ldx, wr, ldw, K, sr); break;
+      case 2: bf16_tile<MBv, 2>(x, ldx, wr, ldw, K, sr); break;
+      default: bf16_tile<MBv, 1>(x, ldx, wr, ldw, K, sr);
+    }
+  }
+}
+
+void gemv_bf16_dot(const c10::BFloat16* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
+  over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
+    float sums[MB * RT];
+    const c10::BFloat16* w = static_cast<const c10::BFloat16*>(mat.w) + n0 * mat.ldw;
+    for (int64_t m0 = 0; m0 < M; m0 += 2) {
+      const int mb = static_cast<int>(std::min<int64_t>(2, M - m0));
+      if (mb == 2) bf16_rows<2>(R, x + m0 * K, K, w, mat.ldw, K, sums);
+      else bf16_rows<1>(R, x + m0 * K, K, w, mat.ldw, K, sums);
+      store(sums, mb, R, n0, mat.scale, mat.bias, mat.out + m0 * mat.N, mat.N);
+    }
+  });
+}
+#else
+constexpr bool kBf16Dot = false;
+#endif
 
 // -- int8 × int8 (quantized activations) ----------------------------------------------------
 // Activations per row m and block b of QK values: s = max|x| / 127, xq = round(x / s) (int8,
@@ -524,11 +588,23 @@ std::vector<at::Tensor> finish(Call& c, at::ScalarType dtype) {
   return res;
 }
 
+void bf16_dot(const at::Tensor& x, Call& c) {
+#if defined(__AVX512BF16__)
+  const at::Tensor xb = x.reshape({-1, c.K}).contiguous();
+  gemv_bf16_dot(xb.data_ptr<c10::BFloat16>(), c.M, c.K, c.mats);
+#else
+  (void)x;
+  (void)c;
+#endif
+}
+
 std::vector<at::Tensor> gemv_many(const at::Tensor& x, at::TensorList ws, const OptList& biases) {
   Call c = prepare(x, ws, nullptr, biases, "gemv");
   const float* xp = c.x2.data_ptr<float>();
   if (ws[0].scalar_type() == at::kFloat)
     gemv_float_weights<float>(xp, c.M, c.K, c.mats);
+  else if (ws[0].scalar_type() == at::kBFloat16 && kBf16Dot && x.scalar_type() == at::kBFloat16)
+    bf16_dot(x, c);  // bf16 activations as they are: vdpbf16ps
   else if (ws[0].scalar_type() == at::kBFloat16)
     gemv_float_weights<c10::BFloat16>(xp, c.M, c.K, c.mats);
   else
@@ -746,8 +822,9 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_buf, const at::
   return out;
 }
 
-// What this build is: floats per vector (16: AVX-512, 8: AVX2), VNNI (1/0), the block QK.
-std::vector<int64_t> info() { return {VL, kVnni ? 1 : 0, QK}; }
+// What this build is: floats per vector (16: AVX-512, 8: AVX2), VNNI (1/0), the block QK,
+// AVX512-BF16 dots (1/0).
+std::vector<int64_t> info() { return {VL, kVnni ? 1 : 0, QK, kBf16Dot ? 1 : 0}; }
 
 }  // namespace
 
