@@ -127,3 +127,28 @@ def load(isa: str) -> object:
     except Exception as e:  # a compiler or linker error, ninja missing, ...
         raise CpuKernelUnavailable(f"building {src.name} failed: {e}") from e
     return getattr(torch.ops, f"astrai_cpu_{isa}")
+
+
+def cpu_status(build: bool = False) -> dict:
+    """The CPU decode kernels here, for `astrai kernels`: the code path, the library (built
+    or not), and why they cannot be had; with `build`, built first (never raises)."""
+    out = {"isa": None, "vnni": "avx512_vnni" in cpu_flags(),
+           "bf16": "avx512_bf16" in cpu_flags(), "compiler": find_cxx(), "library": None,
+           "built": False, "reason": None}
+    try:
+        isa = requested_isa()
+        if isa is None:
+            raise CpuKernelUnavailable("this CPU has no AVX2+FMA (or ASTRAI_CPU_ISA=none): "
+                                       "torch serves decode")
+        out["isa"] = isa
+        lib = build_dir(isa) / f"astrai_cpu_{isa}.so"
+        out["library"] = str(lib)
+        if build:
+            load(isa)
+        out["built"] = lib.is_file()
+        if not out["built"]:
+            out["reason"] = "not built yet: the engine builds it on first use on a CPU " \
+                            "(or `astrai kernels --build`)"
+    except CpuKernelUnavailable as e:
+        out["reason"] = str(e)
+    return out

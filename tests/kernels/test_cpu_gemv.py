@@ -167,6 +167,24 @@ def counting(k: fast_path.DecodeKernels, calls: list) -> fast_path.DecodeKernels
                                fp32_rows=(1, 16))
 
 
+def test_a_model_with_the_kernels_active_compiles_to_one_graph():
+    """torch.compile (fullgraph) traces a forward whose products, norms and int8 layers go to
+    the kernels (their fake implementations), and the compiled forward computes the same."""
+    from astrai.model import build_model, get_preset
+    from astrai.model.quant import quantize_model
+
+    k = dataclasses.replace(cpu_linear.decode_kernels(BEST), fp32_rows=(1, 16))
+    cfg = get_preset("tiny", vocab_size=128, dim=64, n_layers=1, n_heads=4, n_kv_heads=2,
+                     ffn_dim=96, max_seq_len=32)
+    model = build_model(cfg, seed=0).eval()
+    ids = torch.randint(0, 128, (1, 3), generator=torch.Generator().manual_seed(0))
+    for m in (model, quantize_model(build_model(cfg, seed=0).eval(), "int8")):
+        with torch.no_grad(), fast_path.active(k):
+            ref = m(ids).logits
+            out = torch.compile(m, backend="aot_eager", fullgraph=True)(ids).logits
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
 def test_dispatch_takes_few_rows_without_grad_and_leaves_the_rest_to_torch():
     k = cpu_linear.decode_kernels(BEST)
     calls: list = []
@@ -216,6 +234,14 @@ def test_no_kernels_where_they_cannot_be_had(monkeypatch, caplog):
     monkeypatch.setenv("ASTRAI_CPU_ISA", "sse2")
     with pytest.raises(cpu_build.CpuKernelUnavailable, match="use one of avx512, avx2"):
         cpu_build.requested_isa()
+
+
+def test_status_names_the_code_path_and_the_library(monkeypatch):
+    st = cpu_build.cpu_status(build=True)
+    assert st["isa"] == cpu_build.requested_isa() and st["built"] and st["reason"] is None
+    assert st["library"].endswith(f"astrai_cpu_{st['isa']}.so")
+    monkeypatch.setenv("ASTRAI_CPU_ISA", "none")
+    assert "torch serves decode" in cpu_build.cpu_status()["reason"]
 
 
 def test_isa_and_flags_follow_the_cpu_flags():
