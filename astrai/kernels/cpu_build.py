@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
+import time
 import shutil
 from pathlib import Path
 
 import torch
 
 from astrai.kernels.build import cache_root, csrc_dir
+
+log = logging.getLogger("astrai.kernels")
 
 SOURCE = "cpu/decode_gemv.cpp"
 ISAS = ("avx512", "avx2")
@@ -120,12 +124,15 @@ def load(isa: str) -> object:
     from torch.utils import cpp_extension
 
     out.mkdir(parents=True, exist_ok=True)
+    log.info("building astrai's CPU decode kernels (%s, first use; cached in %s)", isa, out)
+    start = time.perf_counter()
     try:
         cpp_extension.load(name=f"astrai_cpu_{isa}", sources=[str(src)],
                            extra_cflags=compile_flags(isa), extra_ldflags=["-fopenmp"],
                            build_directory=str(out), is_python_module=False, verbose=False)
     except Exception as e:  # a compiler or linker error, ninja missing, ...
         raise CpuKernelUnavailable(f"building {src.name} failed: {e}") from e
+    log.info("built the CPU decode kernels in %.1f s", time.perf_counter() - start)
     return getattr(torch.ops, f"astrai_cpu_{isa}")
 
 
