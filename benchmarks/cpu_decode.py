@@ -2,7 +2,7 @@
 
     pip install llama-cpp-python ctranslate2     # peers (llama-cpp-python builds llama.cpp
                                                  # from source: a few minutes, C++ and CMake)
-    python benchmarks/cpu_decode.py              # ~5 min at 2 threads
+    python benchmarks/cpu_decode.py              # ~6 min at 2 threads
     python benchmarks/cpu_decode.py --only astrai --threads 1
 
 The model: the `125m` preset with random weights (init_std 0.1; 32,000-token vocabulary,
@@ -10,21 +10,31 @@ tied embeddings), saved with a small byte-level BPE so its GGUF export carries a
 (ids the BPE lacks are placeholders: prompts are token ids). Every peer runs that model:
 
   astrai       the engine (one request; 16 concurrent), fp32, int8 weights (`--quantize
-               int8`) and bf16 where the CPU has bf16 hardware (amx_bf16 / avx512_bf16)
+               int8`) and bf16 where the CPU has bf16 hardware (amx_bf16 / avx512_bf16),
+               with astrai's CPU decode GEMVs (astrai/kernels/cpu_linear.py, built at first
+               use); fp32-torch / int8-torch: the same engine on torch's products alone
   llama.cpp    llama-cpp-python on the GGUFs `astrai export --format gguf` writes: f32,
-               f16 and q8_0 (its KV cache f32, so greedy tokens are comparable)
+               f16 and q8_0 (its KV cache f32, so greedy tokens are comparable), each in its
+               own process with llama.cpp's default buffers; where that process dies (seen:
+               q8_0 with the AMX buffer type on an AMX machine) once more without its extra
+               buffer types, and the row says so
   CTranslate2  float32 and int8 from ct2's converter of the HF export (one request; a
                batch of 16)
   HF           transformers generate on the HF export (one request; a batch of 16)
 
 Decode tokens/s is after the prompt (16 tokens), 128 new tokens, greedy, EOS ignored,
-`--threads` threads, best of `--repeat`. The floor is the bytes one token must read —
-every block and head weight once, plus one embedding row — over the read bandwidth of a
-streaming reduction with the same threads: the speed a purely bandwidth-bound decoder
-reaches. Printed: each figure, its fraction of its format's floor, and the ratios astrai
-fp32 / llama.cpp f32 and astrai int8 / llama.cpp q8_0. Then the GGUF round trip: llama.cpp's
-greedy tokens on f32 exports of this model and of HF Llama and Qwen3 directories (random,
-small) against astrai's own.
+`--threads` threads, best of `--repeat`. The floor of a format is the bytes one token must
+read — every block and head weight once, plus one embedding row (llama.cpp: its GGUF's
+tensor bytes, the tied table read whole as the output) — over the read bandwidth of a
+streaming sum over as many bytes with the same threads (best of 8, measured before and
+after the runs, the higher kept): the speed a purely bandwidth-bound decoder reaches. The bandwidth is measured at each format's size because
+a format that fits the last-level cache (int8 of this model, on a CPU with a large L3) is
+read from that cache; the 1 GiB figure printed beside is DRAM. Printed: each figure, its
+fraction of its format's floor, the ratios astrai fp32 / llama.cpp f32, astrai int8 /
+llama.cpp q8_0, astrai bf16 / llama.cpp f16 and kernels / torch, the load average before
+and after (other work on the machine takes bandwidth and cores). Then the GGUF round
+trip: llama.cpp's greedy tokens on f32 exports of this model and of HF Llama and Qwen3
+directories (random, small) against astrai's own.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import argparse
 import copy
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -53,15 +64,27 @@ CORPUS = Path(__file__).resolve().parent.parent / "astrai" / "assets" / "tiny_co
 BATCH = 16
 
 
-def read_bandwidth(threads: int, mb: int = 512) -> float:
-    """Bytes/s of a streaming fp32 sum over `mb` MB (best of 5) with `threads` threads."""
-    x = torch.ones(mb * 2**20 // 4)
+def read_bandwidth(nbytes: int) -> float:
+    """Bytes/s of a streaming fp32 sum over a buffer of `nbytes` (best of 8) with torch's
+    threads (`--threads`): the rate at which a decoder that reads `nbytes`
+    per token can read them — DRAM for a buffer far larger than the caches, partly the
+    last-level cache for one about its size."""
+    x = torch.ones(max(nbytes, 2**20) // 4)
+    x.sum()
     best = float("inf")
-    for _ in range(5):
+    for _ in range(8):
         t0 = time.perf_counter()
         x.sum()
         best = min(best, time.perf_counter() - t0)
     return x.numel() * 4 / best
+
+
+def gguf_bytes(path: Path) -> int:
+    """The tensor bytes of a GGUF: what llama.cpp reads per token (its output matrix is the
+    tied table, read whole; the lookup's one row is within it)."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors)
 
 
 def bytes_per_token(model: torch.nn.Module) -> int:
@@ -198,39 +221,66 @@ def has_bf16_hardware() -> bool:
 
 
 def run_astrai(models, prompt, prompts, new, repeat) -> dict[str, dict]:
+    """Each format with astrai's CPU decode kernels, and fp32 / int8 once more on torch's
+    products alone (`<format>-torch`: the engine without the kernels)."""
     out = {}
-    for name, m in models.items():
+    plain = {f"{k}-torch": m for k, m in models.items() if k in ("fp32", "int8")}
+    for name, m in {**models, **plain}.items():
         eng = engine(m, rows=BATCH)
+        if name.endswith("-torch"):
+            eng.cpu_kernels = None
         decode_run(eng, prompt, 8)  # warm-up
         runs = [decode_run(eng, prompt, new) for _ in range(repeat)]
-        out[name] = {"tokens": runs[-1][0], "tok_s": max(r[1] for r in runs),
-                     "batch_tok_s": batch_run(eng, prompts, new)}
+        out[name] = {"tokens": runs[-1][0], "tok_s": max(r[1] for r in runs)}
+        if not name.endswith("-torch"):
+            out[name]["batch_tok_s"] = batch_run(eng, prompts, new)
     return out
 
 
+LLAMA_FORMATS = (("f32", {"dtype": torch.float32}), ("f16", {"dtype": torch.float16}),
+                 ("q8_0", {"quantize": "q8_0"}))
+
+
 def run_llama_cpp(ckpt: Path, work: Path, prompt, new, threads, repeat) -> dict[str, dict]:
-    """Each GGUF in its own process: a llama.cpp build that crashes on one format (seen:
-    q8_0 on an AMX machine, whose AMX buffer type llama-cpp-python's native build enables)
-    costs that row, not the benchmark."""
+    """Each GGUF in its own process, with llama.cpp's default buffers (AMX, repacked
+    weights) first; where that process dies (seen: q8_0 on an AMX machine, whose AMX buffer
+    type llama-cpp-python's native build enables), once more without them
+    (`use_extra_bufts` off), the row saying so."""
     if importlib.util.find_spec("llama_cpp") is None:
         return {}
-    out = {}
-    for name, kw in (("f32", {"dtype": torch.float32}), ("f16", {"dtype": torch.float16}),
-                     ("q8_0", {"quantize": "q8_0"})):
+    out, first_rc = {}, None
+    for name, kw in LLAMA_FORMATS:
         f = export_gguf(ckpt, work / f"model-{name}.gguf", overwrite=True, **kw)
-        job = json.dumps({"gguf": str(f), "prompt": prompt, "new": new, "threads": threads,
-                          "repeat": repeat})
-        r = subprocess.run([sys.executable, __file__, "--llama-worker", job],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
+        for extra in (True, False):
+            job = json.dumps({"gguf": str(f), "prompt": prompt, "new": new,
+                              "threads": threads, "repeat": repeat, "extra_bufts": extra})
+            r = subprocess.run([sys.executable, __file__, "--llama-worker", job],
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                out[name] = json.loads(r.stdout.strip().splitlines()[-1])
+                out[name]["bytes"] = gguf_bytes(f)
+                if not extra:
+                    out[name]["note"] = "(extra buffers off: the default exited with " \
+                                        f"{first_rc})"
+                break
+            first_rc = r.returncode
             out[name] = {"error": f"llama.cpp exited with {r.returncode}"}
-            continue
-        out[name] = json.loads(r.stdout.strip().splitlines()[-1])
     return out
 
 
 def llama_worker(job: str) -> None:
     j = json.loads(job)
+    if not j.get("extra_bufts", True):
+        import llama_cpp.llama_cpp as lc
+
+        defaults = lc.llama_model_default_params
+
+        def params():
+            p = defaults()
+            p.use_extra_bufts = False
+            return p
+
+        lc.llama_model_default_params = params  # what Llama() reads its defaults from
     runs = [llama_cpp_run(Path(j["gguf"]), j["prompt"], j["new"], j["threads"])
             for _ in range(j["repeat"])]
     print(json.dumps({"tokens": runs[-1][0], "tok_s": max(r[1] for r in runs)}))
@@ -287,39 +337,76 @@ def gguf_round_trip(work: Path, threads: int, new: int = 32) -> list[str]:
     return lines
 
 
-def report(a, bw: float, floors: dict[str, float], ours, llama, ct2, hf) -> None:
-    def cell(name: str, tps: float, floor: float | None) -> str:
-        frac = f" ({tps / floor:.2f} of its floor {floor:.0f})" if floor else ""
-        return f"  {name:22s} {tps:8.1f} tok/s{frac}"
+class Floors:
+    """Bytes per token of each format, the bandwidth of reading as many bytes (a streaming
+    sum over a buffer of that size, so a format whose weights fit the last-level cache is
+    measured against that cache), and the speed that allows."""
 
-    print(f"read bandwidth {bw / 1e9:.1f} GB/s ({a.threads} threads, streaming sum); floors: "
-          + ", ".join(f"{k} {v:.0f} tok/s" for k, v in floors.items()))
-    print(f"one request, {a.new_tokens} new tokens:")
+    def __init__(self) -> None:
+        self.bytes: dict[str, int] = {}
+        self.bw: dict[int, float] = {}
+
+    def add(self, name: str, nbytes: int) -> None:
+        self.bytes[name] = nbytes
+        if nbytes not in self.bw:
+            self.bw[nbytes] = read_bandwidth(nbytes)
+
+    def remeasure(self) -> None:
+        """Measure every size again and keep the higher figure (the machine's load moves
+        its bandwidth; a floor is the best the memory gave)."""
+        for n in self.bw:
+            self.bw[n] = max(self.bw[n], read_bandwidth(n))
+
+    def tok_s(self, name: str) -> float | None:
+        n = self.bytes.get(name)
+        return None if n is None else self.bw[n] / n
+
+    def lines(self) -> list[str]:
+        return [f"  {k:22s} {n / 1e6:6.0f} MB at {self.bw[n] / 1e9:5.1f} GB/s = "
+                f"{self.bw[n] / n:6.0f} tok/s" for k, n in self.bytes.items()]
+
+
+def cell(name: str, tps: float, floor: float | None) -> str:
+    frac = f" ({tps / floor:.2f} of its floor {floor:.0f})" if floor else ""
+    return f"  {name:22s} {tps:8.1f} tok/s{frac}"
+
+
+def report_one(a, floors: Floors, ours, llama, ct2, hf) -> None:
+    print(f"one request, {a.new_tokens} new tokens (decode tok/s = 1 / median gap):")
     for k, r in ours.items():
         same = sum(x == y for x, y in zip(r["tokens"], ours["fp32"]["tokens"]))
-        print(cell(f"astrai {k}", r["tok_s"], floors.get(k)) + f"  tokens = fp32: {same}")
-    lfloor = {"f32": floors["fp32"], "f16": floors["fp32"] / 2, "q8_0": floors["int8"]}
+        print(cell(f"astrai {k}", r["tok_s"], floors.tok_s(f"astrai {k.split('-')[0]}"))
+              + f"  tokens = fp32: {same}")
     for k, r in llama.items():
         if "error" in r:
             print(f"  {'llama.cpp ' + k:22s} {r['error']}")
             continue
         same = sum(x == y for x, y in zip(r["tokens"], ours["fp32"]["tokens"]))
-        print(cell(f"llama.cpp {k}", r["tok_s"], lfloor[k]) + f"  tokens = astrai fp32: {same}")
+        print(cell(f"llama.cpp {k}", r["tok_s"], floors.tok_s(f"llama.cpp {k}"))
+              + f"  tokens = astrai fp32: {same} {r.get('note', '')}".rstrip())
     for k, r in ct2.items():
-        print(cell(f"CTranslate2 {k}", r["tok_s"], floors["fp32" if k == "float32" else "int8"]))
+        fmt = "fp32" if k == "float32" else "int8"
+        print(cell(f"CTranslate2 {k}", r["tok_s"], floors.tok_s(f"astrai {fmt}")))
     if hf:
-        print(cell("HF generate fp32", hf["tok_s"], floors["fp32"]))
-    for ours_k, peer_k in (("fp32", "f32"), ("int8", "q8_0")):
-        if "tok_s" in llama.get(peer_k, {}):
+        print(cell("HF generate fp32", hf["tok_s"], floors.tok_s("astrai fp32")))
+    for ours_k, peer_k in (("fp32", "f32"), ("int8", "q8_0"), ("bf16", "f16")):
+        if "tok_s" in llama.get(peer_k, {}) and ours_k in ours:
             print(f"ratio astrai {ours_k} / llama.cpp {peer_k} = "
                   f"{ours[ours_k]['tok_s'] / llama[peer_k]['tok_s']:.2f}")
+    for k in ("fp32", "int8"):
+        print(f"ratio astrai {k} kernels / torch products = "
+              f"{ours[k]['tok_s'] / ours[k + '-torch']['tok_s']:.2f}")
     if ct2:
         print(f"ratio astrai fp32 / CTranslate2 float32 = "
               f"{ours['fp32']['tok_s'] / ct2['float32']['tok_s']:.2f}; astrai int8 / "
               f"CTranslate2 int8 = {ours['int8']['tok_s'] / ct2['int8']['tok_s']:.2f}")
+
+
+def report_batch(ours, ct2, hf) -> None:
     print(f"{BATCH} concurrent requests (aggregate generated tok/s, prefill included):")
     for k, r in ours.items():
-        print(f"  astrai {k:15s} {r['batch_tok_s']:8.1f} tok/s")
+        if "batch_tok_s" in r:
+            print(f"  astrai {k:15s} {r['batch_tok_s']:8.1f} tok/s")
     for k, r in ct2.items():
         print(f"  CTranslate2 {k:10s} {r['batch_tok_s']:8.1f} tok/s (one static batch)")
     if hf:
@@ -328,6 +415,23 @@ def report(a, bw: float, floors: dict[str, float], ours, llama, ct2, hf) -> None
         print(f"ratio {BATCH} concurrent: astrai fp32 / CTranslate2 float32 = "
               f"{ours['fp32']['batch_tok_s'] / ct2['float32']['batch_tok_s']:.2f}; astrai fp32 /"
               f" HF = {ours['fp32']['batch_tok_s'] / hf['batch_tok_s']:.2f}")
+    if ct2:
+        print(f"ratio {BATCH} concurrent: astrai int8 / CTranslate2 int8 = "
+              f"{ours['int8']['batch_tok_s'] / ct2['int8']['batch_tok_s']:.2f}")
+
+
+def header(a, model, floors: Floors) -> None:
+    from astrai.kernels.cpu_linear import cpu_decode_kernels
+
+    k = cpu_decode_kernels()
+    print(f"{a.preset}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params, "
+          f"{a.threads} threads, torch CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}, astrai CPU decode kernels: "
+          f"{k.name if k else 'none (torch)'}; load average {os.getloadavg()[0]:.2f}")
+    print(f"read bandwidth (streaming sum, {a.threads} threads): "
+          f"{read_bandwidth(2**30) / 1e9:.1f} GB/s over 1 GiB; floors, weight bytes per "
+          "token over the bandwidth of reading as many:")
+    print("\n".join(floors.lines()))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -349,17 +453,23 @@ def main(argv: list[str] | None = None) -> None:
         prompts = torch.randint(3, model.config.vocab_size, (BATCH, 16), generator=g).tolist()
         prompt = prompts[0]
         models = formats(model, has_bf16_hardware())
-        bw = read_bandwidth(a.threads)
-        floors = {k: bw / bytes_per_token(m) for k, m in models.items()}
-        print(f"{a.preset}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params, "
-              f"{a.threads} threads, CPU {torch.backends.cpu.get_cpu_capability()}")
+        floors = Floors()
+        for k, m in models.items():
+            floors.add(f"astrai {k}", bytes_per_token(m))
         ours = run_astrai(models, prompt, prompts, a.new_tokens, a.repeat)
         llama = ct2 = hf = {}
         if a.only is None:
             llama = run_llama_cpp(ckpt, work, prompt, a.new_tokens, a.threads, a.repeat)
             ct2 = run_ct2(hf_dir, work, prompt, prompts, a.new_tokens, a.threads, a.repeat)
             hf = run_hf(hf_dir, prompt, prompts, a.new_tokens, a.repeat)
-        report(a, bw, floors, ours, llama, ct2, hf)
+        for k, r in llama.items():
+            if "bytes" in r:
+                floors.add(f"llama.cpp {k}", r["bytes"])
+        floors.remeasure()
+        header(a, model, floors)
+        report_one(a, floors, ours, llama, ct2, hf)
+        report_batch(ours, ct2, hf)
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
         if "tokens" in llama.get("f32", {}):
             print("\n".join(gguf_round_trip(work, a.threads)))
 

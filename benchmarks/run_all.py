@@ -249,9 +249,10 @@ def parse_cpu_decode(out: str) -> list[Row]:
     """cpu_decode.py: one-request decode against llama.cpp and CTranslate2 (with each side's
     fraction of its bandwidth floor), and 16 concurrent requests against CT2 and HF."""
     rows = []
+    one = out.split(" concurrent requests", 1)[0]  # the one-request figures (same labels)
     tps = {m[1].strip(): (m[2], m[3]) for m in re.finditer(
         r"\n  ((?:astrai|llama\.cpp|CTranslate2|HF generate) \S+)\s+([\d.]+) tok/s"
-        r"(?: \(([\d.]+) of its floor)?", out)}
+        r"(?: \(([\d.]+) of its floor)?", one)}
     pattern = r"(?:ratio |; )astrai (\S+) / (llama\.cpp|CTranslate2) (\S+) = ([\d.]+)"
     for m in re.finditer(pattern, out):
         a, peer = tps.get(f"astrai {m[1]}"), tps.get(f"{m[2]} {m[3]}")
@@ -259,6 +260,12 @@ def parse_cpu_decode(out: str) -> list[Row]:
             rows.append(Row("CPU decode", f"one request: astrai {m[1]} vs {m[2]} {m[3]} "
                             f"(floor fractions {a[1]} / {peer[1]})", f"{a[0]} tok/s",
                             f"{peer[0]} tok/s", m[4], "≥ 1.0 (moonshot: 0.75 of the floor)"))
+    for m in re.finditer(r"ratio astrai (\S+) kernels / torch products = ([\d.]+)", out):
+        a, t = tps.get(f"astrai {m[1]}"), tps.get(f"astrai {m[1]}-torch")
+        if a and t:
+            rows.append(Row("CPU decode", f"one request: astrai {m[1]}, CPU decode kernels vs "
+                            "torch's products", f"{a[0]} tok/s", f"{t[0]} tok/s", m[2],
+                            "≥ 1 faster"))
     c = re.search(r"ratio 16 concurrent: astrai fp32 / CTranslate2 float32 = ([\d.]+); "
                   r"astrai fp32 / HF = ([\d.]+)", out)
     if c:

@@ -47,6 +47,8 @@ from astrai.infer.runner import ModelRunner
 from astrai.infer.sampler import Pick, Sampler
 from astrai.infer.scheduler import Scheduler, StepBatch
 from astrai.infer.routing import Streams, drain
+from astrai.kernels.cpu_linear import cpu_decode_kernels
+from astrai.model import fast_path
 from astrai.model.context import AttentionBackend
 
 log = logging.getLogger("astrai.infer")
@@ -78,6 +80,8 @@ class Engine:
                              head_dim=cfg.hdim, max_context=self.max_context,
                              dtype=cache_config.torch_dtype(p.dtype), device=p.device)
         self.scheduler = Scheduler(self.pool, sched, self.max_context)
+        self.cpu_kernels = cpu_decode_kernels() if p.device.type == "cpu" else None
+        """astrai's CPU decode GEMVs for the steps' few-row products (None: torch's)."""
         self.runner = ModelRunner(model, self.pool)
         if decode == "auto" and backend is not None:
             decode = "eager"
@@ -211,10 +215,11 @@ class Engine:
     def _run(self, batch: StepBatch) -> list[Pick | Exception]:
         """Forward the step, then sample: per sampling request its new token, or the error
         that stopped it."""
-        if self.decode_step.accepts(batch):
-            logits = self.decode_step.run(batch)  # static shapes (CUDA graphs on CUDA)
-        else:
-            logits = self.runner.run(batch, self.backend())  # (B_s, V) fp32
+        with fast_path.active(self.cpu_kernels):
+            if self.decode_step.accepts(batch):
+                logits = self.decode_step.run(batch)  # static shapes (CUDA graphs on CUDA)
+            else:
+                logits = self.runner.run(batch, self.backend())  # (B_s, V) fp32
         reqs = batch.sampled
         if not reqs:
             return []
