@@ -52,6 +52,9 @@ Adapter = Annotated[Path | None, typer.Option(
 Quantize = Annotated[str, typer.Option(
     "--quantize", help="Weight format: none | int8 (per-channel int8 weights of the blocks "
     "and the LM head, made at load time; docs/engine.md \"Weight formats\").")]
+EnforceEager = Annotated[bool, typer.Option(
+    "--enforce-eager", help="Run every step through the eager ragged path (no static decode "
+    "step, no CUDA graphs; docs/engine.md \"Decode step\").")]
 MaxContext = Annotated[int | None, typer.Option(
     "--max-context", help="Context length (default: the model's max_seq_len).")]
 

@@ -1,33 +1,52 @@
-"""One-request CPU decode: tokens/s of the engine in fp32, int8 weights and bf16, and of
-the CPU peers llama.cpp and CTranslate2 on the same random ~120M Llama.
+"""CPU decode against llama.cpp, CTranslate2 and HF generate, beside the bandwidth floor.
 
-    python benchmarks/cpu_decode.py --only astrai            # this repository alone
-    python benchmarks/cpu_decode.py [--preset 125m] [--threads 2] [--new-tokens 128]
+    pip install llama-cpp-python ctranslate2     # peers (llama-cpp-python builds llama.cpp
+                                                 # from source: a few minutes, C++ and CMake)
+    python benchmarks/cpu_decode.py              # ~6 min at 2 threads
+    python benchmarks/cpu_decode.py --only astrai --threads 1
 
-Workload: one request, a 16-token prompt, greedy, `--new-tokens` new tokens with EOS
-ignored, `--threads` intra-op threads. Reported: decode tokens/s (1 / the median gap
-between streamed tokens; prefill apart, as llama-bench reports `tg`) and CPU ms per token,
-the best of `--repeat` runs interleaved across formats so drifting load on a shared
-machine hits each alike, and the greedy tokens each format shares with fp32. The weights
-are random (init_std 0.1): a deep random network amplifies any rounding, so the token
-counts of int8 and bf16 say little about quality — bits per byte on a trained model does
-(docs/engine.md "Weight formats").
+The model: the `125m` preset with random weights (init_std 0.1; 32,000-token vocabulary,
+tied embeddings), saved with a small byte-level BPE so its GGUF export carries a tokenizer
+(ids the BPE lacks are placeholders: prompts are token ids). Every peer runs that model:
 
-Peers (not installed by astrai; each runs only when importable):
-  llama.cpp    pip install llama-cpp-python   and a GGUF of the same model (`--gguf FILE`;
-               `astrai export CKPT --format gguf` where that exporter exists, else llama.cpp's
-               convert_hf_to_gguf.py on the HF export this script writes to --workdir/hf)
-               quantized with `llama-quantize model.gguf model-q8_0.gguf q8_0`.
-  CTranslate2  pip install ctranslate2 transformers
-               ct2-transformers-converter --model WORKDIR/hf --output_dir WORKDIR/ct2
-                   --quantization int8      (then `--ct2 WORKDIR/ct2`)
+  astrai       the engine (one request; 16 concurrent), fp32, int8 weights (`--quantize
+               int8`) and bf16 where the CPU has bf16 hardware (amx_bf16 / avx512_bf16),
+               with astrai's CPU decode GEMVs (astrai/kernels/cpu_linear.py, built at first
+               use); fp32-torch / int8-torch: the same engine on torch's products alone
+  llama.cpp    llama-cpp-python on the GGUFs `astrai export --format gguf` writes: f32,
+               f16 and q8_0 (its KV cache f32, so greedy tokens are comparable), each in its
+               own process with llama.cpp's default buffers; where that process dies (seen:
+               q8_0 with the AMX buffer type on an AMX machine) once more without its extra
+               buffer types, and the row says so
+  CTranslate2  float32 and int8 from ct2's converter of the HF export (one request; a
+               batch of 16)
+  HF           transformers generate on the HF export (one request; a batch of 16)
+
+Decode tokens/s is after the prompt (16 tokens), 128 new tokens, greedy, EOS ignored,
+`--threads` threads, best of `--repeat`. The floor of a format is the bytes one token must
+read — every block and head weight once, plus one embedding row (llama.cpp: its GGUF's
+tensor bytes, the tied table read whole as the output) — over the read bandwidth of a
+streaming sum over as many bytes with the same threads (best of 8, measured before and
+after the runs, the higher kept): the speed a purely bandwidth-bound decoder reaches. The bandwidth is measured at each format's size because
+a format that fits the last-level cache (int8 of this model, on a CPU with a large L3) is
+read from that cache; the 1 GiB figure printed beside is DRAM. Printed: each figure, its
+fraction of its format's floor, the ratios astrai fp32 / llama.cpp f32, astrai int8 /
+llama.cpp q8_0, astrai bf16 / llama.cpp f16 and kernels / torch, the load average before
+and after (other work on the machine takes bandwidth and cores). Then the GGUF round
+trip: llama.cpp's greedy tokens on f32 exports of this model and of HF Llama and Qwen3
+directories (random, small) against astrai's own.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
+import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,130 +55,423 @@ import torch
 
 from astrai.infer import CacheConfig, Engine, SamplingParams, SchedulerConfig
 from astrai.model import build_model, get_preset
+from astrai.model.checkpoint import save_checkpoint
+from astrai.model.gguf_export import export_gguf
+from astrai.model.hf_export import export_hf
 from astrai.model.quant import quantize_model
 
+CORPUS = Path(__file__).resolve().parent.parent / "astrai" / "assets" / "tiny_corpus.txt"
+BATCH = 16
 
-def formats(model: torch.nn.Module, names: list[str]) -> dict[str, torch.nn.Module]:
-    """fp32 | int8 (fp32 activations, int8 weights) | bf16 | bf16-int8 copies of `model`."""
-    out = {}
-    for name in names:
-        m = copy.deepcopy(model)
-        if name.startswith("bf16"):
-            m = m.to(torch.bfloat16)
-        if name.endswith("int8"):
-            quantize_model(m, "int8")
-        out[name] = m.eval()
+
+def read_bandwidth(nbytes: int) -> float:
+    """Bytes/s of a streaming fp32 sum over a buffer of `nbytes` (best of 8) with torch's
+    threads (`--threads`): the rate at which a decoder that reads `nbytes`
+    per token can read them — DRAM for a buffer far larger than the caches, partly the
+    last-level cache for one about its size."""
+    x = torch.ones(max(nbytes, 2**20) // 4)
+    x.sum()
+    best = float("inf")
+    for _ in range(8):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best
+
+
+def gguf_bytes(path: Path) -> int:
+    """The tensor bytes of a GGUF: what llama.cpp reads per token (its output matrix is the
+    tied table, read whole; the lookup's one row is within it)."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors)
+
+
+def bytes_per_token(model: torch.nn.Module) -> int:
+    """Weight bytes one decode step reads: every weight of the blocks and the head once
+    (int8: the int8 values and one scale per row), the gains, and one embedding row (a
+    tied fp32 head reads the whole table as the head)."""
+    total = 0
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    for name, t in tensors:
+        if "rope" in name or name.endswith("scale_bf16"):
+            continue
+        if name.endswith("embed_tokens.weight"):
+            head_reads_it = getattr(model, "lm_head", None) is None
+            total += (t.numel() if head_reads_it else t.shape[1]) * t.element_size()
+            continue
+        total += t.numel() * t.element_size()
+    return total
+
+
+def formats(model: torch.nn.Module, bf16: bool) -> dict[str, torch.nn.Module]:
+    out = {"fp32": model, "int8": quantize_model(copy.deepcopy(model), "int8")}
+    if bf16:
+        out["bf16"] = copy.deepcopy(model).to(torch.bfloat16)
     return out
 
 
-def engine(model: torch.nn.Module) -> Engine:
-    cache = CacheConfig(page_size=16, max_kv_tokens=4096, max_requests=4)
-    return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=512))
+def engine(model: torch.nn.Module, rows: int = 4) -> Engine:
+    cache = CacheConfig(page_size=16, max_kv_tokens=rows * 512, max_requests=rows)
+    return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=1024))
 
 
-def decode_run(eng: Engine, prompt: list[int], new_tokens: int) -> tuple[list[int], float, float]:
-    """(tokens, decode tokens/s, CPU ms per token): tokens/s is 1 / the median gap between
-    streamed tokens after the first (robust to another process's burst on a shared
-    machine); CPU time is the process's over the decode steps."""
-    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
-    rid = eng.add_request(prompt, params)
-    stamps, tokens, c0 = [], [], None
-    while True:
+def decode_run(eng: Engine, prompt: list[int], new: int) -> tuple[list[int], float]:
+    """(tokens, decode tokens/s): 1 / the median gap between streamed tokens."""
+    rid = eng.add_request(prompt, SamplingParams.greedy(new, ignore_eos=True))
+    stamps, tokens = [], []
+    while eng.has_unfinished():
         for out in eng.step():
-            if out.request_id != rid or not out.token_ids:
-                continue
-            stamps.append(time.perf_counter())
-            if c0 is None:
-                c0 = time.process_time()
-            tokens = list(out.token_ids)
-            if out.finished:
-                gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-                cpu_ms = (time.process_time() - c0) / max(len(gaps), 1) * 1e3
-                return tokens, 1 / statistics.median(gaps), cpu_ms
+            if out.request_id == rid and out.token_ids:
+                stamps.append(time.perf_counter())
+                tokens = list(out.token_ids)
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return tokens, 1 / statistics.median(gaps)
 
 
-def bench_astrai(model, names, prompt, new_tokens, repeat) -> dict[str, dict]:
-    engines = {n: engine(m) for n, m in formats(model, names).items()}
-    for eng in engines.values():
-        decode_run(eng, prompt, 8)  # warm-up
-    best = {n: 0.0 for n in engines}
-    cpu = {n: float("inf") for n in engines}
-    toks: dict[str, list[int]] = {}
-    for _ in range(repeat):
-        for n, eng in engines.items():
-            toks[n], tps, cpu_ms = decode_run(eng, prompt, new_tokens)
-            best[n], cpu[n] = max(best[n], tps), min(cpu[n], cpu_ms)
-    ref = toks.get("fp32")
-    return {n: {"tok_s": best[n], "cpu_ms": cpu[n], "same_as_fp32": None if ref is None else
-                sum(a == b for a, b in zip(toks[n], ref))} for n in engines}
-
-
-def bench_llama_cpp(gguf: Path, prompt, new_tokens, threads) -> float | None:
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    llm = Llama(model_path=str(gguf), n_threads=threads, n_ctx=512, verbose=False)
-    llm.reset()
-    llm.eval(prompt)
-    t0, n = time.perf_counter(), 0
-    for _ in llm.generate(prompt, top_k=1, reset=False):
-        n += 1
-        if n == new_tokens:
-            break
-    return (n - 1) / (time.perf_counter() - t0)
-
-
-def bench_ct2(ct2_dir: Path, prompt, new_tokens, threads) -> float | None:
-    try:
-        import ctranslate2
-    except ImportError:
-        return None
-    gen = ctranslate2.Generator(str(ct2_dir), device="cpu", intra_threads=threads)
-    toks = [str(t) for t in prompt]  # the converter's vocabulary is the id strings' tokens
+def batch_run(eng: Engine, prompts: list[list[int]], new: int) -> float:
+    """Aggregate generated tokens/s of `prompts` served together (prefill included)."""
     t0 = time.perf_counter()
-    gen.generate_batch([toks], max_length=new_tokens, sampling_topk=1,
-                       include_prompt_in_result=False)
-    return new_tokens / (time.perf_counter() - t0)
+    eng.generate(prompts, SamplingParams.greedy(new, ignore_eos=True))
+    return len(prompts) * new / (time.perf_counter() - t0)
 
 
-def main() -> None:
+# -- peers ------------------------------------------------------------------------------------
+
+def llama_cpp_run(gguf: Path, prompt: list[int], new: int, threads: int
+                  ) -> tuple[list[int], float]:
+    """(greedy tokens, decode tokens/s = 1 / median gap) from llama-cpp-python; f32 KV cache
+    (type_k/type_v 0) so the tokens compare with astrai's fp32 ones."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=len(prompt) + new + 8,
+                          n_threads=threads, n_threads_batch=threads, verbose=False,
+                          type_k=0, type_v=0)
+    out, stamps = [], []
+    for t in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+        stamps.append(time.perf_counter())
+        out.append(t)
+        if len(out) == new:
+            break
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return out, 1 / statistics.median(gaps)
+
+
+def ct2_model(hf_dir: Path, out: Path, quantization: str) -> Path:
+    from ctranslate2.converters import TransformersConverter
+
+    TransformersConverter(str(hf_dir)).convert(str(out), quantization=quantization,
+                                               force=True)
+    return out
+
+
+def ct2_run(model_dir: Path, prompts: list[list[int]], new: int, threads: int) -> float:
+    """Generated tokens/s of ct2's generate_batch over `prompts` (prompt time included;
+    for one request the prompt is 16 tokens of 144)."""
+    import ctranslate2
+
+    gen = ctranslate2.Generator(str(model_dir), device="cpu", intra_threads=threads)
+    vocab = ct2_vocabulary(model_dir)
+    toks = [[vocab[i] for i in p] for p in prompts]
+    gen.generate_batch(toks[:1], max_length=4, sampling_topk=1)  # warm-up
+    t0 = time.perf_counter()
+    gen.generate_batch(toks, max_length=new, min_length=new, sampling_topk=1,
+                       include_prompt_in_result=False, end_token=[])
+    return len(prompts) * new / (time.perf_counter() - t0)
+
+
+def ct2_vocabulary(model_dir: Path) -> list[str]:
+    """The token strings ct2 wrote for the model's ids (its prompts are strings)."""
+    import json
+
+    f = model_dir / "vocabulary.json"
+    if f.is_file():
+        return json.loads(f.read_text())
+    return (model_dir / "vocabulary.txt").read_text(encoding="utf-8").split("\n")
+
+
+def hf_run(hf, prompts: list[list[int]], new: int) -> float:
+    """Generated tokens/s of transformers generate (greedy, KV cache, a static batch)."""
+    ids = torch.tensor(prompts)
+    with torch.inference_mode():
+        hf.generate(ids[:1], max_new_tokens=4, min_new_tokens=4, do_sample=False)
+        t0 = time.perf_counter()
+        hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                    attention_mask=torch.ones_like(ids))
+    return len(prompts) * new / (time.perf_counter() - t0)
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+def build(work: Path, preset: str) -> tuple[torch.nn.Module, Path, Path]:
+    """(model, astrai checkpoint with a tokenizer, its HF export)."""
+    from astrai.data.bpe import train_tokenizer
+
+    train_tokenizer([CORPUS], 512, work / "tok")
+    config = get_preset(preset, init_std=0.1)
+    model = build_model(config, seed=0).eval()
+    save_checkpoint(work / "ckpt", model, config, tokenizer_dir=work / "tok", meta={"step": 0})
+    export_hf(work / "ckpt", work / "hf")
+    return model, work / "ckpt", work / "hf"
+
+
+def has_bf16_hardware() -> bool:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def run_astrai(models, prompt, prompts, new, repeat) -> dict[str, dict]:
+    """Each format with astrai's CPU decode kernels, and fp32 / int8 once more on torch's
+    products alone (`<format>-torch`: the engine without the kernels)."""
+    out = {}
+    plain = {f"{k}-torch": m for k, m in models.items() if k in ("fp32", "int8")}
+    for name, m in {**models, **plain}.items():
+        eng = engine(m, rows=BATCH)
+        if name.endswith("-torch"):
+            eng.cpu_kernels = None
+        decode_run(eng, prompt, 8)  # warm-up
+        runs = [decode_run(eng, prompt, new) for _ in range(repeat)]
+        out[name] = {"tokens": runs[-1][0], "tok_s": max(r[1] for r in runs)}
+        if not name.endswith("-torch"):
+            out[name]["batch_tok_s"] = batch_run(eng, prompts, new)
+    return out
+
+
+LLAMA_FORMATS = (("f32", {"dtype": torch.float32}), ("f16", {"dtype": torch.float16}),
+                 ("q8_0", {"quantize": "q8_0"}))
+
+
+def run_llama_cpp(ckpt: Path, work: Path, prompt, new, threads, repeat) -> dict[str, dict]:
+    """Each GGUF in its own process, with llama.cpp's default buffers (AMX, repacked
+    weights) first; where that process dies (seen: q8_0 on an AMX machine, whose AMX buffer
+    type llama-cpp-python's native build enables), once more without them
+    (`use_extra_bufts` off), the row saying so."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return {}
+    out, first_rc = {}, None
+    for name, kw in LLAMA_FORMATS:
+        f = export_gguf(ckpt, work / f"model-{name}.gguf", overwrite=True, **kw)
+        for extra in (True, False):
+            job = json.dumps({"gguf": str(f), "prompt": prompt, "new": new,
+                              "threads": threads, "repeat": repeat, "extra_bufts": extra})
+            r = subprocess.run([sys.executable, __file__, "--llama-worker", job],
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                out[name] = json.loads(r.stdout.strip().splitlines()[-1])
+                out[name]["bytes"] = gguf_bytes(f)
+                if not extra:
+                    out[name]["note"] = "(extra buffers off: the default exited with " \
+                                        f"{first_rc})"
+                break
+            first_rc = r.returncode
+            out[name] = {"error": f"llama.cpp exited with {r.returncode}"}
+    return out
+
+
+def llama_worker(job: str) -> None:
+    j = json.loads(job)
+    if not j.get("extra_bufts", True):
+        import llama_cpp.llama_cpp as lc
+
+        defaults = lc.llama_model_default_params
+
+        def params():
+            p = defaults()
+            p.use_extra_bufts = False
+            return p
+
+        lc.llama_model_default_params = params  # what Llama() reads its defaults from
+    runs = [llama_cpp_run(Path(j["gguf"]), j["prompt"], j["new"], j["threads"])
+            for _ in range(j["repeat"])]
+    print(json.dumps({"tokens": runs[-1][0], "tok_s": max(r[1] for r in runs)}))
+
+
+def run_ct2(hf_dir: Path, work: Path, prompt, prompts, new, threads, repeat) -> dict[str, dict]:
+    if importlib.util.find_spec("ctranslate2") is None:
+        return {}
+    out = {}
+    for q in ("float32", "int8"):
+        d = ct2_model(hf_dir, work / f"ct2-{q}", q)
+        out[q] = {"tok_s": max(ct2_run(d, [prompt], new, threads) for _ in range(repeat)),
+                  "batch_tok_s": ct2_run(d, prompts, new, threads)}
+    return out
+
+
+def run_hf(hf_dir: Path, prompt, prompts, new, repeat) -> dict[str, float]:
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_dir, attn_implementation="sdpa", dtype=torch.float32).eval()
+    hf.generation_config.pad_token_id = 0
+    hf.generation_config.eos_token_id = None
+    return {"tok_s": max(hf_run(hf, [prompt], new) for _ in range(repeat)),
+            "batch_tok_s": hf_run(hf, prompts, new)}
+
+
+def gguf_round_trip(work: Path, threads: int, new: int = 32) -> list[str]:
+    """llama.cpp's greedy tokens on the f32 GGUF of a random HF Llama and Qwen3 directory
+    (the BPE's files beside them) against astrai's engine on the same directory."""
+    import shutil
+
+    from peers import hf_causal_lm  # benchmarks/peers.py
+
+    from astrai.model.config import ModelConfig
+
+    lines = []
+    for name, qk in (("llama", False), ("qwen3", True)):
+        c = ModelConfig(vocab_size=512, dim=256, n_layers=4, n_heads=8, n_kv_heads=4,
+                        ffn_dim=512, max_seq_len=512, qk_norm=qk)
+        d = work / f"hf-{name}"
+        hf_causal_lm(c, seed=1).save_pretrained(d, safe_serialization=True)
+        for f in (work / "tok").iterdir():
+            shutil.copy(f, d / f.name)
+        prompt = list(range(3, 19))
+        ours = Engine.from_checkpoint(d, device="cpu").generate(
+            [prompt], SamplingParams.greedy(new, ignore_eos=True))[0].token_ids
+        theirs, _ = llama_cpp_run(export_gguf(d, work / f"{name}.gguf", dtype=torch.float32),
+                                  prompt, new, threads)
+        diff = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+        lines.append(f"  GGUF f32 of a HF {name} dir: llama.cpp greedy tokens "
+                     f"{'equal' if diff is None else f'differ from position {diff}'} "
+                     f"({new} tokens)")
+    return lines
+
+
+class Floors:
+    """Bytes per token of each format, the bandwidth of reading as many bytes (a streaming
+    sum over a buffer of that size, so a format whose weights fit the last-level cache is
+    measured against that cache), and the speed that allows."""
+
+    def __init__(self) -> None:
+        self.bytes: dict[str, int] = {}
+        self.bw: dict[int, float] = {}
+
+    def add(self, name: str, nbytes: int) -> None:
+        self.bytes[name] = nbytes
+        if nbytes not in self.bw:
+            self.bw[nbytes] = read_bandwidth(nbytes)
+
+    def remeasure(self) -> None:
+        """Measure every size again and keep the higher figure (the machine's load moves
+        its bandwidth; a floor is the best the memory gave)."""
+        for n in self.bw:
+            self.bw[n] = max(self.bw[n], read_bandwidth(n))
+
+    def tok_s(self, name: str) -> float | None:
+        n = self.bytes.get(name)
+        return None if n is None else self.bw[n] / n
+
+    def lines(self) -> list[str]:
+        return [f"  {k:22s} {n / 1e6:6.0f} MB at {self.bw[n] / 1e9:5.1f} GB/s = "
+                f"{self.bw[n] / n:6.0f} tok/s" for k, n in self.bytes.items()]
+
+
+def cell(name: str, tps: float, floor: float | None) -> str:
+    frac = f" ({tps / floor:.2f} of its floor {floor:.0f})" if floor else ""
+    return f"  {name:22s} {tps:8.1f} tok/s{frac}"
+
+
+def report_one(a, floors: Floors, ours, llama, ct2, hf) -> None:
+    print(f"one request, {a.new_tokens} new tokens (decode tok/s = 1 / median gap):")
+    for k, r in ours.items():
+        same = sum(x == y for x, y in zip(r["tokens"], ours["fp32"]["tokens"]))
+        print(cell(f"astrai {k}", r["tok_s"], floors.tok_s(f"astrai {k.split('-')[0]}"))
+              + f"  tokens = fp32: {same}")
+    for k, r in llama.items():
+        if "error" in r:
+            print(f"  {'llama.cpp ' + k:22s} {r['error']}")
+            continue
+        same = sum(x == y for x, y in zip(r["tokens"], ours["fp32"]["tokens"]))
+        print(cell(f"llama.cpp {k}", r["tok_s"], floors.tok_s(f"llama.cpp {k}"))
+              + f"  tokens = astrai fp32: {same} {r.get('note', '')}".rstrip())
+    for k, r in ct2.items():
+        fmt = "fp32" if k == "float32" else "int8"
+        print(cell(f"CTranslate2 {k}", r["tok_s"], floors.tok_s(f"astrai {fmt}")))
+    if hf:
+        print(cell("HF generate fp32", hf["tok_s"], floors.tok_s("astrai fp32")))
+    for ours_k, peer_k in (("fp32", "f32"), ("int8", "q8_0"), ("bf16", "f16")):
+        if "tok_s" in llama.get(peer_k, {}) and ours_k in ours:
+            print(f"ratio astrai {ours_k} / llama.cpp {peer_k} = "
+                  f"{ours[ours_k]['tok_s'] / llama[peer_k]['tok_s']:.2f}")
+    for k in ("fp32", "int8"):
+        print(f"ratio astrai {k} kernels / torch products = "
+              f"{ours[k]['tok_s'] / ours[k + '-torch']['tok_s']:.2f}")
+    if ct2:
+        print(f"ratio astrai fp32 / CTranslate2 float32 = "
+              f"{ours['fp32']['tok_s'] / ct2['float32']['tok_s']:.2f}; astrai int8 / "
+              f"CTranslate2 int8 = {ours['int8']['tok_s'] / ct2['int8']['tok_s']:.2f}")
+
+
+def report_batch(ours, ct2, hf) -> None:
+    print(f"{BATCH} concurrent requests (aggregate generated tok/s, prefill included):")
+    for k, r in ours.items():
+        if "batch_tok_s" in r:
+            print(f"  astrai {k:15s} {r['batch_tok_s']:8.1f} tok/s")
+    for k, r in ct2.items():
+        print(f"  CTranslate2 {k:10s} {r['batch_tok_s']:8.1f} tok/s (one static batch)")
+    if hf:
+        print(f"  HF generate fp32     {hf['batch_tok_s']:8.1f} tok/s (one static batch)")
+    if ct2 and hf:
+        print(f"ratio {BATCH} concurrent: astrai fp32 / CTranslate2 float32 = "
+              f"{ours['fp32']['batch_tok_s'] / ct2['float32']['batch_tok_s']:.2f}; astrai fp32 /"
+              f" HF = {ours['fp32']['batch_tok_s'] / hf['batch_tok_s']:.2f}")
+    if ct2:
+        print(f"ratio {BATCH} concurrent: astrai int8 / CTranslate2 int8 = "
+              f"{ours['int8']['batch_tok_s'] / ct2['int8']['batch_tok_s']:.2f}")
+
+
+def header(a, model, floors: Floors) -> None:
+    from astrai.kernels.cpu_linear import cpu_decode_kernels
+
+    k = cpu_decode_kernels()
+    print(f"{a.preset}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params, "
+          f"{a.threads} threads, torch CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}, astrai CPU decode kernels: "
+          f"{k.name if k else 'none (torch)'}; load average {os.getloadavg()[0]:.2f}")
+    print(f"read bandwidth (streaming sum, {a.threads} threads): "
+          f"{read_bandwidth(2**30) / 1e9:.1f} GB/s over 1 GiB; floors, weight bytes per "
+          "token over the bandwidth of reading as many:")
+    print("\n".join(floors.lines()))
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="125m")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--formats", default="fp32,int8,bf16,bf16-int8")
     ap.add_argument("--only", choices=("astrai",), default=None)
-    ap.add_argument("--gguf", type=Path, default=None, help="llama.cpp model of the weights")
-    ap.add_argument("--ct2", type=Path, default=None, help="CTranslate2 model directory")
-    ap.add_argument("--workdir", type=Path, default=None, help="where the HF export goes")
-    a = ap.parse_args()
+    ap.add_argument("--llama-worker", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.llama_worker:
+        return llama_worker(a.llama_worker)
     torch.set_num_threads(a.threads)
-    config = get_preset(a.preset, init_std=0.1)
-    model = build_model(config, seed=0).eval()
-    prompt = torch.randint(3, config.vocab_size, (16,),
-                           generator=torch.Generator().manual_seed(1)).tolist()
-    print(f"{a.preset}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params, "
-          f"{a.threads} threads, {a.new_tokens} new tokens, CPU "
-          f"{torch.backends.cpu.get_cpu_capability()}")
-    for name, r in bench_astrai(model, a.formats.split(","), prompt, a.new_tokens,
-                                a.repeat).items():
-        print(f"  astrai {name:10s} {r['tok_s']:7.1f} tok/s  {r['cpu_ms']:6.1f} CPU ms/token  "
-              f"greedy tokens equal to fp32: {r['same_as_fp32']}/{a.new_tokens}")
-    if a.only == "astrai":
-        return
-    work = a.workdir or Path(tempfile.mkdtemp(prefix="cpu_decode_"))
-    if not (work / "hf").is_dir():
-        from peers import hf_twin  # benchmarks/peers.py: writes work/ckpt and work/hf
-
-        hf_twin(model, work)
-        print(f"  HF export for the peers' converters: {work / 'hf'}")
-    for name, path, fn in (("llama.cpp", a.gguf, bench_llama_cpp), ("ctranslate2", a.ct2,
-                                                                     bench_ct2)):
-        tps = None if path is None else fn(path, prompt, a.new_tokens, a.threads)
-        print(f"  {name:17s} " + ("not run (see this script's docstring)" if tps is None
-                                   else f"{tps:7.1f} tok/s"))
+    with tempfile.TemporaryDirectory(prefix="cpu_decode_") as tmp:
+        work = Path(tmp)
+        model, ckpt, hf_dir = build(work, a.preset)
+        g = torch.Generator().manual_seed(1)
+        prompts = torch.randint(3, model.config.vocab_size, (BATCH, 16), generator=g).tolist()
+        prompt = prompts[0]
+        models = formats(model, has_bf16_hardware())
+        floors = Floors()
+        for k, m in models.items():
+            floors.add(f"astrai {k}", bytes_per_token(m))
+        ours = run_astrai(models, prompt, prompts, a.new_tokens, a.repeat)
+        llama = ct2 = hf = {}
+        if a.only is None:
+            llama = run_llama_cpp(ckpt, work, prompt, a.new_tokens, a.threads, a.repeat)
+            ct2 = run_ct2(hf_dir, work, prompt, prompts, a.new_tokens, a.threads, a.repeat)
+            hf = run_hf(hf_dir, prompt, prompts, a.new_tokens, a.repeat)
+        for k, r in llama.items():
+            if "bytes" in r:
+                floors.add(f"llama.cpp {k}", r["bytes"])
+        floors.remeasure()
+        header(a, model, floors)
+        report_one(a, floors, ours, llama, ct2, hf)
+        report_batch(ours, ct2, hf)
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
+        if "tokens" in llama.get("f32", {}):
+            print("\n".join(gguf_round_trip(work, a.threads)))
 
 
 if __name__ == "__main__":

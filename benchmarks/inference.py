@@ -36,10 +36,11 @@ from astrai.infer import CacheConfig, Engine, SamplingParams, SchedulerConfig
 from astrai.model import build_model, get_preset
 
 
-def make_engine(model, radix=True, max_running=64):
+def make_engine(model, radix=True, max_running=64, decode="auto"):
     cache = CacheConfig(page_size=16, max_kv_tokens=64 * 1024, max_requests=max_running,
                         radix=radix)
-    return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=2048))
+    return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=2048),
+                  decode=decode)
 
 
 def prompts_of(lengths, vocab, seed):
@@ -165,13 +166,42 @@ def bench_prefix(model, vocab, groups, per_group, system_len, repeat):
             "wall_plain_s": best[False][1]}
 
 
+def bench_decode_modes(model, vocab, batch, new_tokens, repeat):
+    """(d) Decode tokens/s of `batch` concurrent requests (16-token prompts, EOS ignored)
+    under each decode mode the device offers: eager, static and, on CUDA, graphs; the
+    tokens must agree (greedy)."""
+    modes = ["eager", "static"] + (["graphs"] if next(model.parameters()).is_cuda else [])
+    prompts = prompts_of([16] * batch, vocab, 7)
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    out = {}
+    for mode in modes:
+        eng = make_engine(model, max_running=max(batch, 1), decode=mode)
+        eng.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        best, toks = None, None
+        for _ in range(repeat):
+            sync = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
+            sync()
+            t0 = time.perf_counter()
+            res = eng.generate(prompts, params)
+            sync()
+            dt = time.perf_counter() - t0
+            best = dt if best is None else min(best, dt)
+            toks = [r.token_ids for r in res]
+        out[mode] = (batch * new_tokens / best, toks)
+    same = all(v[1] == out["eager"][1] for v in out.values())
+    return {m: v[0] for m, v in out.items()}, same
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--presets", default="tiny,small")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
-    ap.add_argument("--only", default="a,b,c", help="which workloads: a,b,c")
+    ap.add_argument("--only", default="a,b,c", help="which workloads: a,b,c,d (d: decode "
+                    "modes eager / static / CUDA graphs at batch 1 and 32)")
     ap.add_argument("--repeat", type=int, default=2, help="runs per side; the best counts")
+    ap.add_argument("--device", default="cpu", help="(d) only: cpu or cuda")
+    ap.add_argument("--dtype", default="float32", help="(d) only: float32 | bfloat16 | float16")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     only = set(args.only.split(","))
@@ -198,6 +228,17 @@ def main() -> None:
                   f"{r['vs_hf_cpu']:.2f}x) "
                   f"(peak running {r['peak_running']}, preemptions {r['preemptions']}); "
                   f"same tokens {r['same']}")
+        if "d" in only:
+            m = model.to(device=args.device, dtype=getattr(torch, args.dtype))
+            for batch in (1, 32):
+                r, same = bench_decode_modes(m, vocab, batch, 32 if args.quick else 128,
+                                             args.repeat)
+                cells = ", ".join(f"{k} {v:.1f} tok/s" for k, v in r.items())
+                ratios = ", ".join(f"{k}/eager {v / r['eager']:.2f}x" for k, v in r.items()
+                                   if k != "eager")
+                print(f"(d) decode modes, batch {batch}, {args.device} {args.dtype}: {cells}"
+                      f" -> {ratios}; same tokens {same}")
+            model = m.to("cpu", torch.float32)
         if "c" in only:
             r = bench_prefix(model, vocab, 8, 8, 128 if args.quick else 384, args.repeat)
             print(f"(c) shared prefix: TTFT p50 {r['ttft_p50_radix_s'] * 1e3:.0f} ms with radix"

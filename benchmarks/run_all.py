@@ -227,6 +227,55 @@ def parse_precision(out: str) -> list[Row]:
     return rows
 
 
+def parse_bf16_update(out: str) -> list[Row]:
+    """bf16_update.py's table: each bf16-true mode's val bits per byte and bytes per
+    parameter against bf16-mixed (paired by seed)."""
+    rows = []
+    mixed = re.search(r"\nbf16-mixed\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+\d+\s+[\d.]+%\s+([\d.]+)",
+                      out)
+    for m in re.finditer(r"\n(bf16-true \w+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+"
+                         r"([\d.]+)%\s+([\d.]+)\s+([\d.]+)", out):
+        if not mixed:
+            break
+        rows.append(Row("bf16 updates", f"{m[1]}: val bits per byte vs bf16-mixed "
+                        f"(± {m[4]} s.e.; {m[6]}% unmoved in the 2nd half)", m[2], mixed[1],
+                        m[3], "≤ 1.01 (nearest: measurably worse)"))
+        rows.append(Row("bf16 updates", f"{m[1]}: bytes per parameter vs bf16-mixed", m[7],
+                        mixed[2], m[8], "stochastic ≤ 0.50, kahan ≤ 0.67"))
+    return rows
+
+
+def parse_cpu_decode(out: str) -> list[Row]:
+    """cpu_decode.py: one-request decode against llama.cpp and CTranslate2 (with each side's
+    fraction of its bandwidth floor), and 16 concurrent requests against CT2 and HF."""
+    rows = []
+    one = out.split(" concurrent requests", 1)[0]  # the one-request figures (same labels)
+    tps = {m[1].strip(): (m[2], m[3]) for m in re.finditer(
+        r"\n  ((?:astrai|llama\.cpp|CTranslate2|HF generate) \S+)\s+([\d.]+) tok/s"
+        r"(?: \(([\d.]+) of its floor)?", one)}
+    pattern = r"(?:ratio |; )astrai (\S+) / (llama\.cpp|CTranslate2) (\S+) = ([\d.]+)"
+    for m in re.finditer(pattern, out):
+        a, peer = tps.get(f"astrai {m[1]}"), tps.get(f"{m[2]} {m[3]}")
+        if a and peer:
+            rows.append(Row("CPU decode", f"one request: astrai {m[1]} vs {m[2]} {m[3]} "
+                            f"(floor fractions {a[1]} / {peer[1]})", f"{a[0]} tok/s",
+                            f"{peer[0]} tok/s", m[4], "≥ 1.0 (moonshot: 0.75 of the floor)"))
+    for m in re.finditer(r"ratio astrai (\S+) kernels / torch products = ([\d.]+)", out):
+        a, t = tps.get(f"astrai {m[1]}"), tps.get(f"astrai {m[1]}-torch")
+        if a and t:
+            rows.append(Row("CPU decode", f"one request: astrai {m[1]}, CPU decode kernels vs "
+                            "torch's products", f"{a[0]} tok/s", f"{t[0]} tok/s", m[2],
+                            "≥ 1 faster"))
+    c = re.search(r"ratio 16 concurrent: astrai fp32 / CTranslate2 float32 = ([\d.]+); "
+                  r"astrai fp32 / HF = ([\d.]+)", out)
+    if c:
+        rows.append(Row("CPU decode", "16 concurrent: astrai fp32 vs CTranslate2 float32",
+                        "", "", c[1], "> 1 faster"))
+        rows.append(Row("CPU decode", "16 concurrent: astrai fp32 vs HF generate", "", "",
+                        c[2], "> 1 faster"))
+    return rows
+
+
 def parse_serve(out: str) -> list[Row]:
     rows = []
     tp = r": ([\d.]+) output tok/s, median TTFT ([\d.]+) ms"
@@ -306,6 +355,10 @@ BENCHES = [
     Bench("precision", "train_precision.py",
           ["--presets", "tiny", "small", "--steps", "6", "--rounds", "2"], parse_precision,
           "the same Trainer in fp32", cpu_flags=("amx_bf16",)),
+    Bench("cpu_decode", "cpu_decode.py", ["--repeat", "2"], parse_cpu_decode,
+          "llama.cpp (llama-cpp-python), CTranslate2, HF generate"),
+    Bench("bf16_update", "bf16_update.py", ["--seeds", "3"], parse_bf16_update,
+          "bf16-mixed (fp32 master weights)", cpu_flags=("avx512_bf16",)),
     Bench("distributed", "train_distributed.py",
           ["--presets", "tiny", "--nprocs", "2", "--steps", "4", "--warmup", "1"],
           parse_distributed, "plain torch DDP"),

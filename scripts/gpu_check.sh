@@ -83,6 +83,9 @@ step "benchmarks/kernels.py" 100 bench.log $PY benchmarks/kernels.py --json "$OU
 step "serve-bench cuda vs native" 60 e2e.log $ASTRAI serve-bench small --device cuda \
   --dtype bfloat16 --compare-backends cuda,torch_native -n 48 --input-len 128:512 \
   --output-len 64 --max-concurrency 16 --json "$OUT/serve.json"
+# 5. Decode tokens/s at batch 1 and 32: eager, static shapes, CUDA graphs (same tokens).
+step "decode: eager/static/graphs" 60 e2e.log $PY benchmarks/inference.py --presets small \
+  --only d --device cuda --dtype bfloat16 --repeat 2
 # The training and chat checks belong to the train/infer rooms: they go in scripts/gpu_e2e.sh
 # (run with OUT set; anything it writes should be appended to $OUT/e2e.log), when it exists.
 if [ -f scripts/gpu_e2e.sh ]; then

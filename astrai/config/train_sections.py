@@ -165,9 +165,17 @@ class PrecisionOptions(Section):
     autocast), bf16-true (bf16 weights)."""
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
     """dtype of the AdamW moments; fp32 even with bf16-true weights (the paper's advice)."""
-    bf16_update: Literal["nearest", "stochastic", "kahan"] = "nearest"
+    bf16_update: Literal["auto", "nearest", "stochastic", "kahan"] = "auto"
     """bf16-true: rounding of updates into bf16 weights: nearest, stochastic (unbiased,
-    seeded) or kahan (+2 B/param); docs/bf16-lockin.md."""
+    seeded) or kahan (+2 B/param); auto = stochastic with bf16-true (the measured choice,
+    docs/bf16-lockin.md), nearest otherwise."""
+
+    @property
+    def update_mode(self) -> str:
+        """bf16_update with auto resolved (precision auto is never bf16-true)."""
+        if self.bf16_update != "auto":
+            return self.bf16_update
+        return "stochastic" if self.mode == "bf16-true" else "nearest"
 
 
 class RuntimeOptions(Section):
@@ -228,6 +236,9 @@ class GuardOptions(Section):
     """The guard logs per-layer gradient norms during the first N steps (the paper's advice)."""
     histograms: bool = False
     """The guard also logs per-layer log10 |g| histograms during those steps."""
+    visible_warn: float = Field(0.1, ge=0.0, le=1.0)
+    """Warn once per parameter group when a check step changes less than this share of its
+    sampled bf16 weights (update_visible/<group> in metrics.jsonl); 0 = never."""
 
 
 def check_lora_targets(lora: LoraOptions) -> None:

@@ -39,11 +39,12 @@ class AstraiLM(TemplateLM):
                  max_gen_toks: int = 256, batch_tokens: int = 1024, max_requests: int = 32,
                  seed: int = 0, *, model: Any = None, tok: Any = None,
                  adapter: str | None = None, quantize: str | None = None,
-                 **_: Any) -> None:
+                 decode: str = "auto", **_: Any) -> None:
         """`pretrained`: an astrai checkpoint or HF Llama/Qwen2/Mistral directory with a
         tokenizer.json (or pass `model` and `tok` objects); `adapter`: a PEFT LoRA
         directory merged in (default: a LoRA checkpoint's own); `quantize`: 'int8'
-        weights. lm-eval's batch_size /
+        weights; `decode`: how generation's decode steps run (astrai.infer.decode_step).
+        lm-eval's batch_size /
         max_batch_size are accepted and ignored: batches are sized in tokens."""
         super().__init__()
         if model is None:
@@ -61,6 +62,7 @@ class AstraiLM(TemplateLM):
         self.max_length = int(max_length or model.config.max_seq_len)
         self.max_gen_toks = int(max_gen_toks)
         self.seed = int(seed)
+        self.decode = decode
         self.scorer = Scorer(model, self.max_length, int(batch_tokens))
         page = 16
         self._cache = CacheConfig(page_size=page, max_requests=int(max_requests),
@@ -72,7 +74,8 @@ class AstraiLM(TemplateLM):
     def engine(self) -> Engine:
         """The inference engine, built on first generation."""
         if self._engine is None:
-            self._engine = Engine(self.model, self.tok, self._cache, seed=self.seed)
+            self._engine = Engine(self.model, self.tok, self._cache, seed=self.seed,
+                                  decode=self.decode)
         return self._engine
 
     # -- tokens ----------------------------------------------------------------------------

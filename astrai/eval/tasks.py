@@ -35,7 +35,7 @@ def run_tasks(checkpoint: str | Path, tasks: list[str], *, num_fewshot: int | No
               apply_chat_template: bool = False, include_path: str | Path | None = None,
               device: str = "auto", dtype: str | None = None, batch_tokens: int = 1024,
               max_gen_toks: int = 256, adapter: str | Path | None = None,
-              quantize: str | None = None) -> dict[str, Any]:
+              quantize: str | None = None, decode: str = "auto") -> dict[str, Any]:
     """lm-eval's results dict ("results", "versions", "n-shot", "config", ...); `adapter`:
     a PEFT LoRA directory merged into the model (default: a LoRA checkpoint's own)."""
     require_lm_eval()
@@ -54,7 +54,8 @@ def run_tasks(checkpoint: str | Path, tasks: list[str], *, num_fewshot: int | No
         raise ConfigError(f"--tasks: unknown task {', '.join(missing)}; `lm_eval ls tasks` "
                           "lists them, --include-path adds a folder of task YAMLs")
     lm = AstraiLM(str(checkpoint), device=device, dtype=dtype, batch_tokens=batch_tokens,
-                  max_gen_toks=max_gen_toks, seed=seed, adapter=adapter, quantize=quantize)
+                  max_gen_toks=max_gen_toks, seed=seed, adapter=adapter, quantize=quantize,
+                  decode=decode)
     try:
         with _git_hash_from_files():
             return lm_eval.simple_evaluate(

@@ -278,13 +278,13 @@ def open_chat(path: str | Path, *, params: SamplingParams | None = None,
               dtype: str | None = None, backend: str | None = None,
               max_context: int | None = None, seed: int = 0,
               adapter: str | Path | None = None,
-              quantize: str | None = None) -> ChatSession:
+              quantize: str | None = None, decode: str = "auto") -> ChatSession:
     """A ChatSession on a checkpoint directory (astrai or HF) holding its tokenizer.
 
     `chat_template`: a template name (chatml, llama3, qwen2.5, mistral, llama2) or .jinja
     file replacing the tokenizer's own; `template=False` chats with a base model.
     `adapter`: a PEFT LoRA directory merged into the weights, `quantize`: 'int8' weights
-    (`load_model`)."""
+    (`load_model`); `decode`: how decode steps run (astrai.infer.decode_step)."""
     from astrai.infer.config import CacheConfig
     from astrai.infer.engine import Engine
     from astrai.infer.loading import load_model, load_tokenizer
@@ -314,7 +314,7 @@ def open_chat(path: str | Path, *, params: SamplingParams | None = None,
     # cache while the next one (which extends it) is prefilled.
     cache = CacheConfig.from_dict(dict(page_size=page, max_kv_tokens=2 * (ctx + page),
                                        max_requests=4, max_context=max_context))
-    engine = Engine(model, tok, cache, backend, seed=seed)
+    engine = Engine(model, tok, cache, backend, seed=seed, decode=decode)
     return ChatSession(engine, tok, params, system=system, template=template)
 
 

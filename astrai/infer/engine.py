@@ -42,10 +42,13 @@ from astrai.infer.intake import Intake, Prompt
 from astrai.infer.metrics import EngineStats, StepCounters, StepInfo
 from astrai.infer.params import SamplingParams
 from astrai.infer.request import Request, RequestOutput
+from astrai.infer.decode_step import DecodeStep
 from astrai.infer.runner import ModelRunner
 from astrai.infer.sampler import Pick, Sampler
 from astrai.infer.scheduler import Scheduler, StepBatch
 from astrai.infer.routing import Streams, drain
+from astrai.kernels.cpu_linear import cpu_decode_kernels
+from astrai.model import fast_path
 from astrai.model.context import AttentionBackend
 
 log = logging.getLogger("astrai.infer")
@@ -55,10 +58,14 @@ class Engine:
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None,
                  cache_config: CacheConfig | None = None,
                  backend: str | AttentionBackend | None = None, *,
-                 scheduler_config: SchedulerConfig | None = None, seed: int = 0) -> None:
+                 scheduler_config: SchedulerConfig | None = None, seed: int = 0,
+                 decode: str = "auto") -> None:
         """`backend`: None (the `attn_backend` context / ASTRAI_BACKEND / automatic), a
         backend name, or an AttentionBackend instance. `tokenizer` is duck-typed: encode,
-        stream_decoder, eos_id, stop_ids (None: token ids in, token ids out)."""
+        stream_decoder, eos_id, stop_ids (None: token ids in, token ids out). `decode`: how
+        pure decode steps run (astrai.infer.decode_step: auto | graphs | static | eager;
+        auto = CUDA graphs where the decode kernel serves the model, else eager; a backend
+        given by the caller keeps auto on the eager path it chose)."""
         cfg = model.config
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -73,7 +80,13 @@ class Engine:
                              head_dim=cfg.hdim, max_context=self.max_context,
                              dtype=cache_config.torch_dtype(p.dtype), device=p.device)
         self.scheduler = Scheduler(self.pool, sched, self.max_context)
+        self.cpu_kernels = cpu_decode_kernels() if p.device.type == "cpu" else None
+        """astrai's CPU decode GEMVs for the steps' few-row products (None: torch's)."""
         self.runner = ModelRunner(model, self.pool)
+        if decode == "auto" and backend is not None:
+            decode = "eager"
+        self.decode_step = DecodeStep(model, self.pool, self.runner.lm_head, decode,
+                                      self.scheduler.max_running)
         self.sampler = Sampler(p.device, seed)
         self.intake = Intake(tokenizer, cfg.vocab_size, self.max_context, sched.prompt_overflow)
         self.streams = Streams()
@@ -94,7 +107,7 @@ class Engine:
                         backend: str | AttentionBackend | None = None,
                         scheduler_config: SchedulerConfig | None = None,
                         seed: int = 0, adapter: str | Path | None = None,
-                        quantize: str | None = None) -> Engine:
+                        quantize: str | None = None, decode: str = "auto") -> Engine:
         """An engine over an astrai checkpoint or a HF Llama/Qwen2/Mistral directory, with
         the tokenizer stored in it (None when it has none: token ids in and out), and a
         LoRA adapter merged in (`adapter`, or a LoRA checkpoint's own), and with
@@ -104,7 +117,7 @@ class Engine:
         model = load_model(path, device=device, dtype=dtype, adapter=adapter,
                            quantize=quantize)
         return cls(model, load_tokenizer(path), cache_config, backend,
-                   scheduler_config=scheduler_config, seed=seed)
+                   scheduler_config=scheduler_config, seed=seed, decode=decode)
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
@@ -202,7 +215,11 @@ class Engine:
     def _run(self, batch: StepBatch) -> list[Pick | Exception]:
         """Forward the step, then sample: per sampling request its new token, or the error
         that stopped it."""
-        logits = self.runner.run(batch, self.backend())  # (B_s, V) fp32
+        with fast_path.active(self.cpu_kernels):
+            if self.decode_step.accepts(batch):
+                logits = self.decode_step.run(batch)  # static shapes (CUDA graphs on CUDA)
+            else:
+                logits = self.runner.run(batch, self.backend())  # (B_s, V) fp32
         reqs = batch.sampled
         if not reqs:
             return []
@@ -278,7 +295,8 @@ class Engine:
             name = b if isinstance(b, str) else getattr(b, "name", None) or "auto"
             return EngineStats(len(s.running), len(s.waiting), c.steps, c.prefill_tokens,
                                c.decode_tokens, c.generated_tokens, s.num_preemptions,
-                               s.peak_running, name, self.pool.stats())
+                               s.peak_running, name, self.pool.stats(),
+                               self.decode_step.mode)
 
     # -- generate --------------------------------------------------------------------------
     def generate(self, prompts: Prompt | Sequence[Prompt],

@@ -38,6 +38,8 @@ class EngineStats:
     peak_running: int
     backend: str
     pool: PoolStats
+    decode: str = "eager"
+    """How pure decode steps run: graphs | static | eager (astrai.infer.decode_step)."""
 
     @property
     def prefix_hit_rate(self) -> float:

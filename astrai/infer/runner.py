@@ -14,6 +14,7 @@ import torch
 from astrai.infer.cache.pool import PagePool
 from astrai.infer.cache.record import KVCache, build_kv_cache
 from astrai.infer.scheduler import StepBatch
+from astrai.model import fast_path
 from astrai.model.context import AttentionBackend, ForwardContext
 
 
@@ -57,14 +58,16 @@ class ModelRunner:
         """h [B_s, C] -> logits [B_s, V]. On CPU a one- or two-row product against the
         [V, C] head is faster against a [C, V] copy (figures in docs/engine.md
         "Performance"), and decoding a lone request is mostly that product; the copy is
-        refreshed whenever the weight changes (in-place updates bump _version)."""
+        refreshed whenever the weight changes (in-place updates bump _version). An active CPU
+        decode kernel (model/fast_path.py) that takes the product reads the weight as it is."""
         lm = getattr(self.model, "lm_head", None)
         if lm is not None and type(lm) is not torch.nn.Linear:  # int8 (model/quant.py)
             return lm(h)
         w = lm.weight if lm is not None else self.model.output_weight()
         bias = lm.bias if lm is not None else None
-        if h.device.type != "cpu" or h.shape[0] > 2 or bias is not None:
-            return torch.nn.functional.linear(h, w, bias)
+        if (h.device.type != "cpu" or h.shape[0] > 2 or bias is not None
+                or fast_path.takes(h, w)):  # a CPU decode kernel reads [V, C] as it is
+            return fast_path.linear(h, w, bias)
         key = (id(w), w.data_ptr(), w._version, w.dtype)
         if key != self._head_key:
             self._head_t = w.detach().t().contiguous()  # (C, V)

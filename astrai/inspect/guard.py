@@ -29,23 +29,15 @@ import torch
 from pydantic import Field
 
 from astrai.inspect.config import InspectConfig
+from astrai.inspect.names import clean_name as _clean_name
 from astrai.inspect.names import parse_name
 from astrai.inspect.scan import CheckpointScan, summarize
 from astrai.inspect.tensor import analyze_tensor
+from astrai.inspect.update_watch import UpdateWatch, lr_for_visible
 from astrai.inspect.verdict import Finding, findings, verdict
 from astrai.typed_config import TypedConfig
 
 log = logging.getLogger("astrai.inspect.guard")
-
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
-
-
-def _clean_name(name: str) -> str:
-    # DDP / torch.compile / FSDP1 / activation-checkpoint wrappers add prefixes.
-    for p in _WRAPPER_PREFIXES:
-        name = name.replace(p, "")
-    return name
-
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor (FSDP2); the tensor itself otherwise."""
@@ -143,6 +135,12 @@ class GuardConfig(TypedConfig):
     """Also log per-layer log10 |g| histograms during those steps."""
     thresholds: InspectConfig = Field(default_factory=InspectConfig)
     """What counts as locked / overflowed (the inspect-weights thresholds)."""
+    visible_sample: int = Field(4096, ge=0)
+    """Entries per bf16/fp16 tensor sampled for the visible-update fraction on check steps
+    (astrai.inspect.update_watch); 0 = off."""
+    visible_warn: float = Field(0.1, ge=0.0, le=1.0)
+    """Warn (once per parameter group) when a step changes less than this share of a
+    group's sampled low-precision weights; 0 = never."""
 
 
 @dataclass
@@ -161,6 +159,8 @@ class LockInGuard:
     _bad: int = 0
     _checked_at: int | None = None
     _lr: float | None = None  # the latest step's lr (for the dead zone)
+    _watch: UpdateWatch | None = None
+    _warned_groups: set[str] = field(default_factory=set)
 
     # -- hooks ---------------------------------------------------------------------------
     def on_train_begin(self, ctx) -> None:
@@ -169,6 +169,12 @@ class LockInGuard:
     def on_optimizer_step(self, ctx, control=None) -> None:
         # Gradients of this window are complete here (before optimizer.step and zero_grad).
         step = _step(ctx) + 1  # the step being taken
+        if step == 1 or step % self.config.every == 0:
+            if control is not None and hasattr(control, "request_record"):
+                control.request_record()  # the step's record holds the guard's figures
+            if self.config.visible_sample:
+                self._watch = self._watch or UpdateWatch(self.config.visible_sample)
+                self._watch.take(getattr(ctx, "optimizer", None))
         if step > self.config.grad_steps:
             return
         params = list(ctx.model.named_parameters())
@@ -180,6 +186,10 @@ class LockInGuard:
     def on_step_end(self, ctx, report=None, control=None) -> None:
         step = int(getattr(report, "step", _step(ctx)))
         self._lr = _positive(getattr(report, "lr", None))
+        if self._watch is not None:
+            fractions = self._watch.fractions()
+            if fractions and not getattr(report, "skipped", False):
+                self._visible(ctx, step, control, fractions)
         if step % self.config.every == 0:
             self._check(ctx, step, control)
 
@@ -195,11 +205,12 @@ class LockInGuard:
     def on_error(self, ctx, error: BaseException) -> None: ...
 
     def state_dict(self) -> dict[str, Any]:
-        return {"locked": self._locked, "bad": self._bad}
+        return {"locked": self._locked, "bad": self._bad, "warned": sorted(self._warned_groups)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._locked = int(state.get("locked", 0))
         self._bad = int(state.get("bad", 0))
+        self._warned_groups = set(state.get("warned", []))
 
     # -- work ----------------------------------------------------------------------------
     def _check(self, ctx, step: int, control) -> None:
@@ -218,6 +229,18 @@ class LockInGuard:
                        "the checkpoints for the full report")
         self._locked, self._bad = max(self._locked, locked), max(self._bad, bad)
 
+    def _visible(self, ctx, step: int, control, fractions: dict[str, float]) -> None:
+        """Log the visible-update fractions; warn once per group below visible_warn."""
+        self._emit(ctx, control, step,
+                   {f"update_visible/{k}": round(v, 6) for k, v in fractions.items()})
+        optimizer = getattr(ctx, "optimizer", None)
+        for group, frac in fractions.items():
+            if frac >= self.config.visible_warn or group in self._warned_groups:
+                continue
+            self._warned_groups.add(group)
+            _warn(ctx, f"step {step}: only {100 * frac:.3g}% of the bf16 weights of group "
+                       f"'{group}' changed at this step: {_fix(optimizer, group)}")
+
     def _emit(self, ctx, control, step: int, rec: dict[str, Any]) -> None:
         add = getattr(control, "add_metric", None)
         if add is not None:
@@ -230,6 +253,19 @@ class LockInGuard:
         logger = getattr(ctx, "logger", None)
         if logger is not None and hasattr(logger, "info"):
             logger.info("bf16 guard %s", full)
+
+
+def _fix(optimizer: Any, group: str) -> str:
+    """The warning's advice: the cures that apply to this optimizer and group."""
+    lr = lr_for_visible(optimizer, group)
+    mode = getattr(getattr(optimizer, "writer", None), "mode", "nearest")
+    fixes = ["--bf16-update stochastic"] if mode != "stochastic" else []
+    fixes.append("--precision bf16-mixed (fp32 master weights)")
+    if lr is not None:
+        fixes.append(f"a learning rate of at least {lr:.2g} (where half the updates reach "
+                     "half an ulp)")
+    return ("updates below half an ulp round away (docs/bf16-lockin.md); use "
+            + ", or ".join(fixes))
 
 
 def _step(ctx) -> int:

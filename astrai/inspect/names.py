@@ -64,3 +64,15 @@ def is_muon_matrix(param: ParamName, ndim: int) -> bool:
     """Whether an astrai run with `optimizer: muon` updated this tensor with Muon (at
     muon_lr) rather than AdamW (at the run's lr)."""
     return ndim == 2 and _HIDDEN.search(param.name) is not None
+
+
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.",
+                     "_checkpoint_wrapped_module.")
+
+
+def clean_name(name: str) -> str:
+    """A live parameter's name as the checkpoint stores it: DDP / torch.compile / FSDP1 /
+    activation-checkpoint wrappers add prefixes."""
+    for p in _WRAPPER_PREFIXES:
+        name = name.replace(p, "")
+    return name

@@ -11,6 +11,12 @@ from typing import Any
 from astrai.errors import CheckpointError
 from astrai.inspect.config import InspectConfig
 from astrai.inspect.patterns import Pattern
+from astrai.inspect.next_update import (
+    MuonStep,
+    Visibility,
+    next_update_visibility,
+    read_optimizer_state,
+)
 from astrai.inspect.scan import CheckpointScan, Progress, scan_checkpoint, tensor_lr
 from astrai.inspect.source import open_source
 from astrai.inspect.stuck import StuckReport, diff_checkpoints
@@ -51,10 +57,13 @@ class InspectReport:
 
 def inspect_weights(paths: list[str | Path], config: InspectConfig | None = None,
                     progress: Progress | None = None,
-                    adapter: str | Path | None = None) -> InspectReport:
+                    adapter: str | Path | None = None,
+                    muon_step: MuonStep | None = None) -> InspectReport:
     """Scan each checkpoint; with two or more, also find entries stuck across them.
     `adapter`: a PEFT LoRA directory merged into each checkpoint's weights, in their stored
-    dtype, before the scan (what a merged export would hold)."""
+    dtype, before the scan (what a merged export would hold). Where a checkpoint holds
+    optimizer state, each scan also gets its next-update visibility (`muon_step`: how a
+    Muon group's matrices step, astrai.inspect.next_update)."""
     cfg = config or InspectConfig()
     if not paths:
         raise CheckpointError("inspect-weights: pass at least one checkpoint")
@@ -65,6 +74,10 @@ def inspect_weights(paths: list[str | Path], config: InspectConfig | None = None
             return inspect_weights(merged, cfg, progress)
     sources = [open_source(p) for p in paths]
     scans = [scan_checkpoint(s, cfg, progress) for s in sources]
+    for src, scan in zip(sources, scans):
+        opt = read_optimizer_state(src.path)
+        if opt is not None:
+            scan.visibility = next_update_visibility(src, opt, muon_step)
     stuck = diff_checkpoints(sources, cfg, progress) if len(sources) > 1 else None
     found = findings(scans, stuck, cfg)
     return InspectReport(cfg, scans, stuck, found, verdict(found))
@@ -153,6 +166,19 @@ def _scan_dict(s: CheckpointScan, cfg: InspectConfig) -> dict[str, Any]:
                         for n, (r, c), v in s.top_entries(cfg.top)],
         "tensors": [_tensor_dict(st, s.lr and tensor_lr(st, s.lr, s.muon_lr))
                     for st in s.tensors],
+        "next_update": _visibility_dict(s.visibility) if s.visibility else None,
+    }
+
+
+def _visibility_dict(v: Visibility) -> dict[str, Any]:
+    return {
+        "entries": v.entries, "below_half_ulp": v.below, "fraction": v.fraction,
+        "note": v.note,
+        "tensors": [{
+            "name": t.name, "optimizer": t.optimizer, "entries": t.entries,
+            "below_half_ulp": t.below, "fraction": t.fraction, "lr": t.lr,
+            "lr_to_move": _num(t.lr_to_move),
+        } for t in v.tensors],
     }
 
 

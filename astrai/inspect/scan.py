@@ -17,6 +17,7 @@ from astrai.inspect.patterns import (
 )
 from astrai.inspect.source import WeightSource, find_muon_lr
 from astrai.inspect.tensor import TensorStats, analyze_tensor
+from astrai.inspect.next_update import Visibility
 
 Progress = Callable[[str, int, int], None]
 """progress(tensor name, index, total) — the CLI draws it on stderr; the library never prints."""
@@ -63,6 +64,8 @@ class CheckpointScan:
     gains: list[GainSummary] = field(default_factory=list)
     dead_zone: list[DeadZone] = field(default_factory=list)
     """First the run's lr (when known), then the configured ladder."""
+    visibility: Visibility | None = None
+    """Next-update visibility from the checkpoint's optimizer state (None: it has none)."""
 
     @property
     def n_params(self) -> int:

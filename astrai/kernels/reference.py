@@ -1,4 +1,4 @@
-"""Pure-torch references of every CUDA kernel in csrc/: the spec the kernels are tested against.
+"""Pure-torch references of every kernel in csrc/: the spec the kernels are tested against.
 
 They run on any device and are what the custom ops in `astrai.kernels.ops` execute on the CPU.
 Shapes use the cache contract shared with `astrai/infer/cache`: a layer's KV pool is
@@ -87,3 +87,34 @@ def rotary_ref_(x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tenso
     cos = cos_table[pos].unsqueeze(0)  # (1, N, D/2)
     sin = sin_table[pos].unsqueeze(0)
     x.copy_(apply_rope(x.unsqueeze(0), cos, sin).squeeze(0))
+
+
+# -- CPU decode GEMVs (csrc/cpu/decode_gemv.cpp) ---------------------------------------------
+
+def quantize_activations_ref(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] fp32 -> (xq [M, nb, block] int8-valued fp32, s [M, nb]): per block of
+    `block` values (the last zero-padded), s = max|x| / 127 and xq = round(x · 127 / max|x|)
+    (ties to even, computed in fp32), as gemv_q8 quantizes its activations."""
+    M, K = x.shape
+    nb = -(-K // block)
+    xp = x.new_zeros(M, nb * block)
+    xp[:, :K] = x
+    xb = xp.view(M, nb, block)
+    amax = xb.abs().amax(-1, keepdim=True)  # (M, nb, 1)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return torch.round(xb * inv), (amax / 127.0).squeeze(-1)
+
+
+def gemv_q8_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None = None, block: int = 128) -> torch.Tensor:
+    """x [M, K] · (scale · q)ᵀ (+ bias) with x quantized per block (quantize_activations_ref):
+    the int dots exactly (float64), each block's times its scale, then the row scale."""
+    xq, s = quantize_activations_ref(x.float(), block)  # (M, nb, B), (M, nb)
+    N, K = q.shape
+    qp = torch.zeros(N, xq.shape[1] * block, dtype=torch.float64)
+    qp[:, :K] = q.double()
+    dots = torch.einsum("mbk,nbk->mnb", xq.double(), qp.view(N, -1, block))  # (M, N, nb)
+    out = (dots * s.double()[:, None, :]).sum(-1) * scale.double()
+    if bias is not None:
+        out = out + bias.double()
+    return out.float()

@@ -1,4 +1,5 @@
-"""What the CUDA kernels look like on this machine: sources, compiler, targets, device, library.
+"""What the kernels look like on this machine: CUDA sources, compiler, targets, device,
+library; and the CPU decode kernels' code path and library.
 
 `kernel_status()` inspects without building; `kernel_status(build=True)` builds (or reuses) the
 library first. `astrai kernels` renders the result.
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 
 from astrai.kernels import build as _build
+from astrai.kernels import cpu_build as _cpu_build
 from astrai.kernels import library as _lib
 
 OPS = {
@@ -56,6 +58,8 @@ class KernelStatus:
     """Wall time of the build this call made, if any."""
     ops: dict[str, tuple[str, str]] = field(default_factory=lambda: dict(OPS))
     """Kernel coverage per op (dtypes, head dims)."""
+    cpu: dict = field(default_factory=dict)
+    """The CPU decode kernels (astrai.kernels.cpu_build.cpu_status)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -129,4 +133,5 @@ def kernel_status(build: bool = False, force: bool = False,
         sources=str(root), sources_found=found, nvcc=nvcc, nvcc_version=version, archs=archs,
         cuda_available=device is not None, device=device,
         library=str(lib_path) if lib_path else None, built=built, built_archs=built_archs,
-        ready=loadable, reasons=reasons, build_seconds=seconds)
+        ready=loadable, reasons=reasons, build_seconds=seconds,
+        cpu=_cpu_build.cpu_status(build=build))

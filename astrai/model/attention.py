@@ -7,7 +7,7 @@ from torch import nn
 
 from astrai.model.config import ModelConfig
 from astrai.model.context import SDPA, ForwardContext
-from astrai.model.lora import project
+from astrai.model.lora import project, project_many
 from astrai.model.norm import RMSNorm, rms_norm
 from astrai.model.rope import rotate
 
@@ -32,10 +32,12 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, K, D = self.n_heads, self.n_kv_heads, self.head_dim
         # F.linear on the layers' parameters: no nn.Module call per projection (block.py),
-        # unless a layer carries a LoRA adapter (lora.py)
-        q = project(x, self.q_proj).view(B, T, H, D)  # (B, T, H, D)
-        k = project(x, self.k_proj).view(B, T, K, D)  # (B, T, K, D)
-        v = project(x, self.v_proj).view(B, T, K, D)  # (B, T, K, D)
+        # unless a layer carries a LoRA adapter (lora.py); a decode kernel takes the three
+        # in one call (fast_path.py)
+        q, k, v = project_many(x, (self.q_proj, self.k_proj, self.v_proj))
+        q = q.view(B, T, H, D)  # (B, T, H, D)
+        k = k.view(B, T, K, D)  # (B, T, K, D)
+        v = v.view(B, T, K, D)  # (B, T, K, D)
         if self.q_norm is not None:  # over D, per head, as HF Qwen3
             q = rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             k = rms_norm(k, self.k_norm.weight, self.k_norm.eps)

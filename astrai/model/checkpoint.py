@@ -153,19 +153,27 @@ def require_checkpoint_dir(path: str | Path) -> Path:
     return path
 
 
+def run_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Every checkpoint of a training run directory, oldest first: each RUN/checkpoints/
+    step_N holding config.json and model.safetensors ([] when there are none)."""
+    ckpts = Path(run_dir) / "checkpoints"
+    found = []
+    if ckpts.is_dir():
+        for p in ckpts.iterdir():
+            step = p.name.removeprefix("step_")
+            if step.isdigit() and (p / CONFIG).is_file() and (p / WEIGHTS).is_file():
+                found.append((int(step), p))
+    return [p for _, p in sorted(found)]
+
+
 def newest_in_run(run_dir: str | Path) -> Path | None:
     """The newest checkpoint of a training run directory: the highest RUN/checkpoints/step_N
     holding config.json and model.safetensors (else the one RUN/latest names), or None when
     `run_dir` holds none."""
     run_dir = Path(run_dir)
-    found = []
-    if (run_dir / "checkpoints").is_dir():
-        for p in (run_dir / "checkpoints").iterdir():
-            step = p.name.removeprefix("step_")
-            if step.isdigit() and (p / CONFIG).is_file() and (p / WEIGHTS).is_file():
-                found.append((int(step), p))
+    found = run_checkpoints(run_dir)
     if found:
-        return max(found)[1]
+        return found[-1]
     pointer = run_dir / "latest"
     if pointer.is_file():
         target = run_dir / pointer.read_text().strip()

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from astrai.model.lora import project
+from astrai.model.lora import project, project_many
 
 
 class SwiGLU(nn.Module):
@@ -19,5 +19,5 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # F.linear on the layers' weights: no nn.Module call per projection (block.py),
         # unless a layer carries a LoRA adapter (lora.py)
-        gate = project(x, self.gate_proj)
-        return project(F.silu(gate) * project(x, self.up_proj), self.down_proj)
+        gate, up = project_many(x, (self.gate_proj, self.up_proj))
+        return project(F.silu(gate) * up, self.down_proj)

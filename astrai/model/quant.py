@@ -10,8 +10,10 @@ MoE experts and shared experts; not the router) and the LM head, as llama.cpp qu
 output matrix; the embedding table stays in the model's dtype (a lookup reads one row per
 token, no bandwidth to save) — with tied embeddings the head gets its own int8 copy.
 
-The product: torch's `aten._weight_int8pack_mm` (bf16 activations, int8 weights, bf16 row
-scales, fp32 accumulation) for a few rows on a CPU with torch's AVX-512 kernel — decoding;
+The product, for a few rows (decoding): astrai's CPU decode kernel where one is installed
+(astrai/model/fast_path.py; the engine installs astrai/kernels/cpu_linear.py's on a CPU),
+else torch's `aten._weight_int8pack_mm` (bf16 activations, int8 weights, bf16 row scales,
+fp32 accumulation) on a CPU with torch's AVX-512 kernel;
 otherwise the dequantized weight in the activations' dtype (`F.linear(x, q) · s`), which is
 exact to the dequantized model and as fast as the unquantized GEMM for prefill.
 """
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from astrai.model import fast_path
 from astrai.model.lora import has_lora
 
 QUANTIZE = ("int8",)
@@ -60,6 +63,9 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
                 scale_bf16: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] -> [..., N] = x (s·q)ᵀ + bias, in x's dtype. `fast` allows the int8
     kernel (bf16 activations) when x has at most FAST_ROWS rows."""
+    out = fast_path.int8_product(x, q, scale, bias)  # a decode kernel, where active
+    if out is not None:
+        return out
     x2 = x.reshape(-1, x.shape[-1])  # (M, K), M = all leading dims
     if fast and x2.shape[0] <= FAST_ROWS:
         sb = scale.to(torch.bfloat16) if scale_bf16 is None else scale_bf16

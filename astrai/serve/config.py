@@ -50,6 +50,9 @@ class ServeConfig:
     """Weight format: None (as loaded) | int8 (astrai.model.quant, docs/engine.md)."""
     backend: str | None = None
     """Attention backend: torch_native | flash | cuda; None = automatic."""
+    decode: str = "auto"
+    """How pure decode steps run: auto (CUDA graphs where they serve) | eager
+    (`--enforce-eager`); astrai.infer.decode_step."""
     seed: int = 0
     """Seed of requests that give no seed of their own."""
     cache: CacheConfig = field(default_factory=CacheConfig)

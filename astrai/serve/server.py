@@ -44,7 +44,8 @@ def load_engine(config: ServeConfig) -> Any:
                        quantize=config.quantize)
     cache = config.cache.model_copy(update={"max_requests": config.max_running})
     sched = config.scheduler.model_copy(update={"max_running": config.max_running})
-    return Engine(model, tok, cache, config.backend, scheduler_config=sched, seed=config.seed)
+    return Engine(model, tok, cache, config.backend, scheduler_config=sched, seed=config.seed,
+                  decode=config.decode)
 
 
 def check_paths(config: ServeConfig) -> Path:

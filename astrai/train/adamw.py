@@ -19,13 +19,13 @@ move between the two. FSDP2 DTensor parameters are updated through their local s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
 
+from astrai.inspect.visibility import adam_denom, adam_step_size
 from astrai.train.bf16_update import KAHAN_KEY, WeightWriter
 
 
@@ -61,8 +61,8 @@ def adamw_update_(p: torch.Tensor, state: dict[str, Any], *, lr: float,
     p32.mul_(1 - lr * weight_decay)
     m32.lerp_(g, 1 - b1)
     v32.mul_(b2).addcmul_(g, g, value=1 - b2)
-    denom = (v32.sqrt() / math.sqrt(1 - b2**t)).add_(eps)
-    p32.addcdiv_(m32, denom, value=-lr / (1 - b1**t))
+    # the formula inspect-weights predicts this write with (astrai.inspect.visibility)
+    p32.addcdiv_(m32, adam_denom(v32, t, b2, eps), value=-adam_step_size(lr, b1, t))
     writer.write(p, p32, state)
     for dst, src in ((m, m32), (v, v32)):
         if dst.data_ptr() != src.data_ptr():

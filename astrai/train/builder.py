@@ -92,7 +92,7 @@ def prepare(config: TrainConfig, data: TrainData, *, world_size: int | None = No
     device = resolve_device(config.runtime.device)
     precision = resolve_precision(config.precision.mode, device,
                                   config.precision.optimizer_state_dtype,
-                                  config.precision.bf16_update)
+                                  config.precision.update_mode)
     types = checkpoint_module_types(config.runtime.gradient_checkpointing_modules)
     check_parallel(config, world_size, device)
     if source is None:

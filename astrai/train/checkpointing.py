@@ -27,6 +27,7 @@ from safetensors import SafetensorError, safe_open
 
 from astrai.atomic import write_text_atomic
 from astrai.errors import CheckpointError
+from astrai.inspect.names import clean_name
 from astrai.model.checkpoint import CONFIG, META, WEIGHTS, load_extra, read_meta, save_checkpoint
 from astrai.train.bf16_update import rounding_states
 from astrai.train.checkpoint_errors import (
@@ -141,6 +142,12 @@ def split_adapter(ctx: TrainContext, weights: dict[str, Any]
                                            state=adapter)
 
 
+def optimizer_param_names(ctx: TrainContext) -> list[str]:
+    """The stored name of each optimizer parameter, in the optimizer's index order."""
+    names = {id(p): clean_name(n) for n, p in ctx.model.named_parameters()}
+    return [names.get(id(p), "") for g in ctx.optimizer.param_groups for p in g["params"]]
+
+
 def save_training_checkpoint(ctx: TrainContext, callbacks: list[Any]) -> Path | None:
     """Write checkpoints/step_N for the committed state. Every rank calls it (gathering a
     sharded state is collective); rank 0 writes."""
@@ -149,6 +156,8 @@ def save_training_checkpoint(ctx: TrainContext, callbacks: list[Any]) -> Path | 
     rounding = rounding_states(ctx.optimizer)
     path = None
     if ctx.is_main:
+        if optimizer:  # names let inspect-weights pair each state with its weight
+            optimizer = {**optimizer, "param_names": optimizer_param_names(ctx)}
         s = ctx.state
         meta = {
             "step": s.step, "epoch": s.epoch, "consumed_samples": s.consumed_samples,

@@ -112,3 +112,13 @@ class MuonAdamW(AdamW):
         self.writer.write(p, p32, state)  # nearest, stochastic or Kahan (--bf16-update)
         if buf.data_ptr() != b32.data_ptr():
             buf.copy_(b32)  # round to the stored dtype
+
+
+def next_step(momentum: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+    """The step Muon would take next on a matrix from its saved momentum alone (the next
+    gradient unknown, taken equal to the momentum, so Nesterov's blend is the momentum
+    itself): adjusted lr x the orthogonalised momentum, before weight decay. What
+    inspect-weights compares with half an ulp (astrai.inspect.next_update)."""
+    ortho = newton_schulz(momentum.float(), steps=int(group.get("ns_steps", NS_STEPS)))
+    return ortho.mul_(adjusted_lr(float(group["lr"]), momentum.shape,
+                                  group.get("adjust_lr", "match_rms_adamw")))

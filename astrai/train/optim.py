@@ -38,11 +38,11 @@ def build_optimizer(model: nn.Module, config: Any, state_dtype: torch.dtype = to
                     *, rounding_seed: int = 0) -> torch.optim.Optimizer:
     """The optimizer `config` (a TrainConfig) asks for, over `model`'s trainable
     parameters: AdamW (build_adamw), or Muon on the hidden matrices + AdamW on the rest;
-    bf16 weights written as config.precision.bf16_update says, stochastic rounding seeded
+    bf16 weights written as config.precision.update_mode says, stochastic rounding seeded
     by `rounding_seed` (astrai.train.bf16_update.rounding_seed)."""
     o = config.optimizer
     betas = (o.adam_beta1, o.adam_beta2)
-    update = config.precision.bf16_update
+    update = config.precision.update_mode
     if o.name == "adamw":
         return build_adamw(model, lr=o.max_lr, weight_decay=o.weight_decay,
                            betas=betas, eps=o.adam_eps, state_dtype=state_dtype,

@@ -174,7 +174,7 @@ def make_plan(*, config, model_config: ModelConfig, model_desc: str, dataset_kin
     muon = sum(g["params"] for g in param_groups or [] if g["optimizer"] == "muon")
     state_bytes = 2 if config.precision.optimizer_state_dtype == "bf16" else 4
     n = param_counts(model_config).total
-    update = config.precision.bf16_update
+    update = config.precision.update_mode
     return TrainPlan(
         strategy=config.strategy, dataset=str(config.data), dataset_kind=dataset_kind,
         dataset_samples=dataset_len, seq_len=seq_len, model=model_desc,

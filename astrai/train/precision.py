@@ -85,7 +85,7 @@ def resolve_precision(precision: str, device: torch.device,
                       ) -> Precision:
     """`auto` = bf16-mixed on CUDA, fp32 elsewhere; moments in `optimizer_state_dtype`;
     `bf16_update` other than nearest only with bf16-true (the others keep fp32 weights,
-    which have no bf16 rounding to manage)."""
+    which have no bf16 rounding to manage); auto = stochastic with bf16-true, else nearest."""
     name = auto_precision(device) if precision == "auto" else precision
     if name not in PRECISIONS:
         raise ConfigError(
@@ -95,6 +95,8 @@ def resolve_precision(precision: str, device: torch.device,
         raise ConfigError(
             f"optimizer_state_dtype: unknown '{optimizer_state_dtype}'; choose fp32 or bf16"
         )
+    if bf16_update == "auto":  # the measured default (docs/bf16-lockin.md)
+        bf16_update = "stochastic" if name == "bf16-true" else "nearest"
     if bf16_update not in BF16_UPDATES:
         raise ConfigError(f"bf16_update: unknown '{bf16_update}'; choose "
                           f"{', '.join(BF16_UPDATES)}")

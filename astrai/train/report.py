@@ -87,6 +87,7 @@ class StepControl:
 
     stop_reason: str | None = None
     log_requested: bool = False
+    record_requested: bool = False
     added: dict[str, Any] = field(default_factory=dict)
 
     def request_stop(self, reason: str) -> None:
@@ -102,3 +103,9 @@ class StepControl:
         """Read this step's figures on the host (from on_optimizer_step: before the trainer
         reads its finite check, so it costs no extra read)."""
         self.log_requested = True
+
+    def request_record(self) -> None:
+        """Read this step's figures and write its record (metrics.jsonl) whatever the log
+        interval: for a callback whose added figures belong to this step (from
+        on_optimizer_step)."""
+        self.log_requested = self.record_requested = True

@@ -175,6 +175,11 @@ def _run_json(path: Path) -> dict[str, Any]:
     return read_json_object(path, CheckpointError, hint="the run directory is damaged")
 
 
+def _names_key(d: Any, key: str) -> bool:
+    """Whether a saved config (flat or nested by section) holds `key` at any level."""
+    return isinstance(d, dict) and (key in d or any(_names_key(v, key) for v in d.values()))
+
+
 def find_resume_point(run_dir: str | Path, reward: Sequence[str] | None = None
                       ) -> tuple[TrainConfig, Path]:
     """(the run's resolved config, its newest complete checkpoint). `reward`: the --reward
@@ -198,6 +203,10 @@ def find_resume_point(run_dir: str | Path, reward: Sequence[str] | None = None
         raise CheckpointError(f"{ckpt}: meta.json has no train_config; not a training checkpoint")
     config = TrainConfig.from_dict(meta["train_config"], source=f"{ckpt}/meta.json")
     config.out = str(run_dir)  # the run directory may have moved
+    if not _names_key(meta["train_config"], "bf16_update"):
+        # saved before --bf16-update existed: those runs rounded to nearest, and resume
+        # keeps what the run did (auto is stochastic with bf16-true)
+        config.precision.bf16_update = "nearest"
     confirm_rewards(config, reward, ckpt / "meta.json")
     return config, ckpt
 

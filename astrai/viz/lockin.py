@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from astrai.inspect.bf16 import EXP_OFFSET, dead_zone_threshold
+from astrai.inspect.names import parse_name
 from astrai.inspect.scan import CheckpointScan
 from astrai.viz.figure import new_figure
 
@@ -55,6 +56,28 @@ def lockin_grid(scan: CheckpointScan) -> LockinGrid:
              for k in kinds] for i in layers]
     locked = [[cells.get((i, k), (0, 0))[0] for k in kinds] for i in layers]
     return LockinGrid(layers, list(kinds), frac, locked, outside)
+
+
+def visibility_grid(scan: CheckpointScan) -> LockinGrid | None:
+    """Share of entries whose next update is below half an ulp, per layer x tensor kind
+    (gains included: they start at 1.0, where the ulp is coarse); None without optimizer
+    state. `locked` holds those entries' counts."""
+    if scan.visibility is None or not scan.visibility.tensors:
+        return None
+    cells: dict[tuple[int, str], tuple[int, int]] = {}
+    outside = []
+    for t in scan.visibility.tensors:
+        p = parse_name(t.name, 2)
+        if p.layer is None:
+            outside.append((p.short, t.fraction))
+        else:
+            cells[(p.layer, p.short)] = (t.below, t.entries)
+    layers = sorted({layer for layer, _ in cells})
+    kinds = sorted({k for _, k in cells}, key=_kind_order)
+    frac = [[cells[(i, k)][0] / cells[(i, k)][1] if (i, k) in cells else math.nan
+             for k in kinds] for i in layers]
+    below = [[cells.get((i, k), (0, 0))[0] for k in kinds] for i in layers]
+    return LockinGrid(layers, kinds, frac, below, outside)
 
 
 def _kind_order(kind: str) -> tuple[int, str]:
@@ -110,42 +133,65 @@ def lockin_figure(scans: Sequence[CheckpointScan], *, size: tuple[int, int] | No
                   overflow: float = 1e4) -> Any:
     """One row per checkpoint: the heatmap (left) and the histogram (right). The heatmap's
     image holds LockinGrid.fraction; cells with locked entries are labelled in percent."""
-    size = size or (1200, 450 * len(scans))
+    grids = [visibility_grid(s) for s in scans]
+    cols = 3 if any(grids) else 2
+    size = size or (600 * cols, 450 * len(scans))
     fig = new_figure(size)
-    axes = fig.subplots(len(scans), 2, squeeze=False, width_ratios=[1, 1.4])
-    for (hax, vax), scan in zip(axes, scans, strict=True):
+    axes = fig.subplots(len(scans), cols, squeeze=False, width_ratios=[1, 1.4, 1][:cols])
+    for row, scan, vis in zip(axes, scans, grids, strict=True):
         name = scan.path + (f" (step {scan.step})" if scan.step is not None else "")
-        _heatmap(hax, lockin_grid(scan), name)
-        _histogram(vax, value_histogram(scan, overflow))
+        _heatmap(row[0], lockin_grid(scan), name)
+        _histogram(row[1], value_histogram(scan, overflow))
+        if cols == 3 and vis is not None:
+            _heatmap(row[2], vis, name, VISIBILITY)
+        elif cols == 3:
+            row[2].set_axis_off()
     return fig
 
 
-def _heatmap(ax: Any, g: LockinGrid, name: str) -> None:
+@dataclass(frozen=True)
+class HeatmapText:
+    """What a heatmap shows: its gid, colour map, title and empty-grid note."""
+
+    gid: str = "locked_fraction"
+    cmap: str = "Reds"
+    label: str = "locked fraction"
+    title: str = "locked fraction per matrix"
+    empty: str = "no locked weights"
+
+
+VISIBILITY = HeatmapText("below_half_ulp", "Blues", "next update below half an ulp",
+                         "next update below half an ulp (optimizer state)",
+                         "every next update is visible")
+
+
+def _heatmap(ax: Any, g: LockinGrid, name: str, text: HeatmapText = HeatmapText()) -> None:
     import numpy as np
 
     data = np.array(g.fraction, dtype=float).reshape(len(g.layers), len(g.kinds))
     peak = float(np.nanmax(data)) if data.size and not np.isnan(data).all() else 0.0
     vmax = peak if peak > 0 else 1.0
-    im = ax.imshow(np.ma.masked_invalid(data), cmap="Reds", vmin=0.0, vmax=vmax,
+    im = ax.imshow(np.ma.masked_invalid(data), cmap=text.cmap, vmin=0.0, vmax=vmax,
                    aspect="auto", interpolation="nearest")
-    im.set_gid("locked_fraction")
+    im.set_gid(text.gid)
     ax.set_xticks(range(len(g.kinds)), g.kinds, rotation=35, ha="right", fontsize="small")
     ax.set_yticks(range(len(g.layers)), [f"layer {i}" for i in g.layers], fontsize="small")
     for i in range(len(g.layers)):
         for j in range(len(g.kinds)):
             if g.locked[i][j]:
                 v = data[i, j]
-                ax.text(j, i, f"{100 * v:.2g}%", ha="center", va="center", fontsize="x-small",
+                label = f"{100 * v:.3g}%" if v < 1 else "100%"
+                ax.text(j, i, label, ha="center", va="center", fontsize="x-small",
                         color="white" if v > 0.6 * vmax else "black", gid=f"cell|{i}|{j}")
     if peak == 0:
-        ax.text(0.5, 0.5, "no locked weights", transform=ax.transAxes, ha="center",
+        ax.text(0.5, 0.5, text.empty, transform=ax.transAxes, ha="center",
                 va="center", color="0.4")
-    title = f"locked fraction per matrix\n{name}"
-    out = [f"{k} {100 * f:.2g}%" for k, f in g.outside if f > 0]
+    title = f"{text.title}\n{name}"
+    out = [f"{k} {100 * f:.3g}%" for k, f in g.outside if f > 0]
     if out:
         title += "\noutside the blocks: " + ", ".join(out)
     ax.set_title(title, fontsize="small")
-    ax.figure.colorbar(im, ax=ax, fraction=0.05, pad=0.02, label="locked fraction")
+    ax.figure.colorbar(im, ax=ax, fraction=0.05, pad=0.02, label=text.label)
 
 
 def _histogram(ax: Any, h: ValueHistogram) -> None:

@@ -21,6 +21,7 @@ from rich.markup import escape
 
 from astrai_cli.options import (
     Adapter,
+    EnforceEager,
     Backend,
     Device,
     Dtype,
@@ -209,6 +210,7 @@ def register(app: typer.Typer) -> None:
         device: Device = "auto",
         dtype: Dtype = "auto",
         quantize: Quantize = "none",
+        enforce_eager: EnforceEager = False,
         adapter: Adapter = None,
         backend: Backend = None,
         max_context: MaxContext = None,
@@ -237,7 +239,8 @@ def register(app: typer.Typer) -> None:
                             template=not no_template, chat_template=chat_template,
                             device=device, dtype=dtype,
                             backend=backend, max_context=max_context, seed=seed or 0,
-                            adapter=adapter, quantize=quantize)
+                            adapter=adapter, quantize=quantize,
+                            decode="eager" if enforce_eager else "auto")
         if text is not None:
             reply = session.reply(text)
             if reply.notice:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from astrai_cli.options import (
     Adapter,
+    EnforceEager,
     Quantize,
     checkpoint_path,
     threads_option,
@@ -118,6 +119,7 @@ def register(app: typer.Typer) -> None:
         threads: Annotated[str | None, threads_option()] = None,
         adapter: Adapter = None,
         quantize: Quantize = "none",
+        enforce_eager: EnforceEager = False,
     ) -> None:
         """Bits per byte / perplexity on held-out data, or lm-evaluation-harness tasks."""
         from astrai.atomic import write_json_atomic
@@ -154,7 +156,8 @@ def register(app: typer.Typer) -> None:
                                 seed=seed, apply_chat_template=apply_chat_template,
                                 include_path=include_path, device=device, dtype=dtype,
                                 batch_tokens=batch_tokens, adapter=adapter,
-                                quantize=quantize)
+                                quantize=quantize,
+                                decode="eager" if enforce_eager else "auto")
             rows = result_rows(results)
             out = {"rows": rows, "results": results.get("results", {}),
                    "n-shot": results.get("n-shot", {}), "versions": results.get("versions", {})}

@@ -121,6 +121,8 @@ def render_report(report, console: Console, show_tensors: bool) -> None:
             t.add_row(lr + mark, stuck, f"{100 * z.fraction:.2f}%",
                       f"{100 * z.matrix_fraction:.2f}%")
         console.print(t)
+        if scan.visibility is not None:
+            _visibility_table(scan.visibility, console)
         if show_tensors:
             _tensor_table(scan, console)
         console.print()
@@ -137,6 +139,34 @@ def render_report(report, console: Console, show_tensors: bool) -> None:
         f"overflow |w| > {cfg.overflow:g}; extreme token row > {cfg.row_norm_factor:g}x "
         f"median norm; stuck ≥ {cfg.stuck_min_count} entries (docs/inspect-weights.md)[/]"
     )
+
+
+def _visibility_table(v, console: Console) -> None:
+    """Next update below half an ulp, per kind of tensor (all layers together)."""
+    from astrai.inspect.names import parse_name
+
+    if not v.tensors:
+        console.print(f"Next update: {v.note or 'no optimizer-trained tensor found'}")
+        return
+    rows: dict[tuple[str, str], list] = {}
+    for t in v.tensors:
+        kind = parse_name(t.name, 2).kind
+        r = rows.setdefault((kind, t.optimizer), [0, 0, []])
+        r[0] += t.entries
+        r[1] += t.below
+        if t.lr_to_move:
+            r[2].append(t.lr_to_move)
+    t = Table(title="Next update below half an ulp (from the optimizer state: the write "
+                    "would leave the weight unchanged)", title_justify="left",
+              caption=v.note, caption_justify="left")
+    for c in ("tensor", "optimizer", "entries", "below half ulp", "lr to move half"):
+        t.add_column(c, justify="left" if c in ("tensor", "optimizer") else "right",
+                     overflow="fold")
+    for (kind, opt), (n, below, lrs) in rows.items():
+        med = sorted(lrs)[len(lrs) // 2] if lrs else None
+        t.add_row(kind, opt, f"{n:,}", _pct(below, n), _g(med) if med else "—")
+    t.add_row("all", "", f"{v.entries:,}", _pct(v.below, v.entries), "", style="bold")
+    console.print(t)
 
 
 def _tensor_table(scan, console: Console) -> None:
@@ -286,6 +316,9 @@ def register(app: typer.Typer) -> None:
             "--batch", min=1, help="--variance: rows of random tokens.")] = 1,
         seed: Annotated[int, typer.Option("--seed", help="--variance: RNG seed.")] = 0,
         adapter: Adapter = None,
+        all_checkpoints: Annotated[bool, typer.Option(
+            "--all-checkpoints", help="A run directory stands for all of its checkpoints, "
+                                      "oldest first (default: its newest).")] = False,
         plot: Annotated[Path | None, typer.Option(
             "--plot", metavar="FILE.png",
             help="Also draw the lock-in picture (.png or .svg): per-layer x per-matrix "
@@ -325,9 +358,13 @@ def register(app: typer.Typer) -> None:
             lock_excess=lock_excess, row_norm_factor=row_norm_factor,
             stuck_min_count=stuck_min_count, stuck_min_moved=stuck_min_moved, top=top,
         )
+        from astrai.train.muon import next_step
+
+        paths = _expand(checkpoints) if all_checkpoints else [checkpoint_path(c)
+                                                              for c in checkpoints]
         with _progress() as progress:
-            report = inspect_weights([str(checkpoint_path(c)) for c in checkpoints], cfg,
-                                     progress=progress, adapter=adapter)
+            report = inspect_weights([str(p) for p in paths], cfg, progress=progress,
+                                     adapter=adapter, muon_step=next_step)
         if plot is not None:
             from astrai.viz.figure import save_figure
             from astrai.viz.lockin import lockin_figure
@@ -339,6 +376,20 @@ def register(app: typer.Typer) -> None:
         else:
             render_report(report, console, tensors)
         raise typer.Exit(report.exit_code)
+
+
+def _expand(checkpoints: list[str]) -> list[Path]:
+    """--all-checkpoints: each run directory becomes its checkpoints, oldest first."""
+    from astrai.errors import ConfigError
+    from astrai.model.checkpoint import run_checkpoints
+
+    out = []
+    for c in checkpoints:
+        found = run_checkpoints(c)
+        if not found and (Path(c) / "checkpoints").is_dir():
+            raise ConfigError(f"{c}: a run directory with no complete checkpoint yet")
+        out.extend(found or [Path(c)])
+    return out
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""`astrai kernels`: what CUDA kernels are built, for which GPUs, and why something is not."""
+"""`astrai kernels`: what CUDA kernels are built, for which GPUs, and why something is not;
+and the CPU decode kernels' code path."""
 
 from __future__ import annotations
 
@@ -34,13 +35,31 @@ def render(st: dict, console: Console) -> None:
     for name, (dtypes, dims) in st["ops"].items():
         ops.add_row(name, dtypes, dims)
     console.print(ops)
+    render_cpu(st["cpu"], console)
+
+
+def render_cpu(cpu: dict, console: Console) -> None:
+    t = Table(title="CPU decode kernels (docs/kernels.md)", show_header=False,
+              title_justify="left")
+    t.add_column("item", style="cyan")
+    t.add_column("value", overflow="fold")
+    extras = [n for n, on in (("VNNI", cpu.get("vnni")), ("AVX512-BF16", cpu.get("bf16"))) if on]
+    t.add_row("code path", (cpu.get("isa") or "none") + (f" ({', '.join(extras)})"
+                                                          if cpu.get("isa") and extras else ""))
+    t.add_row("compiler", cpu.get("compiler") or "[red]not found[/]")
+    if cpu.get("library"):
+        t.add_row("library", cpu["library"] + ("" if cpu.get("built") else "  (not built)"))
+    if cpu.get("reason"):
+        t.add_row("why not", cpu["reason"])
+    console.print(t)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("kernels")
     def kernels_cmd(
         build: Annotated[bool, typer.Option(
-            "--build", help="Build the library now (needs nvcc, not a GPU); cached afterwards.")
+            "--build", help="Build the libraries now (CUDA: needs nvcc, not a GPU; CPU: a C++ "
+            "compiler); cached afterwards.")
         ] = False,
         force: Annotated[bool, typer.Option("--force", help="With --build: rebuild.")] = False,
         archs: Annotated[str | None, typer.Option(
@@ -48,7 +67,8 @@ def register(app: typer.Typer) -> None:
         ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
-        """Report the CUDA kernels: built or not, for which GPUs, and why not."""
+        """Report the CUDA kernels (built or not, for which GPUs, why not) and the CPU decode
+        kernels (code path, built or not)."""
         from astrai.errors import ConfigError
         from astrai.kernels.build import parse_archs
         from astrai.kernels.status import kernel_status

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from astrai_cli.options import (
     Adapter,
+    EnforceEager,
     Backend,
     Device,
     Dtype,
@@ -173,6 +174,7 @@ def register(app: typer.Typer) -> None:
         threads: Annotated[str | None, threads_option()] = None,
         dtype: Dtype = "auto",
         quantize: Quantize = "none",
+        enforce_eager: EnforceEager = False,
         adapter: Adapter = None,
         page_size: Annotated[int, typer.Option("--page-size", help="KV page size.")] = 16,
         max_kv_tokens: Annotated[int, typer.Option(
@@ -221,6 +223,7 @@ def register(app: typer.Typer) -> None:
             threads=None if threads is None else use_threads(threads),
             dtype=None if dtype == "auto" else dtype,
             adapter=None if adapter is None else str(adapter), quantize=quantize,
+            decode="eager" if enforce_eager else "auto",
             cache=CacheConfig.from_dict(dict(
                 page_size=page_size, max_kv_tokens=max_kv_tokens, max_requests=max_requests,
                 radix=not no_radix, max_context=max_context)),

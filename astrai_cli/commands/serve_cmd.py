@@ -16,6 +16,7 @@ import typer
 
 from astrai_cli.options import (
     Adapter,
+    EnforceEager,
     Backend,
     Device,
     Dtype,
@@ -62,6 +63,7 @@ def register(app: typer.Typer) -> None:
         device: Device = "auto",
         dtype: Dtype = "auto",
         quantize: Quantize = "none",
+        enforce_eager: EnforceEager = False,
         adapter: Adapter = None,
         backend: Backend = None,
         max_kv_tokens: Annotated[int, typer.Option(
@@ -89,6 +91,7 @@ def register(app: typer.Typer) -> None:
             max_queue=max_queue, drain_timeout=drain_timeout, device=device,
             dtype=None if dtype == "auto" else dtype, backend=backend, seed=seed,
             adapter=None if adapter is None else str(adapter), quantize=quantize,
+            decode="eager" if enforce_eager else "auto",
             chat_template=None if chat_template is None else str(chat_template),
             tool_call_parser=tool_call_parser,
             cache=CacheConfig.from_dict(dict(page_size=page_size, max_kv_tokens=max_kv_tokens,

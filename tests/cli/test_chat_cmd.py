@@ -84,6 +84,27 @@ def test_quantize_int8_replies_as_the_engine_over_the_int8_model(ckpt):
     assert r.stdout == greedy(q, tok, ids, 5) + "\n"
 
 
+def test_enforce_eager_reaches_the_engine_and_replies_the_same(ckpt, monkeypatch):
+    from astrai.infer import engine as engine_module
+
+    path, model, tok = ckpt
+    seen = []
+    init = engine_module.Engine.__init__
+
+    def spy(self, *a, **kw):
+        seen.append(kw.get("decode"))
+        init(self, *a, **kw)
+
+    monkeypatch.setattr(engine_module.Engine, "__init__", spy)
+    args = ["chat", str(path), "--temperature", "0", "--max-tokens", "5", "--device", "cpu",
+            "--prompt", "Hello"]
+    a, b = runner.invoke(app, args), runner.invoke(app, [*args, "--enforce-eager"])
+    assert a.exit_code == b.exit_code == 0 and a.stdout == b.stdout, b.output
+    assert seen == ["auto", "eager"]
+    for cmd in ("chat", "serve", "serve-bench", "eval"):
+        assert "--enforce-eager" in runner.invoke(app, [cmd, "--help"]).stdout
+
+
 @pytest.mark.parametrize("flags, why", [
     (["--top-p", "1.5"], "top_p=1.5: must be in (0, 1]"),
     (["--temperature", "-1"], "temperature=-1.0: must be >= 0"),

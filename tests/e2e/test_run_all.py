@@ -199,3 +199,27 @@ def test_lora_parser():
     assert [(r.astrai, r.peer, r.ratio) for r in rows] == [
         ("155,648", "7,342,336", "0.0212"), ("1,245,184 B", "58,738,688 B", "0.0212"),
         ("0.471 s", "0.639 s", "0.73"), ("1,086 tok/s", "953 tok/s", "1.14")]
+
+
+CPU_DECODE = """one request, 128 new tokens (decode tok/s = 1 / median gap):
+  astrai fp32                45.9 tok/s (0.72 of its floor 64)  tokens = fp32: 128
+  astrai int8               116.2 tok/s (0.39 of its floor 301)  tokens = fp32: 0
+  astrai fp32-torch          47.2 tok/s (0.74 of its floor 64)  tokens = fp32: 128
+  llama.cpp f32              57.6 tok/s (0.91 of its floor 64)  tokens = astrai fp32: 128
+  llama.cpp q8_0            111.4 tok/s (0.34 of its floor 329)  tokens = astrai fp32: 0
+ratio astrai fp32 / llama.cpp f32 = 0.80
+ratio astrai int8 / llama.cpp q8_0 = 1.04
+ratio astrai fp32 kernels / torch products = 0.97
+16 concurrent requests (aggregate generated tok/s, prefill included):
+  astrai fp32               304.3 tok/s
+ratio 16 concurrent: astrai fp32 / CTranslate2 float32 = 1.47; astrai fp32 / HF = 1.22
+"""
+
+
+def test_cpu_decode_parser_reads_the_one_request_figures():
+    rows = RA.parse_cpu_decode(CPU_DECODE)
+    assert [(r.astrai, r.peer, r.ratio) for r in rows] == [
+        ("45.9 tok/s", "57.6 tok/s", "0.80"), ("116.2 tok/s", "111.4 tok/s", "1.04"),
+        ("45.9 tok/s", "47.2 tok/s", "0.97"), ("", "", "1.47"), ("", "", "1.22")]
+    assert "floor fractions 0.72 / 0.91" in rows[0].measure
+    assert "cpu_decode" in {b.name for b in RA.BENCHES}

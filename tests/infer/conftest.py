@@ -6,10 +6,17 @@ the cache: a wrong slot, position or mask changes the tokens."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from torch import nn
 
+from astrai.data.assets import tiny_corpus_path
+from astrai.data.testing import tiny_tokenizer
 from astrai.model import build_model, get_preset
+from astrai.model.checkpoint import save_checkpoint
+from astrai.model.hf_export import export_hf
 
 VOCAB = 256
 
@@ -63,3 +70,34 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(checkpoint, HF export, corpus ids): 160 AdamW steps on the corpus' first 1024 tokens,
+    enough to memorise them, so the greedy continuations have well-separated logits."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    tok = tiny_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=512)
+    ids = torch.tensor(tok.encode(tiny_corpus_path().read_text())[:1024])
+    cfg = get_preset("tiny", vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                     head_dim=16, ffn_dim=128, max_seq_len=64)
+    model = build_model(cfg, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(160):
+        starts = torch.randint(0, len(ids) - 65, (8,), generator=g)
+        b = torch.stack([ids[s:s + 65] for s in starts])  # (8, 65)
+        logits = model(b[:, :-1]).logits
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), b[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    root = tmp_path_factory.mktemp("q")
+    ckpt = save_checkpoint(root / "ckpt", model.eval(), cfg, tokenizer_dir=tok.path)
+    export_hf(ckpt, root / "hf")
+    held = root / "held.jsonl"
+    held.write_text("".join(json.dumps({"text": tok.decode(ids[a:a + 200].tolist())}) + "\n"
+                            for a in (0, 300, 600)))
+    yield ckpt, root / "hf", held, ids
+    torch.set_num_threads(n)

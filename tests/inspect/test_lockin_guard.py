@@ -127,7 +127,7 @@ def test_guard_lifecycle_with_fake_context():
     assert len(logger.warnings) == 1  # nothing grew since step 4: no new warning
     steps = [r["step"] for r in guard.records if "lockin/locked" in r]
     assert steps == [0, 2, 4, 5]
-    assert guard.state_dict() == {"locked": 3 * 128 + 240 + 64, "bad": 160 + 3}
+    assert guard.state_dict() == {"locked": 3 * 128 + 240 + 64, "bad": 160 + 3, "warned": []}
 
 
 def test_guard_works_with_trainer_style_state_and_python_logging(caplog):

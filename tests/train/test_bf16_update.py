@@ -84,7 +84,9 @@ def _accumulate(mode: str, updates: torch.Tensor, w0: float = 1.0) -> tuple[torc
 def test_kahan_tracks_fp32_accumulation_where_nearest_is_frozen():
     """10,000 updates of ~-3e-5 on w = 1 (each under half a bf16 ulp, 2^-9 below 1):
     nearest never moves; Kahan ends within 2 ulps (0.0078) of fp32 accumulation, which
-    moves by ~0.3; stochastic rounding ends within 2 ulps on average."""
+    moves by ~0.3; stochastic rounding ends within 2 ulps on average. This is a scale where
+    a bf16 compensation works: it freezes below ~2^-10 ulp(w) (2^-18 = 3.8e-6 going down
+    from 1.0; docs/bf16-lockin.md "The limit of Kahan"), tested below."""
     updates = -3e-5 * (1 + 0.5 * torch.rand(10_000, generator=torch.Generator().manual_seed(0)))
     exact = 1.0 + updates.double().sum().item()
     assert abs(updates).max() < 2**-9
@@ -106,6 +108,16 @@ def test_kahan_with_bf16_compensation_still_locks_the_papers_updates():
     stochastic, _ = _accumulate("stochastic", updates)
     assert bool((kahan == 1.0).all())
     assert abs(stochastic.mean().item() - 0.99) < 2e-3
+
+
+@pytest.mark.parametrize("u,moves", [(7.5e-6, False), (7.7e-6, True),   # up from 1.0
+                                       (-3e-6, False), (-4e-6, True)])  # down from 1.0
+def test_kahan_limit_is_about_2_to_the_minus_10_ulp(u, moves):
+    """The documented limit: c freezes once u is under half its own spacing (~|c| 2^-8)
+    before |c| reaches half the spacing of w, i.e. u below ~2^-10 ulp(w): 2^-17 = 7.6e-6
+    going up from 1.0 (ulp 2^-7), 2^-18 = 3.8e-6 going down (spacing 2^-8 below 1.0)."""
+    kahan, _ = _accumulate("kahan", torch.full((2_000,), u))
+    assert bool((kahan != 1.0).all()) == moves and bool((kahan == 1.0).all()) != moves
 
 
 def _train(opt_cls, mode: str, dtype: torch.dtype, steps: int = 300, **kw) -> torch.Tensor:
@@ -162,3 +174,31 @@ def test_flag_and_seeds():
     assert flag(("precision", "bf16_update"), TrainConfig) == "--bf16-update"
     assert rounding_seed(5, 1, "ddp") == rounding_seed(5, 0, "ddp") == 5  # identical bits
     assert rounding_seed(5, 1, "fsdp") != rounding_seed(5, 0, "fsdp")  # own streams
+
+
+def test_runs_saved_before_the_option_resume_nearest(tmp_path):
+    """A run saved before --bf16-update existed (no bf16_update key in its saved config)
+    rounded to nearest; its resume keeps doing so (auto would now pick stochastic):
+    bit-identical to an uninterrupted nearest run."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from astrai.train import resume, train
+    from astrai.train.run import find_resume_point
+
+    from .conftest import make_config, make_data
+    from .test_resume import final_weights
+
+    kw = {"precision": "bf16-true", "bf16_update": "nearest", "max_lr": 1e-4, "max_steps": 4,
+          "ckpt_interval": 2}
+    a = train(make_config(tmp_path / "a", **kw), data=make_data(n=16))
+    run = Path(train(make_config(tmp_path / "b", **kw), data=make_data(n=16)).run_dir)
+    shutil.rmtree(run / "checkpoints" / "step_4")  # resume from step 2
+    for f in (run / "train_config.json", run / "checkpoints" / "step_2" / "meta.json"):
+        saved = json.loads(f.read_text())
+        del saved.get("train_config", saved)["precision"]["bf16_update"]  # as saved before
+        f.write_text(json.dumps(saved))
+    assert find_resume_point(run)[0].precision.update_mode == "nearest"
+    resume(run, data=make_data(n=16))
+    assert final_weights(run, 4) == final_weights(Path(a.run_dir), 4)

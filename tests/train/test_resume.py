@@ -124,15 +124,17 @@ BF16 = {"precision": "bf16-true", "max_lr": 1e-4}
 
 @pytest.mark.parametrize("kind,optimizer,extra", [
     ("pretrain", "adamw", {}), ("pretrain", "muon", {}),
+    ("pretrain", "adamw", {**BF16, "bf16_update": "nearest"}),
     ("pretrain", "adamw", {**BF16, "bf16_update": "stochastic"}),
     ("pretrain", "muon", {**BF16, "bf16_update": "kahan"}),
-], ids=["adamw", "muon", "bf16-stochastic-adamw", "bf16-kahan-muon"])
+], ids=["adamw", "muon", "bf16-nearest-adamw", "bf16-stochastic-adamw", "bf16-kahan-muon"])
 def test_kill9_after_step_n_then_resume(kind, optimizer, extra, tmp_path):
     """(a) train to 2N straight vs kill -9 after step N (mid-window) and resume to 2N, with
     either optimizer (Muon's momentum buffers and AdamW's moments both come back exactly),
-    and bf16-true weights written stochastically (the generator state comes back) or with
-    Kahan compensation (the bf16 buffer comes back). (sft: through the CLI in
-    tests/cli/test_train_cmd.py; both kinds in-process above.)"""
+    and bf16-true weights written in each --bf16-update mode: to nearest, stochastically
+    (the generator state comes back) or with Kahan compensation (the bf16 buffer comes
+    back). (sft: through the CLI in tests/cli/test_train_cmd.py; both kinds in-process
+    above.)"""
     strategy = "seq" if kind == "pretrain" else "sft"
     kw = {"strategy": strategy, "grad_accum_steps": 2, "epochs": 4, "ckpt_interval": 2,
           "optimizer": optimizer, **extra}

@@ -64,6 +64,8 @@ class BenchConfig:
     """A PEFT LoRA adapter directory merged into the checkpoint's weights."""
     quantize: str | None = None
     """Weight format: None (as loaded) | int8 (astrai.model.quant, docs/engine.md)."""
+    decode: str = "auto"
+    """How pure decode steps run: auto | eager (`--enforce-eager`); astrai.infer.decode_step."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     """The KV pool (page size, pool tokens, rows, radix sharing)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -193,7 +193,8 @@ def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
     runs = []
     for backend in config.backends:
         engine = Engine(target.model, tok, config.cache, backend,
-                        scheduler_config=config.scheduler, seed=config.seed)
+                        scheduler_config=config.scheduler, seed=config.seed,
+                        decode=config.decode)
         label = backend or f"auto ({engine.backend().name})"
         warm_up(engine, warm)
         cb: Progress | None = None

@@ -73,8 +73,13 @@ class PagePool:
             self.page_size, num_pages = C, R
         else:
             self.page_size, num_pages = config.page_size, config.num_pages()
-        self.storage = KVStorage(n_layers, num_pages * self.page_size, n_kv_heads, head_dim,
-                                 dtype, device)
+        # paged mode keeps one page past the allocator's: the scratch page the static
+        # decode step's padding rows write into (astrai.infer.decode_step)
+        extra = 0 if self.contiguous else 1
+        self.storage = KVStorage(n_layers, (num_pages + extra) * self.page_size, n_kv_heads,
+                                 head_dim, dtype, device)
+        self.scratch_slot: int | None = None if self.contiguous else num_pages * self.page_size
+        """A slot no request owns (paged mode), or None."""
         self.req_to_token = ReqToTokenPool(R, C, device, linear=self.contiguous)
         self.allocator = PageAllocator(num_pages, self.page_size)
         self.radix = (RadixCache(self.allocator, self.page_size)

@@ -31,7 +31,8 @@ def default_callbacks(config: TrainConfig, *, progress: bool = False,
     if bf16_guard_enabled(config):
         cbs.append(LockInGuard(GuardConfig(every=config.guard.every,
                                            grad_steps=config.guard.grad_steps,
-                                           histograms=config.guard.histograms)))
+                                           histograms=config.guard.histograms,
+                                           visible_warn=config.guard.visible_warn)))
     metrics = MetricsCallback(log_interval=config.logging.log_interval,
                               peak_tflops=config.logging.peak_tflops)
     cbs.append(metrics)

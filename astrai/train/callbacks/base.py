@@ -22,7 +22,8 @@ host values; its device figures (loss, grad_norm, metrics, loss_units) are prese
 logged steps (`report.logged`), so a callback that only observes costs no device read.
 `control` (StepControl) is all a callback may ask: `request_stop(reason)` (end the run at
 this step boundary, with a checkpoint of it), `add_metric(name, value)` (a figure for this
-step's record) and, in on_optimizer_step, `request_log()` (read this step's figures).
+step's record) and, in on_optimizer_step, `request_log()` (read this step's figures) or
+`request_record()` (read them and write the step's record whatever the log interval).
 
 Callbacks that write the step's record (`writes_record = True`: metrics JSONL and other
 sinks) are called after all others at each hook, and their report holds every figure the

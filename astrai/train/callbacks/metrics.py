@@ -7,7 +7,8 @@ over the window and the ranks: e.g. seq_loss, moe_aux_loss, moe_aux_loss_weighte
 figures other callbacks added, `skipped` when the step was skipped, and val_loss / val_ppl /
 val_bpb on the steps where the trainer validated (every `eval_interval` steps and at the
 last step). Records are written on the trainer's logged steps (every `log_interval` steps,
-validation steps, the last step), the only steps whose figures are read from the device.
+validation steps, the last step, and steps a callback asked to record: StepControl.
+request_record), the only steps whose figures are read from the device.
 
 Records are flushed one by one, so a killed run keeps every line it logged. A resumed run
 first drops the records after its checkpoint's step, so no step appears twice.
@@ -88,7 +89,8 @@ class MetricsCallback(Callback):
         self._tokens += report.tokens
         self._time += report.step_time
         step = report.step
-        due = step % self.log_interval == 0 or report.done or report.evaluated
+        due = step % self.log_interval == 0 or report.done or report.evaluated or \
+            getattr(control, "record_requested", False)
         if not (due and report.logged):
             return
         tps = self._tokens / max(1e-9, self._time)

@@ -1,0 +1,161 @@
+"""Build csrc/cpu/decode_gemv.cpp for the CPU found, at first use, cached like the CUDA kernels.
+
+The code path is picked at compile time by the -m flags, which follow the CPU's flags in
+/proc/cpuinfo: `avx512` (avx512f/bw/vl/dq + FMA; `-mavx512vnni` and `-mavx512bf16` too where the CPU
+has avx512_vnni / avx512_bf16, for the int8 and bf16 dots) or `avx2` (avx2 + fma). ASTRAI_CPU_ISA=avx512|avx2|none
+forces a path (a lower one than the CPU's, or none: the torch fallback).
+
+torch.utils.cpp_extension builds it (`-O3`, OpenMP for at::parallel_for; ~8 s on two cores:
+only torch/library.h and ATen's core headers) into `cache_root()/cpu-<isa>-<hash>/`, one
+folder per hash of (source, flags, torch version), and loads it as torch ops in the
+namespace `astrai_cpu_<isa>`; a cached build loads without a compiler.
+ASTRAI_BUILD_KERNELS=0 never compiles (a cached build still loads). A machine without a C++ compiler, or a failed build, gives
+CpuKernelUnavailable; the caller falls back to torch (one debug line).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import time
+import shutil
+from pathlib import Path
+
+import torch
+
+from astrai.kernels.build import cache_root, csrc_dir
+
+log = logging.getLogger("astrai.kernels")
+
+SOURCE = "cpu/decode_gemv.cpp"
+ISAS = ("avx512", "avx2")
+"""Code paths, best first."""
+_NEEDS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma"),
+          "avx2": ("avx2", "fma")}
+_FLAGS = {"avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma",
+                     "-mf16c"],
+          "avx2": ["-mavx2", "-mfma", "-mf16c"]}
+BASE_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")
+
+
+class CpuKernelUnavailable(RuntimeError):
+    """The CPU decode kernels cannot be built or loaded here; the message says why."""
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The `flags` of the first processor in /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def best_isa(flags: frozenset[str] | None = None) -> str | None:
+    """The best code path this CPU runs, or None (not x86 with AVX2 and FMA)."""
+    flags = cpu_flags() if flags is None else flags
+    return next((isa for isa in ISAS if all(f in flags for f in _NEEDS[isa])), None)
+
+
+def requested_isa() -> str | None:
+    """ASTRAI_CPU_ISA (avx512, avx2, none), else the best path of this CPU. A path the CPU
+    lacks is refused (its code would fault)."""
+    want = os.environ.get("ASTRAI_CPU_ISA", "").strip().lower()
+    best = best_isa()
+    if not want:
+        return best
+    if want == "none":
+        return None
+    if want not in ISAS:
+        raise CpuKernelUnavailable(f"ASTRAI_CPU_ISA={want}: use one of {', '.join(ISAS)} or none")
+    if best is None or ISAS.index(want) < ISAS.index(best):
+        raise CpuKernelUnavailable(f"ASTRAI_CPU_ISA={want}: this CPU lacks it (best: {best})")
+    return want
+
+
+def compile_flags(isa: str, flags: frozenset[str] | None = None) -> list[str]:
+    """-O3 and the -m flags of `isa` (+ VNNI where the CPU has it, on the avx512 path)."""
+    flags = cpu_flags() if flags is None else flags
+    out = [*BASE_FLAGS, *_FLAGS[isa], f"-DASTRAI_CPU_NS=astrai_cpu_{isa}"]
+    if isa == "avx512" and "avx512_vnni" in flags:
+        out.append("-mavx512vnni")
+    if isa == "avx512" and "avx512_bf16" in flags:
+        out.append("-mavx512bf16")
+    return out
+
+
+def find_cxx() -> str | None:
+    """The compiler cpp_extension will call ($CXX, else c++), or None when it is absent."""
+    return shutil.which(os.environ.get("CXX", "c++"))
+
+
+def build_dir(isa: str) -> Path:
+    """Cache folder of this source + flags + torch version."""
+    h = hashlib.sha256((csrc_dir() / SOURCE).read_bytes())
+    h.update(repr((compile_flags(isa), torch.__version__)).encode())
+    return cache_root() / f"cpu-{isa}-{h.hexdigest()[:16]}"
+
+
+@functools.cache
+def load(isa: str) -> object:
+    """Build (or reuse) and load the `isa` variant; returns its op namespace
+    (torch.ops.astrai_cpu_<isa>). A cached build loads without a compiler; with
+    ASTRAI_BUILD_KERNELS=0 nothing is compiled. Raises CpuKernelUnavailable."""
+    if isa not in ISAS:
+        raise CpuKernelUnavailable(f"unknown CPU code path {isa!r}")
+    src = csrc_dir() / SOURCE
+    if not src.is_file():
+        raise CpuKernelUnavailable(f"{src}: source missing")
+    out = build_dir(isa)
+    lib = out / f"astrai_cpu_{isa}.so"
+    if lib.is_file():
+        torch.ops.load_library(str(lib))
+        return getattr(torch.ops, f"astrai_cpu_{isa}")
+    if os.environ.get("ASTRAI_BUILD_KERNELS", "1") == "0":
+        raise CpuKernelUnavailable("not built yet, and ASTRAI_BUILD_KERNELS=0")
+    if find_cxx() is None:
+        raise CpuKernelUnavailable("no C++ compiler (set CXX or install g++)")
+    from torch.utils import cpp_extension
+
+    out.mkdir(parents=True, exist_ok=True)
+    log.info("building astrai's CPU decode kernels (%s, first use; cached in %s)", isa, out)
+    start = time.perf_counter()
+    try:
+        cpp_extension.load(name=f"astrai_cpu_{isa}", sources=[str(src)],
+                           extra_cflags=compile_flags(isa), extra_ldflags=["-fopenmp"],
+                           build_directory=str(out), is_python_module=False, verbose=False)
+    except Exception as e:  # a compiler or linker error, ninja missing, ...
+        raise CpuKernelUnavailable(f"building {src.name} failed: {e}") from e
+    log.info("built the CPU decode kernels in %.1f s", time.perf_counter() - start)
+    return getattr(torch.ops, f"astrai_cpu_{isa}")
+
+
+def cpu_status(build: bool = False) -> dict:
+    """The CPU decode kernels here, for `astrai kernels`: the code path, the library (built
+    or not), and why they cannot be had; with `build`, built first (never raises)."""
+    out = {"isa": None, "vnni": "avx512_vnni" in cpu_flags(),
+           "bf16": "avx512_bf16" in cpu_flags(), "compiler": find_cxx(), "library": None,
+           "built": False, "reason": None}
+    try:
+        isa = requested_isa()
+        if isa is None:
+            raise CpuKernelUnavailable("this CPU has no AVX2+FMA (or ASTRAI_CPU_ISA=none): "
+                                       "torch serves decode")
+        out["isa"] = isa
+        lib = build_dir(isa) / f"astrai_cpu_{isa}.so"
+        out["library"] = str(lib)
+        if build:
+            load(isa)
+        out["built"] = lib.is_file()
+        if not out["built"]:
+            out["reason"] = "not built yet: the engine builds it on first use on a CPU " \
+                            "(or `astrai kernels --build`)"
+    except CpuKernelUnavailable as e:
+        out["reason"] = str(e)
+    return out

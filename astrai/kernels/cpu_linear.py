@@ -1,0 +1,131 @@
+"""astrai's CPU decode GEMVs (csrc/cpu/decode_gemv.cpp) as the model's few-row products.
+
+    kernels = cpu_decode_kernels()      # built (or reused) for this CPU; None: torch only
+    with fast_path.active(kernels):   # what the engine does around each forward pass
+        logits = model(ids, ctx)
+
+`cpu_decode_kernels()` builds the variant this CPU runs (astrai/kernels/cpu_build.py) and
+wraps its ops for astrai/model/fast_path.py, through which every linear layer of the
+blocks, the int8 layers and the engine's LM head go: while they are active, a product of at
+most 16 rows on a CPU (a decode step) runs the kernel, and everything else torch; with fp32
+weights one row stays on torch where its GEMV is measured faster (MKL on an Intel CPU).
+Without a compiler, on a CPU without AVX2+FMA, with ASTRAI_CPU_KERNELS=0 or when the build
+fails, it returns None (one debug line says why) and torch serves every product.
+
+int8 weights: `int8_act="int8"` (the default where the CPU has AVX512-VNNI) quantizes the
+activations to int8 per block of 128 (absmax) and takes int32 dots, as llama.cpp's
+q8_0 × q8_0 does; `"fp32"` keeps them fp32 (the int8 weights converted in registers): exact
+to the dequantized model. Each op has a fake implementation, so torch.compile traces a
+model that calls them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+
+import torch
+
+from astrai.kernels import cpu_build
+from astrai.model import fast_path
+
+log = logging.getLogger("astrai.kernels")
+
+MAX_ROWS = {"fp32": 16, "bf16": 8, "int8": 16}
+"""Most rows the kernel takes per weight format; above, torch's GEMM is as fast (bf16: from
+16 rows oneDNN's AMX GEMM is faster where the CPU has AMX; figures in docs/engine.md)."""
+
+
+def _register_fakes(ns: str) -> None:
+    def fake(x, w, *rest):
+        return x.new_empty(*x.shape[:-1], w.shape[0])
+
+    def fake_many(x, ws, *rest):
+        return [x.new_empty(*x.shape[:-1], w.shape[0]) for w in ws]
+
+    for op in ("gemv", "gemv_int8", "gemv_q8"):
+        torch.library.register_fake(f"{ns}::{op}", fake)
+        torch.library.register_fake(f"{ns}::{op}_many", fake_many)
+    torch.library.register_fake(f"{ns}::rms_norm", lambda x, w, eps: torch.empty_like(x))
+    torch.library.register_fake(f"{ns}::paged_decode", lambda q, *rest: torch.empty_like(q))
+
+
+@functools.cache
+def load_ops(isa: str) -> tuple[object, dict[str, int]]:
+    """(op namespace, {"vector": floats per vector, "vnni": 0/1, "block": QK, "bf16_dot":
+    0/1}) of the built
+    `isa` variant, fakes registered. Raises cpu_build.CpuKernelUnavailable."""
+    ops = cpu_build.load(isa)
+    _register_fakes(f"astrai_cpu_{isa}")
+    vector, vnni, block, bf16 = ops.info()
+    return ops, {"vector": vector, "vnni": vnni, "block": block, "bf16_dot": bf16}
+
+
+def decode_kernels(isa: str, int8_act: str | None = None) -> fast_path.DecodeKernels:
+    """The DecodeKernels of the `isa` build; `int8_act` "int8" | "fp32" (None: int8 where
+    the build has VNNI, else fp32)."""
+    ops, info = load_ops(isa)
+    if int8_act is None:
+        int8_act = "int8" if info["vnni"] else "fp32"
+    if int8_act not in ("int8", "fp32"):
+        raise ValueError(f"int8_act {int8_act!r}: use int8 or fp32")
+    quantized = int8_act == "int8"
+    vnni = " vnni" if info["vnni"] and quantized else ""
+    vnni += ", bf16 dots" if info["bf16_dot"] else ""
+    fp32_min = 2 if torch_gemv_is_faster(ops) else 1
+    return fast_path.DecodeKernels(
+        name=f"{isa}, int8 x {int8_act}{vnni}" + (", fp32 row 1 on torch" if fp32_min > 1 else ""),
+        float_gemv=ops.gemv, int8_gemv=ops.gemv_q8 if quantized else ops.gemv_int8,
+        float_many=ops.gemv_many, int8_many=ops.gemv_q8_many if quantized else ops.gemv_int8_many,
+        fp32_rows=(fp32_min, MAX_ROWS["fp32"]), bf16_rows=(1, MAX_ROWS["bf16"]),
+        int8_rows=(1, MAX_ROWS["int8"]), rms_norm=ops.rms_norm, paged_decode=ops.paged_decode)
+
+
+@functools.cache
+def torch_gemv_is_faster(ops) -> bool:
+    """Whether torch's own fp32 GEMV (MKL on x86) beats the kernel on one row: timed once,
+    alternating, best of 5, on 16 MB of 768 x 768 matrices (out of L2, as a model's are).
+    On an Intel CPU MKL's sgemv streams a few percent faster; on others it reaches about
+    half the bandwidth (measured on an AMD EPYC), and the kernel takes one row as well."""
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(768, 768, generator=g) for _ in range(7)]
+    x = torch.randn(1, 768, generator=g)
+    best = {"kernel": float("inf"), "torch": float("inf")}
+    with torch.inference_mode():
+        for _ in range(5):
+            for name, f in (("kernel", ops.gemv), ("torch", torch.nn.functional.linear)):
+                t0 = time.perf_counter()
+                for w in ws:
+                    f(x, w)
+                best[name] = min(best[name], time.perf_counter() - t0)
+    return best["torch"] < best["kernel"]
+
+
+_built: dict[tuple, fast_path.DecodeKernels | None] = {}
+
+
+def cpu_decode_kernels(int8_act: str | None = None) -> fast_path.DecodeKernels | None:
+    """The CPU decode kernels of this machine (built at first use, then cached), or None,
+    with one debug line, where they cannot be had; use them with
+    `fast_path.active(kernels)`."""
+    if os.environ.get("ASTRAI_CPU_KERNELS", "1") == "0":
+        log.debug("CPU decode kernels off (ASTRAI_CPU_KERNELS=0); torch serves decode")
+        return None
+    key = (os.environ.get("ASTRAI_CPU_ISA", ""), int8_act)
+    if key not in _built:
+        _built[key] = _try_build(int8_act)
+    return _built[key]
+
+
+def _try_build(int8_act: str | None) -> fast_path.DecodeKernels | None:
+    try:
+        isa = cpu_build.requested_isa()
+        if isa is None:
+            raise cpu_build.CpuKernelUnavailable("this CPU has no AVX2+FMA (or "
+                                                 "ASTRAI_CPU_ISA=none)")
+        return decode_kernels(isa, int8_act)
+    except cpu_build.CpuKernelUnavailable as e:
+        log.debug("CPU decode kernels unavailable, torch serves decode: %s", e)
+        return None

@@ -1,0 +1,171 @@
+"""The few-row work of a decode step — linear products, norms, decode attention — with a slot
+for faster kernels.
+
+    y = fast_path.linear(x, w, b)              # F.linear(x, w, b), or an active kernel
+    y = fast_path.int8_product(x2, q, scale)   # None unless a kernel takes it
+    q, k, v = fast_path.project_many(x, (q_proj, k_proj, v_proj))   # or None
+    y = fast_path.rms_norm(x, w, eps)          # None unless a kernel takes it
+    o = fast_path.paged_decode(q, k_buf, v_buf, req_to_token, rows, lens, scale)  # or None
+
+Decoding multiplies one row (a few, with concurrent requests) by every weight matrix once per
+token, so its speed is the bytes of the weights over the memory bandwidth — if nothing else
+costs: torch's int8 and bf16 GEMVs fall well short of it, and each eager op around them
+(a norm: ~25 µs in a decode step) adds up over a model's layers. A set of kernels (`DecodeKernels`) is handed in from above —
+the CPU decode GEMVs of astrai/kernels/cpu_linear.py, active while the engine runs a step on
+a CPU (`with fast_path.active(kernels): ...`) — because the model room may not import the
+kernels room (docs/architecture.md "Order of rooms"); outside such a block every product is
+torch's. A product goes to the kernel only when it takes it: a CPU tensor, a row count in
+the kernel's range for the weights' dtype (`DecodeKernels.rows`), fp32 or bf16
+activations, no gradient; everything else, prefill included, stays on torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class DecodeKernels:
+    """Kernels for products of a few rows. Each takes x [..., K] fp32 or bf16 and returns
+    [..., N] in x's dtype (fp32 products); biases in any float dtype or None."""
+
+    name: str
+    """e.g. "avx512, int8 x int8 vnni", for logs and the benchmark."""
+    float_gemv: Callable[[Tensor, Tensor, Tensor | None], Tensor]
+    """(x, w [N, K] fp32 or bf16, bias) -> x (w)ᵀ + bias."""
+    int8_gemv: Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]
+    """(x, q [N, K] int8, scale [N] fp32, bias) -> ≈ x (s·q)ᵀ + bias."""
+    float_many: Callable[[Tensor, list[Tensor], list[Tensor | None]], list[Tensor]]
+    """The float product against several weights (one call, one parallel region)."""
+    int8_many: Callable[[Tensor, list[Tensor], list[Tensor], list[Tensor | None]], list[Tensor]]
+    """The int8 product against several (q, scale) pairs."""
+    rms_norm: Callable[[Tensor, Tensor, float], Tensor] | None = None
+    """(x [..., C], w [C] of x's dtype, eps) -> astrai.model.norm.rms_norm(x, w, eps)."""
+    paged_decode: Callable[..., Tensor] | None = None
+    """Decode attention over the paged KV pool, astrai.kernels.ops.paged_decode's contract
+    (q [B, H, D], k_buf, v_buf [S, K, D], req_to_token, req_pool_indices, seq_lens, scale)."""
+    fp32_rows: tuple[int, int] = (1, 16)
+    """(fewest, most) rows of a product with fp32 weights the kernel takes: outside, torch's
+    GEMM is as fast or faster (astrai/kernels/cpu_linear.py measures the fewest)."""
+    bf16_rows: tuple[int, int] = (1, 8)
+    """The same for bf16 weights (from 16 rows torch's AMX GEMM wins where there is one)."""
+    int8_rows: tuple[int, int] = (1, 16)
+    """The same for int8 weights."""
+
+    def rows(self, dtype: torch.dtype) -> tuple[int, int]:
+        """The row range of weights of `dtype` ((0, 0): none)."""
+        return {torch.float32: self.fp32_rows, torch.bfloat16: self.bf16_rows,
+                torch.int8: self.int8_rows}.get(dtype, (0, 0))
+
+
+_kernels: DecodeKernels | None = None
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@contextlib.contextmanager
+def active(kernels: DecodeKernels | None) -> Iterator[None]:
+    """Within the block, `kernels` serve the products they take (None: torch serves all);
+    the engine wraps its forward passes in it. Process-wide while it lasts (a plain global,
+    which torch.compile guards on), restored after."""
+    global _kernels
+    before, _kernels = _kernels, kernels
+    try:
+        yield
+    finally:
+        _kernels = before
+
+
+def installed() -> DecodeKernels | None:
+    """The kernels serving products now, or None."""
+    return _kernels
+
+
+def _takes(k: DecodeKernels, x: Tensor, wdtype: torch.dtype) -> bool:
+    """A few CPU rows of fp32/bf16 activations (within the kernel's range for weights of
+    `wdtype`), and no gradient to flow."""
+    if x.device.type != "cpu" or x.dtype not in _DTYPES or torch.is_grad_enabled():
+        return False
+    lo, hi = k.rows(wdtype)
+    return lo * x.shape[-1] <= x.numel() <= hi * x.shape[-1]
+
+
+def takes(x: Tensor, w: Tensor) -> bool:
+    """Whether the active kernel takes x · wᵀ (float weights of x's dtype)."""
+    k = _kernels
+    return k is not None and w.dtype == x.dtype and w.dim() == 2 and _takes(k, x, w.dtype)
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    """F.linear(x, w, b), through the active kernel when it takes the product: a few rows,
+    no gradient, fp32 weights with fp32 activations or bf16 with bf16 (the result in x's
+    dtype, the products in fp32)."""
+    if not takes(x, w):
+        return F.linear(x, w, b)
+    return _kernels.float_gemv(x, w, b)
+
+
+def int8_product(x: Tensor, q: Tensor, scale: Tensor,
+                 bias: Tensor | None = None) -> Tensor | None:
+    """x [..., K] · (scale · q)ᵀ + bias in x's dtype through the active kernel, or None
+    when no kernel takes it (the caller computes it)."""
+    k = _kernels
+    if k is None or q.dtype != torch.int8 or not _takes(k, x, torch.int8):
+        return None
+    return k.int8_gemv(x, q, scale, bias)
+
+
+NORM_ELEMENTS = 1 << 16
+"""Largest x (elements) a norm kernel takes: the rows of a decode step, not a prefill."""
+
+
+def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor | None:
+    """The active kernel's RMSNorm of a few rows (x and w of one dtype, fp32 or bf16, no
+    gradient), or None: the caller computes it."""
+    k = _kernels
+    if (k is None or k.rms_norm is None or x.device.type != "cpu" or x.dtype != w.dtype
+            or x.dtype not in _DTYPES or x.numel() > NORM_ELEMENTS or torch.is_grad_enabled()):
+        return None
+    return k.rms_norm(x, w, eps)
+
+
+def paged_decode(q: Tensor, k_buf: Tensor, v_buf: Tensor, req_to_token: Tensor,
+                 req_pool_indices: Tensor, seq_lens: Tensor, scale: float) -> Tensor | None:
+    """The active kernel's decode attention (one query per request over its first
+    seq_lens[b] slots; q and the pool of one dtype, fp32 or bf16), or None."""
+    k = _kernels
+    if (k is None or k.paged_decode is None or q.device.type != "cpu" or q.dtype not in _DTYPES
+            or k_buf.dtype != q.dtype or torch.is_grad_enabled()):
+        return None
+    return k.paged_decode(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale)
+
+
+def project_many(x: Tensor, layers: tuple[nn.Module, ...]) -> list[Tensor] | None:
+    """[layer(x) for layer in layers] in one kernel call — several projections of the same
+    activations (q, k, v; gate, up) — or None when the active kernel does not take them
+    all (plain nn.Linear layers of x's dtype, or int8 layers, astrai/model/quant.py): the
+    caller projects one by one. Decoding is bound by per-call overhead at this size, so
+    the parameters are read from the modules' dicts."""
+    k = _kernels
+    if k is None:
+        return None
+    kind = type(layers[0])
+    if any(type(m) is not kind for m in layers):
+        return None
+    if kind is nn.Linear:
+        ws = [m._parameters["weight"] for m in layers]
+        if any(w.dtype != x.dtype for w in ws) or not _takes(k, x, x.dtype):
+            return None
+        return k.float_many(x, ws, [m._parameters["bias"] for m in layers])
+    if "qweight" not in layers[0]._buffers or not _takes(k, x, torch.int8):
+        return None
+    bufs = [m._buffers for m in layers]
+    return k.int8_many(x, [b["qweight"] for b in bufs], [b["scale"] for b in bufs],
+                       [b["bias"] for b in bufs])

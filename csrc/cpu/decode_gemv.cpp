@@ -1,0 +1,850 @@
+// CPU decode GEMV: out[M, N] = x[M, K] · W[N, K]ᵀ (+ bias) for a few rows M (decoding), with
+// W fp32, bf16 or int8 (per-row scales), read once from memory: a decode step is bound by the
+// bytes of its weights, so the kernel streams each weight row once while the M activation rows
+// stay in registers / L1.
+//
+// Built by astrai/kernels/cpu_build.py with torch.utils.cpp_extension for the CPU found: the
+// -m flags decide the code path at compile time (AVX-512, AVX2+FMA; AVX512-VNNI for the int8
+// dot), and the op namespace (ASTRAI_CPU_NS) names the variant, so two builds can live in one
+// process. Ops (torch.ops.<ns>.*; schemas at the bottom):
+//
+//   gemv(x, w, bias)                 x [..., K] against fp32 or bf16 W [N, K] -> [..., N]
+//                                    (bf16 x bf16: vdpbf16ps where the CPU has AVX512-BF16)
+//   gemv_int8(x, q, scale, bias)     int8 W, fp32 activations: exact to x · (s·q)ᵀ in fp32
+//   gemv_q8(x, q, scale, bias)       int8 W, activations quantized to int8 per block of QK
+//                                    (absmax, as llama.cpp's q8_0 × q8_0 dot): int32 dots,
+//                                    VNNI vpdpbusd where the CPU has it
+//   rms_norm(x, w, eps)              the norm before those products, one pass per row
+//   paged_decode(q, k_buf, v_buf, ...) one query per request against the paged KV pool
+//   *_many(x, [w...], ...)           the same against several matrices (q, k, v; gate, up) in
+//                                    one parallel region, the activations quantized once
+//
+// x is fp32 or bf16 (the products are fp32 either way), the result in x's dtype.
+//
+// Design (per output-row tile of RT rows, per group of up to MB activation rows): one vector
+// accumulator per (activation row, weight row), each weight vector loaded once and used for
+// every activation row of the group; horizontal sums once per tile. Threads (at::parallel_for,
+// torch's intra-op pool) take contiguous ranges of row tiles, so each streams its own slice.
+#include <immintrin.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#ifndef ASTRAI_CPU_NS
+#define ASTRAI_CPU_NS astrai_cpu
+#endif
+
+namespace {
+
+#ifndef ASTRAI_RT
+#define ASTRAI_RT 4
+#endif
+constexpr int RT = ASTRAI_RT;
+#ifndef ASTRAI_PF
+#define ASTRAI_PF 2048
+#endif
+constexpr int PF = ASTRAI_PF;  // software prefetch distance in bytes (0: none)
+#ifdef ASTRAI_PF_NTA
+#define PF_HINT _MM_HINT_NTA
+#elif defined(ASTRAI_PF_T1)
+#define PF_HINT _MM_HINT_T1
+#else
+#define PF_HINT _MM_HINT_T0
+#endif  // weight rows per tile (at most 4: the tile switch below)
+#ifndef ASTRAI_QK
+#define ASTRAI_QK 128
+#endif
+constexpr int QK = ASTRAI_QK;  // activation quantization block (gemv_q8), a multiple of 64
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr bool kVnni = true;
+#else
+constexpr bool kVnni = false;
+#endif
+
+// -- vectors --------------------------------------------------------------------------------
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+constexpr int VL = 16;
+using vf = __m512;
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vset1(float a) { return _mm512_set1_ps(a); }
+inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(vf a) { return _mm512_reduce_add_ps(a); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline void vstore(float* p, vf a) { _mm512_storeu_ps(p, a); }
+inline vf vmaxv(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vfloor(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline vf vpow2i(vf n) { return _mm512_scalef_ps(vset1(1.f), n); }  // 2^n, n integral
+inline vf vmaxabs(vf m, vf a) { return _mm512_max_ps(m, _mm512_abs_ps(a)); }
+inline float vmax(vf a) { return _mm512_reduce_max_ps(a); }
+inline void vround_store(vf a, int32_t* p) {  // nearest, ties to even (MXCSR default)
+  _mm512_storeu_si512(p, _mm512_cvtps_epi32(a));
+}
+inline vf wload(const float* p) { return _mm512_loadu_ps(p); }
+inline vf wload(const c10::BFloat16* p) {  // bf16 -> fp32 is a 16-bit shift
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline vf wload(const int8_t* p) {
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int VL = 8;
+using vf = __m256;
+inline vf vzero() { return _mm256_setzero_ps(); }
+inline vf vset1(float a) { return _mm256_set1_ps(a); }
+inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(vf a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline void vstore(float* p, vf a) { _mm256_storeu_ps(p, a); }
+inline vf vmaxv(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline vf vfloor(vf a) { return _mm256_floor_ps(a); }
+inline vf vpow2i(vf n) {  // 2^n for integral n in [-126, 127]: the exponent bits
+  const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+}
+inline vf vmaxabs(vf m, vf a) {
+  return _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.f), a));
+}
+inline float vmax(vf a) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline void vround_store(vf a, int32_t* p) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_cvtps_epi32(a));
+}
+inline vf wload(const float* p) { return _mm256_loadu_ps(p); }
+inline vf wload(const c10::BFloat16* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline vf wload(const int8_t* p) {
+  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+#else
+#error "decode_gemv.cpp needs AVX2 and FMA (or AVX-512); the build falls back to torch otherwise"
+#endif
+
+inline float to_f(float v) { return v; }
+inline float to_f(c10::BFloat16 v) { return static_cast<float>(v); }
+inline float to_f(int8_t v) { return static_cast<float>(v); }
+
+// -- float-weight tiles ---------------------------------------------------------------------
+// sums[m * RT + r] = Σ_k x[m, k] · W[r, k] for m < MBv, r < R.
+template <int MBv, int R, typename W>
+inline void dot_tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t K,
+                     float* sums) {
+  vf acc[MBv][R];
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = vzero();
+  int64_t k = 0;
+  for (; k + VL <= K; k += VL) {
+    vf xv[MBv];
+    for (int m = 0; m < MBv; ++m) xv[m] = vload(x + m * ldx + k);
+    for (int r = 0; r < R; ++r) {
+      if (PF && (k * static_cast<int64_t>(sizeof(W))) % 64 == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + k) + PF, PF_HINT);
+      vf wv = wload(w + r * ldw + k);
+      for (int m = 0; m < MBv; ++m) acc[m][r] = vfma(wv, xv[m], acc[m][r]);
+    }
+  }
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r) {
+      float s = vsum(acc[m][r]);
+      for (int64_t t = k; t < K; ++t) s += x[m * ldx + t] * to_f(w[r * ldw + t]);
+      sums[m * RT + r] = s;
+    }
+}
+
+template <int MBv, typename W>
+inline void dot_rows4(int R, const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t K,
+                      float* sums) {
+  switch (R) {
+    case 4: return dot_tile<MBv, 4>(x, ldx, w, ldw, K, sums);
+    case 3: return dot_tile<MBv, 3>(x, ldx, w, ldw, K, sums);
+    case 2: return dot_tile<MBv, 2>(x, ldx, w, ldw, K, sums);
+    default: return dot_tile<MBv, 1>(x, ldx, w, ldw, K, sums);
+  }
+}
+
+// R rows (<= RT) in sub-tiles of at most 4, one activation row: a whole tile of 8.
+template <int MBv, typename W>
+inline void dot_rows(int R, const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t K,
+                     float* sums) {
+  if constexpr (MBv == 1 && RT == 8) {
+    if (R == 8) return dot_tile<1, 8>(x, ldx, w, ldw, K, sums);
+  }
+  for (int r0 = 0; r0 < R; r0 += 4)
+    dot_rows4<MBv>(std::min(4, R - r0), x, ldx, w + r0 * ldw, ldw, K, sums + r0);
+}
+
+constexpr int MB = 4;  // activation rows per group
+
+template <typename W>
+inline void dot_group(int mb, int R, const float* x, int64_t ldx, const W* w, int64_t ldw,
+                      int64_t K, float* sums) {
+  switch (mb) {
+    case 4: return dot_rows<4>(R, x, ldx, w, ldw, K, sums);
+    case 3: return dot_rows<3>(R, x, ldx, w, ldw, K, sums);
+    case 2: return dot_rows<2>(R, x, ldx, w, ldw, K, sums);
+    default: return dot_rows<1>(R, x, ldx, w, ldw, K, sums);
+  }
+}
+
+// out[m, n] = sums · scale[n] + bias[n]; scale and bias may be null.
+inline void store(const float* sums, int mb, int R, int64_t n0, const float* scale,
+                  const float* bias, float* out, int64_t ldo) {
+  for (int m = 0; m < mb; ++m)
+    for (int r = 0; r < R; ++r) {
+      float v = sums[m * RT + r];
+      if (scale) v *= scale[n0 + r];
+      if (bias) v += bias[n0 + r];
+      out[m * ldo + n0 + r] = v;
+    }
+}
+
+// One weight matrix of a call: several (q, k, v; gate, up) share the activations and one
+// parallel region.
+struct Mat {
+  const void* w;
+  int64_t ldw, N;
+  const float* scale;  // per-row scale (int8) or null
+  const float* bias;   // or null
+  float* out;          // [M, N]
+};
+
+// Row tiles of every matrix split over torch's threads; each thread streams a contiguous
+// slice of the weights.
+template <typename Body>
+inline void over_tiles(const std::vector<Mat>& mats, int64_t K, Body body) {
+  std::vector<int64_t> first(mats.size() + 1, 0);  // first tile of each matrix
+  for (size_t i = 0; i < mats.size(); ++i) first[i + 1] = first[i] + (mats[i].N + RT - 1) / RT;
+  // a piece under ~32K weights costs a thread more to start than it saves
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, RT * K));
+  at::parallel_for(0, first.back(), grain, [&](int64_t t0, int64_t t1) {
+    size_t i = 0;
+    for (int64_t t = t0; t < t1; ++t) {
+      while (t >= first[i + 1]) ++i;
+      const int64_t n0 = (t - first[i]) * RT;
+      body(mats[i], n0, static_cast<int>(std::min<int64_t>(RT, mats[i].N - n0)));
+    }
+  });
+}
+
+template <typename W>
+void gemv_float_weights(const float* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
+  over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
+    float sums[MB * RT];
+    const W* w = static_cast<const W*>(mat.w) + n0 * mat.ldw;
+    for (int64_t m0 = 0; m0 < M; m0 += MB) {
+      const int mb = static_cast<int>(std::min<int64_t>(MB, M - m0));
+      dot_group(mb, R, x + m0 * K, K, w, mat.ldw, K, sums);
+      store(sums, mb, R, n0, mat.scale, mat.bias, mat.out + m0 * mat.N, mat.N);
+    }
+  });
+}
+
+// -- bf16 × bf16 (AVX512-BF16) --------------------------------------------------------------
+// bf16 activations against bf16 weights with vdpbf16ps: 32 products of bf16 pairs per
+// instruction, accumulated in fp32 (torch's bf16 GEMM keeps the same fp32 accumulator).
+#if defined(__AVX512BF16__)
+constexpr bool kBf16Dot = true;
+template <int MBv, int R>
+inline void bf16_tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* w, int64_t ldw,
+                      int64_t K, float* sums) {
+  __m512 acc[MBv][R];
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    __m512bh xv[MBv];
+    for (int m = 0; m < MBv; ++m) xv[m] = (__m512bh)_mm512_loadu_si512(x + m * ldx + k);
+    for (int r = 0; r < R; ++r) {
+      if (PF && k % 32 == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + k) + PF, PF_HINT);
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + r * ldw + k);
+      for (int m = 0; m < MBv; ++m) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv[m], wv);
+    }
+  }
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r) {
+      float s = _mm512_reduce_add_ps(acc[m][r]);
+      for (int64_t t = k; t < K; ++t)
+        s += static_cast<float>(x[m * ldx + t]) * static_cast<float>(w[r * ldw + t]);
+      sums[m * RT + r] = s;
+    }
+}
+
+template <int MBv>
+inline void bf16_rows(int R, const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* w,
+                      int64_t ldw, int64_t K, float* sums) {
+  for (int r0 = 0; r0 < R; r0 += 4) {
+    const int rr = std::min(4, R - r0);
+    const c10::BFloat16* wr = w + r0 * ldw;
+    float* sr = sums + r0;
+    switch (rr) {
+      case 4: bf16_tile<MBv, 4>(x, ldx, wr, ldw, K, sr); break;
+      case 3: bf16_tile<MBv, 3>(x, ldx, wr, ldw, K, sr); break;
+      case 2: bf16_tile<MBv, 2>(x, ldx, wr, ldw, K, sr); break;
+      default: bf16_tile<MBv, 1>(x, ldx, wr, ldw, K, sr);
+    }
+  }
+}
+
+void gemv_bf16_dot(const c10::BFloat16* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
+  over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
+    float sums[MB * RT];
+    const c10::BFloat16* w = static_cast<const c10::BFloat16*>(mat.w) + n0 * mat.ldw;
+    for (int64_t m0 = 0; m0 < M; m0 += 2) {
+      const int mb = static_cast<int>(std::min<int64_t>(2, M - m0));
+      if (mb == 2) bf16_rows<2>(R, x + m0 * K, K, w, mat.ldw, K, sums);
+      else bf16_rows<1>(R, x + m0 * K, K, w, mat.ldw, K, sums);
+      store(sums, mb, R, n0, mat.scale, mat.bias, mat.out + m0 * mat.N, mat.N);
+    }
+  });
+}
+#else
+constexpr bool kBf16Dot = false;
+#endif
+
+// -- int8 × int8 (quantized activations) ----------------------------------------------------
+// Activations per row m and block b of QK values: s = max|x| / 127, xq = round(x / s) (int8,
+// ties to even), zero-padded to whole blocks. The dot of a weight row q with them is
+//   Σ_b s_b · Σ_{k∈b} q_k · xq_k.
+struct QuantAct {
+  std::vector<int8_t> q;   // [M, Kp]
+  std::vector<float> s;    // [M, nb]
+  std::vector<float> c;    // [M] correction (VNNI): 128 · Σ_b s_b · Σ_{k∈b} xq_k
+  std::vector<uint8_t> a;  // [M, Kp] |xq| (AVX2 sign trick)
+  int64_t Kp = 0, nb = 0;
+};
+
+// One block of n <= QK values (zero-padded to QK in `buf`): its scale, int8 values, their sum.
+inline float quantize_block(const float* x, int64_t n, int8_t* q, int32_t& qsum) {
+  alignas(64) float buf[QK];
+  const float* v = x;
+  if (n < QK) {
+    std::memset(buf, 0, sizeof buf);
+    std::memcpy(buf, x, static_cast<size_t>(n) * sizeof(float));
+    v = buf;
+  }
+  vf am = vzero();
+  for (int i = 0; i < QK; i += VL) am = vmaxabs(am, vload(v + i));
+  const float amax = vmax(am);
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  alignas(64) int32_t iv[QK];
+  for (int i = 0; i < QK; i += VL) vround_store(vmul(vload(v + i), vset1(inv)), iv + i);
+  int32_t sum = 0;
+  for (int i = 0; i < QK; ++i) {
+    q[i] = static_cast<int8_t>(iv[i]);  // |x / s| <= 127 by construction
+    sum += iv[i];
+  }
+  qsum = sum;
+  return amax / 127.f;
+}
+
+void quantize_act(const float* x, int64_t M, int64_t K, QuantAct& qa) {
+  qa.nb = (K + QK - 1) / QK;
+  qa.Kp = qa.nb * QK;
+  qa.q.resize(M * qa.Kp);
+  qa.s.resize(M * qa.nb);
+  qa.c.resize(M);
+  qa.a.resize(M * qa.Kp);
+  for (int64_t m = 0; m < M; ++m) {
+    double corr = 0;
+    for (int64_t b = 0; b < qa.nb; ++b) {
+      const int64_t k0 = b * QK;
+      int32_t qsum = 0;
+      const float s = quantize_block(x + m * K + k0, std::min<int64_t>(QK, K - k0),
+                                     qa.q.data() + m * qa.Kp + k0, qsum);
+      qa.s[m * qa.nb + b] = s;
+      corr += static_cast<double>(s) * qsum;
+    }
+    qa.c[m] = static_cast<float>(128.0 * corr);
+    if (!kVnni)
+      for (int64_t k = 0; k < qa.Kp; ++k) {
+        const int8_t v = qa.q[m * qa.Kp + k];
+        qa.a[m * qa.Kp + k] = static_cast<uint8_t>(v < 0 ? -v : v);
+      }
+  }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// (q ^ 0x80) is q + 128 as an unsigned byte, so vpdpbusd (u8 × s8) gives Σ (q + 128) · xq; the
+// 128 · Σ xq part is the same for every weight row and is taken off once (QuantAct::c).
+template <int MBv, int R, bool MASKED>
+inline void q8_block(const int8_t* const* xr, const float* const* sr, const int8_t* const* wr,
+                     int64_t b, int64_t K, __m512 (&accf)[MBv][R]) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i acci[MBv][R];
+  for (int j = 0; j < QK / 64; ++j) {
+    const int64_t k = b * QK + j * 64;
+    __mmask64 mask = ~0ULL;
+    if (MASKED) mask = K - k >= 64 ? ~0ULL : K - k <= 0 ? 0ULL : ((1ULL << (K - k)) - 1);
+    __m512i xv[MBv];
+    for (int m = 0; m < MBv; ++m) xv[m] = _mm512_loadu_si512(xr[m] + k);
+    for (int r = 0; r < R; ++r) {
+      if (PF) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + k + PF), PF_HINT);
+      const __m512i wv = _mm512_xor_si512(
+          MASKED ? _mm512_maskz_loadu_epi8(mask, wr[r] + k) : _mm512_loadu_si512(wr[r] + k), flip);
+      for (int m = 0; m < MBv; ++m)
+        acci[m][r] = _mm512_dpbusd_epi32(j == 0 ? _mm512_setzero_si512() : acci[m][r], wv, xv[m]);
+    }
+  }
+  for (int m = 0; m < MBv; ++m) {
+    const __m512 s = _mm512_set1_ps(sr[m][b]);
+    for (int r = 0; r < R; ++r)
+      accf[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci[m][r]), s, accf[m][r]);
+  }
+}
+
+template <int MBv, int R>
+inline void q8_tile(const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw, int64_t K,
+                    float* sums) {
+  const int8_t* xr[MBv];
+  const float* sr[MBv];
+  const int8_t* wr[R];
+  for (int m = 0; m < MBv; ++m) {
+    xr[m] = qa.q.data() + (m0 + m) * qa.Kp;
+    sr[m] = qa.s.data() + (m0 + m) * qa.nb;
+  }
+  for (int r = 0; r < R; ++r) wr[r] = w + r * ldw;
+  __m512 accf[MBv][R];
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r) accf[m][r] = _mm512_setzero_ps();
+  const int64_t full = K / QK;
+  for (int64_t b = 0; b < full; ++b) q8_block<MBv, R, false>(xr, sr, wr, b, K, accf);
+  if (full < qa.nb) q8_block<MBv, R, true>(xr, sr, wr, full, K, accf);
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r)
+      sums[m * RT + r] = _mm512_reduce_add_ps(accf[m][r]) - qa.c[m0 + m];
+}
+constexpr int MBQ = 2;
+#else
+// AVX2: maddubs needs one unsigned side, so |xq| against q with xq's sign (llama.cpp's
+// trick); |q|, |xq| <= 127 keeps the 16-bit pair sums from saturating.
+inline __m256i dot32(const uint8_t* a, const int8_t* sx, const int8_t* w, int64_t left) {
+  __m256i wv;
+  if (left < 32) {
+    alignas(32) int8_t buf[32] = {0};
+    if (left > 0) std::memcpy(buf, w, static_cast<size_t>(left));
+    wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+  } else {
+    wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  }
+  const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+  const __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sx));
+  const __m256i p16 = _mm256_maddubs_epi16(av, _mm256_sign_epi8(wv, xs));
+  return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+template <int MBv, int R>
+inline void q8_tile(const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw, int64_t K,
+                    float* sums) {
+  __m256 accf[MBv][R];
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r) accf[m][r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < qa.nb; ++b) {
+    for (int m = 0; m < MBv; ++m) {
+      const int64_t row = (m0 + m) * qa.Kp;
+      const __m256 s = _mm256_set1_ps(qa.s[(m0 + m) * qa.nb + b]);
+      for (int r = 0; r < R; ++r) {
+        __m256i acc = _mm256_setzero_si256();
+        for (int64_t k = b * QK; k < (b + 1) * QK; k += 32)
+          acc = _mm256_add_epi32(acc, dot32(qa.a.data() + row + k, qa.q.data() + row + k,
+                                            w + r * ldw + k, K - k));
+        accf[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), s, accf[m][r]);
+      }
+    }
+  }
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r) sums[m * RT + r] = vsum(accf[m][r]);
+}
+constexpr int MBQ = 2;
+#endif
+
+template <int MBv>
+inline void q8_rows4(int R, const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw,
+                     int64_t K, float* sums) {
+  switch (R) {
+    case 4: return q8_tile<MBv, 4>(qa, m0, w, ldw, K, sums);
+    case 3: return q8_tile<MBv, 3>(qa, m0, w, ldw, K, sums);
+    case 2: return q8_tile<MBv, 2>(qa, m0, w, ldw, K, sums);
+    default: return q8_tile<MBv, 1>(qa, m0, w, ldw, K, sums);
+  }
+}
+
+template <int MBv>
+inline void q8_rows(int R, const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw,
+                    int64_t K, float* sums) {
+  if constexpr (MBv == 1 && RT == 8) {
+    if (R == 8) return q8_tile<1, 8>(qa, m0, w, ldw, K, sums);
+  }
+  for (int r0 = 0; r0 < R; r0 += 4)
+    q8_rows4<MBv>(std::min(4, R - r0), qa, m0, w + r0 * ldw, ldw, K, sums + r0);
+}
+
+void gemv_q8_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
+  thread_local QuantAct qa;
+  quantize_act(x, M, K, qa);  // once for every matrix of the call
+  const QuantAct& q = qa;
+  over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
+    float sums[MB * RT];
+    const int8_t* w = static_cast<const int8_t*>(mat.w) + n0 * mat.ldw;
+    for (int64_t m0 = 0; m0 < M; m0 += MBQ) {
+      const int mb = static_cast<int>(std::min<int64_t>(MBQ, M - m0));
+      if (mb == 2) q8_rows<2>(R, q, m0, w, mat.ldw, K, sums);
+      else q8_rows<1>(R, q, m0, w, mat.ldw, K, sums);
+      store(sums, mb, R, n0, mat.scale, mat.bias, mat.out + m0 * mat.N, mat.N);
+    }
+  });
+}
+
+// -- ops ------------------------------------------------------------------------------------
+// x [..., K] fp32 or bf16 (computed in fp32); each output [..., N_i] in x's dtype; a bias in
+// any float dtype; weights [N_i, K] (rows made contiguous if they are not).
+using OptList = c10::List<std::optional<at::Tensor>>;
+
+struct Call {
+  at::Tensor x2;                  // [M, K] fp32 contiguous
+  std::vector<int64_t> lead;      // x's leading dims
+  std::vector<at::Tensor> outs;   // [M, N_i] fp32
+  std::vector<at::Tensor> keep;   // converted weights / biases / scales, alive for the call
+  std::vector<Mat> mats;
+  int64_t M = 0, K = 0;
+};
+
+const float* f32_vector(const std::optional<at::Tensor>& t, int64_t n, const char* what,
+                        Call& c) {
+  if (!t.has_value()) return nullptr;
+  TORCH_CHECK(t->numel() == n && !t->is_cuda(), what, " must be a CPU vector of ", n);
+  at::Tensor v = t->to(at::kFloat).contiguous();
+  c.keep.push_back(v);
+  return v.data_ptr<float>();
+}
+
+Call prepare(const at::Tensor& x, at::TensorList ws, const at::TensorList* scales,
+             const OptList& biases, const char* op) {
+  TORCH_CHECK(x.dim() >= 1 && !x.is_cuda() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              op, ": x must be a fp32 or bf16 CPU tensor [..., K]");
+  TORCH_CHECK(!ws.empty(), op, ": no weights");
+  TORCH_CHECK(biases.size() == 0 || biases.size() == ws.size(), op, ": one bias (or None) per weight");
+  TORCH_CHECK(!scales || scales->size() == ws.size(), op, ": one scale per weight");
+  Call c;
+  c.K = x.size(-1);
+  c.lead = x.sizes().vec();
+  c.lead.pop_back();
+  c.x2 = x.reshape({-1, c.K}).to(at::kFloat).contiguous();
+  c.M = c.x2.size(0);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    at::Tensor w = ws[i];
+    TORCH_CHECK(w.dim() == 2 && w.size(1) == c.K && !w.is_cuda(), op, ": weight ", i,
+                " must be a CPU matrix [N, ", c.K, "]");
+    TORCH_CHECK(w.scalar_type() == ws[0].scalar_type(), op, ": weights of one dtype");
+    if (w.stride(1) != 1) {
+      w = w.contiguous();
+      c.keep.push_back(w);
+    }
+    const int64_t N = w.size(0);
+    c.outs.push_back(at::empty({c.M, N}, c.x2.options()));
+    const std::optional<at::Tensor> b = biases.size() ? biases.get(i) : std::nullopt;
+    c.mats.push_back({w.data_ptr(), w.stride(0), N,
+                      scales ? f32_vector((*scales)[i], N, "scale", c) : nullptr,
+                      f32_vector(b, N, "bias", c), c.outs.back().data_ptr<float>()});
+  }
+  return c;
+}
+
+std::vector<at::Tensor> finish(Call& c, at::ScalarType dtype) {
+  std::vector<at::Tensor> res;
+  for (at::Tensor& o : c.outs) {
+    std::vector<int64_t> shape = c.lead;
+    shape.push_back(o.size(1));
+    res.push_back((dtype == at::kFloat ? o : o.to(dtype)).view(shape));
+  }
+  return res;
+}
+
+void bf16_dot(const at::Tensor& x, Call& c) {
+#if defined(__AVX512BF16__)
+  const at::Tensor xb = x.reshape({-1, c.K}).contiguous();
+  gemv_bf16_dot(xb.data_ptr<c10::BFloat16>(), c.M, c.K, c.mats);
+#else
+  (void)x;
+  (void)c;
+#endif
+}
+
+std::vector<at::Tensor> gemv_many(const at::Tensor& x, at::TensorList ws, const OptList& biases) {
+  Call c = prepare(x, ws, nullptr, biases, "gemv");
+  const float* xp = c.x2.data_ptr<float>();
+  if (ws[0].scalar_type() == at::kFloat)
+    gemv_float_weights<float>(xp, c.M, c.K, c.mats);
+  else if (ws[0].scalar_type() == at::kBFloat16 && kBf16Dot && x.scalar_type() == at::kBFloat16)
+    bf16_dot(x, c);  // bf16 activations as they are: vdpbf16ps
+  else if (ws[0].scalar_type() == at::kBFloat16)
+    gemv_float_weights<c10::BFloat16>(xp, c.M, c.K, c.mats);
+  else
+    TORCH_CHECK(false, "gemv: weights must be fp32 or bf16, got ", ws[0].scalar_type());
+  return finish(c, x.scalar_type());
+}
+
+std::vector<at::Tensor> int8_many(const at::Tensor& x, at::TensorList qs, at::TensorList scales,
+                                  const OptList& biases, bool quantized) {
+  const char* op = quantized ? "gemv_q8" : "gemv_int8";
+  TORCH_CHECK(!qs.empty() && qs[0].scalar_type() == at::kChar, op, ": weights must be int8");
+  Call c = prepare(x, qs, &scales, biases, op);
+  if (quantized) gemv_q8_impl(c.x2.data_ptr<float>(), c.M, c.K, c.mats);
+  else gemv_float_weights<int8_t>(c.x2.data_ptr<float>(), c.M, c.K, c.mats);
+  return finish(c, x.scalar_type());
+}
+
+std::vector<at::Tensor> gemv_int8_many(const at::Tensor& x, at::TensorList qs,
+                                       at::TensorList scales, const OptList& biases) {
+  return int8_many(x, qs, scales, biases, false);
+}
+
+std::vector<at::Tensor> gemv_q8_many(const at::Tensor& x, at::TensorList qs,
+                                     at::TensorList scales, const OptList& biases) {
+  return int8_many(x, qs, scales, biases, true);
+}
+
+OptList one_bias(const std::optional<at::Tensor>& bias) {
+  OptList b;
+  b.push_back(bias);
+  return b;
+}
+
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
+  return gemv_many(x, {w}, one_bias(bias))[0];
+}
+
+at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                     const std::optional<at::Tensor>& bias) {
+  return int8_many(x, {q}, {scale}, one_bias(bias), false)[0];
+}
+
+at::Tensor gemv_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                   const std::optional<at::Tensor>& bias) {
+  return int8_many(x, {q}, {scale}, one_bias(bias), true)[0];
+}
+
+// RMSNorm of a few rows (the norms around a decode step's products), as astrai/model/norm.py:
+// fp32: x · rsqrt(mean(x²) + eps) · w; bf16: w · bf16(x · rsqrt(mean(x²) + eps)) with the
+// statistics in fp32 and each product rounded once to bf16, as HF Llama's RMSNorm. One
+// thread: a row is a few KB, less than a parallel region costs.
+template <typename T>
+void rms_rows(const T* x, const T* w, T* out, int64_t rows, int64_t C, float eps) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* xr = x + i * C;
+    T* o = out + i * C;
+    float ss = 0.f;
+    for (int64_t c = 0; c < C; ++c) {
+      const float v = static_cast<float>(xr[c]);
+      ss += v * v;
+    }
+    const float r = 1.f / std::sqrt(ss / static_cast<float>(C) + eps);
+    for (int64_t c = 0; c < C; ++c) {
+      if constexpr (std::is_same_v<T, float>) {
+        o[c] = xr[c] * r * w[c];
+      } else {
+        const T normed = static_cast<T>(static_cast<float>(xr[c]) * r);
+        o[c] = static_cast<T>(static_cast<float>(w[c]) * static_cast<float>(normed));
+      }
+    }
+  }
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  TORCH_CHECK(!x.is_cuda() && x.scalar_type() == w.scalar_type() && w.dim() == 1 &&
+                  x.size(-1) == w.size(0) &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "rms_norm: x [..., C] and w [C] of one dtype, fp32 or bf16, on the CPU");
+  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  const int64_t C = x.size(-1), rows = C ? xc.numel() / C : 0;
+  if (x.scalar_type() == at::kFloat)
+    rms_rows(xc.data_ptr<float>(), wc.data_ptr<float>(), out.data_ptr<float>(), rows, C,
+             static_cast<float>(eps));
+  else
+    rms_rows(xc.data_ptr<c10::BFloat16>(), wc.data_ptr<c10::BFloat16>(),
+             out.data_ptr<c10::BFloat16>(), rows, C, static_cast<float>(eps));
+  return out;
+}
+
+// Decode attention over the paged KV pool (the engine's layout, astrai/infer/cache/record.py):
+// one query per request, q [B, H, D]; request b attends to slots req_to_token[row_b, :len_b]
+// of k_buf / v_buf [S, Kh, D]; query head h reads kv head h / (H / Kh). The math of
+// astrai/kernels/reference.py paged_decode_ref in fp32 (scores, softmax, weighted sum), the
+// result rounded once to q's dtype. Threads take (request, kv head) pairs; the H / Kh query
+// heads of a pair share each key and value read.
+// e^x for x <= 0 (softmax after the max is taken off), Cephes' expf polynomial: relative
+// error ~1e-7; below -87 it is 0.
+inline vf vexp_neg(vf x) {
+  x = vmaxv(x, vset1(-87.f));
+  const vf n = vfloor(vfma(x, vset1(1.44269504088896341f), vset1(0.5f)));
+  vf r = vfma(n, vset1(-0.693359375f), x);
+  r = vfma(n, vset1(2.12194440e-4f), r);
+  vf y = vset1(1.9875691500e-4f);
+  y = vfma(y, r, vset1(1.3981999507e-3f));
+  y = vfma(y, r, vset1(8.3334519073e-3f));
+  y = vfma(y, r, vset1(4.1665795894e-2f));
+  y = vfma(y, r, vset1(1.6666665459e-1f));
+  y = vfma(y, r, vset1(5.0000001201e-1f));
+  y = vfma(y, vmul(r, r), vadd(r, vset1(1.f)));
+  return vmul(y, vpow2i(n));
+}
+
+// s[0:n] <- softmax(s[0:n]), in place.
+inline void softmax(float* s, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, s[i]);
+  const vf m = vset1(mx);
+  vf acc = vzero();
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) {
+    const vf e = vexp_neg(vadd(vload(s + i), vmul(m, vset1(-1.f))));
+    vstore(s + i, e);
+    acc = vadd(acc, e);
+  }
+  float sum = vsum(acc);
+  for (; i < n; ++i) sum += (s[i] = std::exp(s[i] - mx));
+  const float inv = n ? 1.f / sum : 0.f;
+  const vf iv = vset1(inv);
+  for (i = 0; i + VL <= n; i += VL) vstore(s + i, vmul(vload(s + i), iv));
+  for (; i < n; ++i) s[i] *= inv;
+}
+
+template <typename T>
+inline float dot(const float* a, const T* b, int64_t n) {
+  vf acc = vzero();
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) acc = vfma(vload(a + i), wload(b + i), acc);
+  float s = vsum(acc);
+  for (; i < n; ++i) s += a[i] * to_f(b[i]);
+  return s;
+}
+
+template <typename T>  // y += a · x
+inline void axpy(float a, const T* x, float* y, int64_t n) {
+  const vf av = vset1(a);
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) vstore(y + i, vfma(av, wload(x + i), vload(y + i)));
+  for (; i < n; ++i) y[i] += a * to_f(x[i]);
+}
+
+template <typename T>
+void paged_decode_rows(const T* q, const T* kb, const T* vb, const int32_t* r2t, int64_t ldr,
+                       const int64_t* rows, const int32_t* lens, int64_t B, int64_t H,
+                       int64_t Kh, int64_t D, float scale, T* out) {
+  const int64_t G = H / Kh;
+  // pieces: (request, a contiguous run of kv heads); each key / value row is read once per
+  // piece, position by position (the pool is [slot, kv head, D]: heads are adjacent)
+  const int64_t per = std::max<int64_t>(1, (Kh + 1) / 2), pieces = (Kh + per - 1) / per;
+  at::parallel_for(0, B * pieces, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> qf, acc, sc;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t b = p / pieces, h0 = (p % pieces) * per, h1 = std::min(Kh, h0 + per);
+      const int64_t nh = (h1 - h0) * G, L = lens[b];  // query heads of the piece
+      const int32_t* slots = r2t + rows[b] * ldr;
+      qf.resize(nh * D);
+      acc.assign(nh * D, 0.f);
+      sc.resize(nh * L);
+      for (int64_t i = 0; i < nh * D; ++i)
+        qf[i] = static_cast<float>(q[(b * H + h0 * G) * D + i]) * scale;
+      for (int64_t j = 0; j < L; ++j) {
+        const T* kr = kb + (static_cast<int64_t>(slots[j]) * Kh + h0) * D;
+        for (int64_t kh = 0, i = 0; kh < h1 - h0; ++kh)
+          for (int64_t g = 0; g < G; ++g, ++i) sc[i * L + j] = dot(qf.data() + i * D, kr + kh * D, D);
+      }
+      for (int64_t i = 0; i < nh; ++i) softmax(sc.data() + i * L, L);
+      for (int64_t j = 0; j < L; ++j) {
+        const T* vr = vb + (static_cast<int64_t>(slots[j]) * Kh + h0) * D;
+        for (int64_t kh = 0, i = 0; kh < h1 - h0; ++kh)
+          for (int64_t g = 0; g < G; ++g, ++i) axpy(sc[i * L + j], vr + kh * D, acc.data() + i * D, D);
+      }
+      for (int64_t i = 0; i < nh * D; ++i)
+        out[(b * H + h0 * G) * D + i] = static_cast<T>(acc[i]);
+    }
+  });
+}
+
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                        const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                        const at::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.sizes() == k_buf.sizes() &&
+                  q.size(2) == k_buf.size(2) && q.size(1) % k_buf.size(1) == 0,
+              "paged_decode: q [B, H, D], k_buf / v_buf [S, K, D] with K dividing H");
+  TORCH_CHECK(q.scalar_type() == k_buf.scalar_type() && v_buf.scalar_type() == q.scalar_type() &&
+                  (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
+              "paged_decode: q, k_buf, v_buf of one dtype, fp32 or bf16");
+  TORCH_CHECK(k_buf.is_contiguous() && v_buf.is_contiguous() && !q.is_cuda(),
+              "paged_decode: contiguous CPU K/V buffers");
+  const at::Tensor qc = q.contiguous();
+  const at::Tensor r2t = req_to_token.to(at::kInt).contiguous();
+  const at::Tensor rows = req_pool_indices.to(at::kLong).contiguous();
+  const at::Tensor lens = seq_lens.to(at::kInt).contiguous();
+  at::Tensor out = at::empty_like(qc);
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), Kh = k_buf.size(1);
+  const float sc = static_cast<float>(scale);
+  if (q.scalar_type() == at::kFloat)
+    paged_decode_rows(qc.data_ptr<float>(), k_buf.data_ptr<float>(), v_buf.data_ptr<float>(),
+                      r2t.data_ptr<int32_t>(), r2t.size(1), rows.data_ptr<int64_t>(),
+                      lens.data_ptr<int32_t>(), B, H, Kh, D, sc, out.data_ptr<float>());
+  else
+    paged_decode_rows(qc.data_ptr<c10::BFloat16>(), k_buf.data_ptr<c10::BFloat16>(),
+                      v_buf.data_ptr<c10::BFloat16>(), r2t.data_ptr<int32_t>(), r2t.size(1),
+                      rows.data_ptr<int64_t>(), lens.data_ptr<int32_t>(), B, H, Kh, D, sc,
+                      out.data_ptr<c10::BFloat16>());
+  return out;
+}
+
+// What this build is: floats per vector (16: AVX-512, 8: AVX2), VNNI (1/0), the block QK,
+// AVX512-BF16 dots (1/0).
+std::vector<int64_t> info() { return {VL, kVnni ? 1 : 0, QK, kBf16Dot ? 1 : 0}; }
+
+}  // namespace
+
+TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
+  m.def("gemv(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
+  m.def("gemv_int8(Tensor x, Tensor q, Tensor scale, Tensor? bias=None) -> Tensor");
+  m.def("gemv_q8(Tensor x, Tensor q, Tensor scale, Tensor? bias=None) -> Tensor");
+  m.def("gemv_many(Tensor x, Tensor[] w, Tensor?[] bias) -> Tensor[]");
+  m.def("gemv_int8_many(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] bias) -> Tensor[]");
+  m.def("gemv_q8_many(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] bias) -> Tensor[]");
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def("paged_decode(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, "
+        "Tensor req_pool_indices, Tensor seq_lens, float scale) -> Tensor");
+  m.def("info() -> int[]", &info);
+  m.impl("gemv", c10::DispatchKey::CPU, &gemv);
+  m.impl("gemv_int8", c10::DispatchKey::CPU, &gemv_int8);
+  m.impl("gemv_q8", c10::DispatchKey::CPU, &gemv_q8);
+  m.impl("gemv_many", c10::DispatchKey::CPU, &gemv_many);
+  m.impl("gemv_int8_many", c10::DispatchKey::CPU, &gemv_int8_many);
+  m.impl("gemv_q8_many", c10::DispatchKey::CPU, &gemv_q8_many);
+  m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
+  m.impl("paged_decode", c10::DispatchKey::CPU, &paged_decode);
+}

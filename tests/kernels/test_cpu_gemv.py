@@ -1,0 +1,254 @@
+"""The CPU decode kernels (csrc/cpu/decode_gemv.cpp) against their torch references, on every
+code path this CPU runs (AVX-512 and AVX2 on an AVX-512 machine), and the dispatch that
+sends a decode step's work to them: GEMVs of odd sizes, tails that are no multiple of a
+vector or a block, 1..8 activation rows, fp32 / bf16 / int8 weights, biases, several
+matrices per call; the RMSNorm; paged decode attention (GQA, fp32 and bf16); the fallback
+to torch where the kernels cannot be had. One build per code path and
+session (cached across sessions); skipped without a C++ compiler or on a CPU without AVX2."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from astrai.kernels import cpu_build, cpu_linear
+from astrai.kernels.reference import gemv_q8_ref, paged_decode_ref
+from astrai.model import fast_path
+from astrai.model.norm import rms_norm
+from astrai.model.quant import Int8Linear, dequantize_rows, quantize_rows
+
+from .kernel_cases import decode_case
+
+BEST = cpu_build.best_isa()
+HERE = [] if BEST is None else list(cpu_build.ISAS[cpu_build.ISAS.index(BEST):])
+pytestmark = pytest.mark.skipif(
+    BEST is None or cpu_build.find_cxx() is None,
+    reason="needs an x86 CPU with AVX2+FMA and a C++ compiler")
+
+SHAPES = [(1, 1, 1), (1, 5, 3), (2, 16, 5), (3, 77, 13), (1, 64, 128), (8, 131, 67),
+          (5, 1000, 9), (4, 129, 31), (7, 300, 33), (6, 2304, 20)]
+"""(M, K, N): K and N around and off the multiples of 8/16 (vectors), 64/128 (int8 blocks),
+and 4 (the kernel's row tile)."""
+
+
+@pytest.fixture(scope="module", params=HERE)
+def ops(request):
+    """The built variant; a build error fails here (the engine would fall back silently)."""
+    return cpu_linear.load_ops(request.param)
+
+
+def bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """An fp32 rounding bound of x wᵀ, elementwise: 1e-5 · Σ|x||w| (a K-term fp32 sum errs
+    by far less than K·2⁻²⁴ of it; 1e-5 leaves room, and no last bit is relied on)."""
+    return 1e-5 * (x.double().abs() @ w.double().abs().T) + 1e-30
+
+
+def check(out: torch.Tensor, ref: torch.Tensor, tol: torch.Tensor) -> None:
+    assert out.shape == ref.shape and out.dtype == torch.float32
+    err = (out.double() - ref.double()).abs()
+    assert bool((err <= tol).all()), f"max err {err.max():.3g}, bound {tol.max():.3g}"
+
+
+@pytest.mark.parametrize("M,K,N", SHAPES)
+def test_float_weights_match_torch(ops, M, K, N):
+    o, _ = ops
+    g = torch.Generator().manual_seed(M * 1000 + K + N)
+    x, w, b = (torch.randn(M, K, generator=g), torch.randn(N, K, generator=g),
+               torch.randn(N, generator=g))
+    check(o.gemv(x, w, b), x.double() @ w.double().T + b.double(), bound(x, w) + 1e-6)
+    wb = w.bfloat16()  # the bf16 values exactly, against fp32 activations
+    check(o.gemv(x, wb, None), x.double() @ wb.double().T, bound(x, wb.float()))
+
+
+@pytest.mark.parametrize("M,K,N", SHAPES)
+def test_int8_weights_match_their_references(ops, M, K, N):
+    o, info = ops
+    g = torch.Generator().manual_seed(M * 7 + K * 3 + N)
+    x, w, b = (torch.randn(M, K, generator=g), torch.randn(N, K, generator=g),
+               torch.randn(N, generator=g))
+    q, s = quantize_rows(w)
+    deq = dequantize_rows(q, s)
+    # fp32 activations: the dequantized model's product, to fp32 rounding
+    check(o.gemv_int8(x, q, s, b), x.double() @ deq.double().T + b.double(),
+          bound(x, deq) + 1e-6)
+    # int8 activations per block: the reference's integer dots, to fp32 rounding
+    ref = gemv_q8_ref(x, q, s, b, block=info["block"])
+    check(o.gemv_q8(x, q, s, b), ref, bound(x, deq) + 1e-5 * ref.abs())
+    # ... and within the quantization error of the dequantized product: per block the
+    # activations move by at most half a step, s_b / 2, so |err| <= Σ_k |w_k| s_b(k) / 2
+    _, xs = quantize_rows(x)  # not the kernel's blocks: max|x| per row bounds every s_b
+    step = (deq.double().abs().sum(1)[None, :] * xs.double()[:, None]) / 2
+    err = (o.gemv_q8(x, q, s, None).double() - x.double() @ deq.double().T).abs()
+    assert bool((err <= step * 1.001 + 1e-5).all())
+
+
+def test_several_matrices_in_one_call_equal_one_by_one(ops):
+    o, _ = ops
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 96, generator=g)
+    ws = [torch.randn(n, 96, generator=g) for n in (40, 7, 7)]
+    bs = [torch.randn(40, generator=g), None, torch.randn(7, generator=g)]
+    for got, w, b in zip(o.gemv_many(x, ws, bs), ws, bs):
+        torch.testing.assert_close(got, o.gemv(x, w, b), rtol=0, atol=0)  # same code, same order
+    qs = [quantize_rows(w) for w in ws]
+    for many, single in (("gemv_q8_many", "gemv_q8"), ("gemv_int8_many", "gemv_int8")):
+        outs = getattr(o, many)(x, [q for q, _ in qs], [s for _, s in qs], bs)
+        for got, (q, s), b in zip(outs, qs, bs):
+            torch.testing.assert_close(got, getattr(o, single)(x, q, s, b), rtol=0, atol=0)
+
+
+def test_leading_dims_bf16_activations_and_strided_weights(ops):
+    o, _ = ops
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 3, 40, generator=g)
+    w = torch.randn(40, 24, generator=g).T  # [24, 40] with rows not contiguous
+    out = o.gemv(x, w, None)
+    assert out.shape == (1, 3, 24)
+    check(out.view(3, 24), x[0].double() @ w.double().T, bound(x[0], w))
+    xb, wb, bias = x.bfloat16(), w.contiguous().bfloat16(), torch.randn(24).bfloat16()
+    got = o.gemv(xb, wb, bias)  # fp32 products of the bf16 values, rounded once to bf16
+    assert got.dtype == torch.bfloat16 and got.shape == (1, 3, 24)
+    ref = (xb.double() @ wb.double().T + bias.double()).bfloat16()
+    torch.testing.assert_close(got, ref, rtol=2 ** -7, atol=1e-2)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 768), (3, 5), (2, 1, 4, 64), (1, 1, 1)])
+def test_rms_norm_matches_the_model_norm(ops, shape):
+    o, _ = ops
+    g = torch.Generator().manual_seed(len(shape))
+    x, w = torch.randn(*shape, generator=g) * 3, torch.rand(shape[-1], generator=g) + 0.5
+    torch.testing.assert_close(o.rms_norm(x, w, 1e-5), rms_norm(x, w, 1e-5),
+                               rtol=1e-6, atol=1e-6)
+    xb, wb = x.bfloat16(), w.bfloat16()  # bf16: within one rounding of the torch formula
+    torch.testing.assert_close(o.rms_norm(xb, wb, 1e-5), rms_norm(xb, wb, 1e-5),
+                               rtol=2 ** -7, atol=1e-3)
+
+
+@pytest.mark.parametrize("lens,H,K,D", [([5, 2], 4, 2, 16), ([3, 40, 1], 8, 2, 64),
+                                         ([17], 12, 12, 64), ([1, 9, 130], 6, 3, 24)])
+def test_paged_decode_matches_the_reference(ops, lens, H, K, D):
+    o, _ = ops
+    case = decode_case(lens, H, K, D, seed=len(lens))
+    torch.testing.assert_close(o.paged_decode(*case, 0.3), paged_decode_ref(*case, 0.3),
+                               rtol=1e-5, atol=1e-5)
+    bf = [c.bfloat16() if c.is_floating_point() else c for c in case]
+    torch.testing.assert_close(o.paged_decode(*bf, 0.3), paged_decode_ref(*bf, 0.3),
+                               rtol=2 ** -7, atol=1e-2)
+
+
+def test_the_engine_gets_the_kernels_here():
+    """A compiler and AVX2 are here: a build that fails must fail a test, not fall back."""
+    assert cpu_linear.cpu_decode_kernels() is not None
+
+
+def test_ops_trace_through_their_fake_implementations(ops):
+    o, _ = ops
+    x, w = torch.randn(2, 32), torch.randn(16, 32)
+    q, s = quantize_rows(w)
+    torch.library.opcheck(o.gemv.default, (x, w, None), test_utils=("test_faketensor",))
+    torch.library.opcheck(o.gemv_q8_many.default, (x, [q, q[:3]], [s, s[:3]], [None, None]),
+                          test_utils=("test_faketensor",))
+    torch.library.opcheck(o.rms_norm.default, (x, x[0], 1e-5), test_utils=("test_faketensor",))
+    case = decode_case([3, 8], 4, 2, 16)
+    torch.library.opcheck(o.paged_decode.default, (*case, 0.25), test_utils=("test_faketensor",))
+
+
+def counting(k: fast_path.DecodeKernels, calls: list) -> fast_path.DecodeKernels:
+    def wrap(f):
+        def g(*a):
+            calls.append(a[0].shape)
+            return f(*a)
+        return g
+    return dataclasses.replace(k, float_gemv=wrap(k.float_gemv), int8_gemv=wrap(k.int8_gemv),
+                               float_many=wrap(k.float_many), int8_many=wrap(k.int8_many),
+                               fp32_rows=(1, 16))
+
+
+def test_a_model_with_the_kernels_active_compiles_to_one_graph():
+    """torch.compile (fullgraph) traces a forward whose products, norms and int8 layers go to
+    the kernels (their fake implementations), and the compiled forward computes the same."""
+    from astrai.model import build_model, get_preset
+    from astrai.model.quant import quantize_model
+
+    k = dataclasses.replace(cpu_linear.decode_kernels(BEST), fp32_rows=(1, 16))
+    cfg = get_preset("tiny", vocab_size=128, dim=64, n_layers=1, n_heads=4, n_kv_heads=2,
+                     ffn_dim=96, max_seq_len=32)
+    model = build_model(cfg, seed=0).eval()
+    ids = torch.randint(0, 128, (1, 3), generator=torch.Generator().manual_seed(0))
+    for m in (model, quantize_model(build_model(cfg, seed=0).eval(), "int8")):
+        with torch.no_grad(), fast_path.active(k):
+            ref = m(ids).logits
+            out = torch.compile(m, backend="aot_eager", fullgraph=True)(ids).logits
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+def test_dispatch_takes_few_rows_without_grad_and_leaves_the_rest_to_torch():
+    k = cpu_linear.decode_kernels(BEST)
+    calls: list = []
+    lin, other = nn.Linear(32, 8), nn.Linear(32, 8)
+    q = Int8Linear.from_linear(nn.Linear(32, 8))
+    x = torch.randn(1, 2, 32)
+    with fast_path.active(counting(k, calls)):
+        with torch.no_grad():
+            a = fast_path.linear(x, lin.weight, lin.bias)
+            many = fast_path.project_many(x, (lin, other))
+            q8 = q(x)
+            assert fast_path.project_many(x, (lin, q)) is None  # mixed kinds: one by one
+            fast_path.linear(torch.randn(17, 32), lin.weight)  # 17 rows: prefill, torch
+            fast_path.linear(x.double(), lin.weight.double())  # fp64: torch
+        grad = fast_path.linear(x, lin.weight, lin.bias)  # training: torch (autograd)
+    assert calls == [(1, 2, 32)] * 3
+    calls.clear()
+    with torch.no_grad(), fast_path.active(dataclasses.replace(counting(k, calls),
+                                                                 fp32_rows=(2, 16))):
+        fast_path.linear(x[:, :1], lin.weight)  # one row below the fp32 range: torch
+        fast_path.linear(x, lin.weight)
+    assert calls == [(1, 2, 32)]
+    assert grad.requires_grad and fast_path.installed() is None
+    ref = x @ lin.weight.T + lin.bias
+    torch.testing.assert_close(a, ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(many[1], (x @ other.weight.T + other.bias).detach(),
+                               rtol=1e-5, atol=1e-5)
+    assert q8.shape == (1, 2, 8)
+
+
+def test_no_kernels_where_they_cannot_be_had(monkeypatch, caplog):
+    monkeypatch.setattr(cpu_linear, "_built", {})  # the cached set comes back after
+    monkeypatch.setenv("ASTRAI_CPU_KERNELS", "0")
+    assert cpu_linear.cpu_decode_kernels() is None
+    monkeypatch.setenv("ASTRAI_CPU_KERNELS", "1")
+    monkeypatch.setenv("ASTRAI_CPU_ISA", "none")
+    with caplog.at_level("DEBUG", logger="astrai.kernels"):
+        assert cpu_linear.cpu_decode_kernels() is None
+    assert "torch serves decode" in caplog.text
+    monkeypatch.setenv("ASTRAI_CPU_ISA", "avx2")
+
+    def fail(isa):
+        raise cpu_build.CpuKernelUnavailable("no C++ compiler (set CXX or install g++)")
+
+    monkeypatch.setattr(cpu_linear, "load_ops", fail)
+    assert cpu_linear.cpu_decode_kernels() is None
+    monkeypatch.setenv("ASTRAI_CPU_ISA", "sse2")
+    with pytest.raises(cpu_build.CpuKernelUnavailable, match="use one of avx512, avx2"):
+        cpu_build.requested_isa()
+
+
+def test_status_names_the_code_path_and_the_library(monkeypatch):
+    st = cpu_build.cpu_status(build=True)
+    assert st["isa"] == cpu_build.requested_isa() and st["built"] and st["reason"] is None
+    assert st["library"].endswith(f"astrai_cpu_{st['isa']}.so")
+    monkeypatch.setenv("ASTRAI_CPU_ISA", "none")
+    assert "torch serves decode" in cpu_build.cpu_status()["reason"]
+
+
+def test_isa_and_flags_follow_the_cpu_flags():
+    avx512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma"})
+    assert cpu_build.best_isa(avx512) == "avx512"
+    assert cpu_build.best_isa(frozenset({"avx2", "fma"})) == "avx2"
+    assert cpu_build.best_isa(frozenset({"sse4_2"})) is None
+    assert "-mavx512vnni" in cpu_build.compile_flags("avx512", avx512 | {"avx512_vnni"})
+    assert "-mavx512vnni" not in cpu_build.compile_flags("avx512", avx512)
+    assert "-O3" in cpu_build.compile_flags("avx2", frozenset())
