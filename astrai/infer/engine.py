@@ -246,6 +246,8 @@ class Engine:
             if not isinstance(pick, Pick):
                 continue
             try:  # the end is decided (stop token, stop string, length) before pages go
+                if req.constraint is not None:
+                    req.constraint.advance(pick.token)
                 text, end = output.detokenize(req, pick.token, self.max_context)
                 if end is not None:
                     self.scheduler.finish(req, end[0], now, end[1])

@@ -19,6 +19,7 @@ from typing import Any
 from astrai.errors import ConfigError, DataError
 from astrai.infer.params import SamplingParams
 from astrai.infer.request import Request
+from astrai.infer.structured import GrammarCompiler
 from astrai.infer.text_stream import TextStream
 
 log = logging.getLogger("astrai.infer")
@@ -43,6 +44,8 @@ class Intake:
         self.eos = eos
         """The tokenizer's end tokens: they stop every request unless ignore_eos."""
         self._ids = itertools.count()
+        self.grammars = GrammarCompiler(tokenizer, vocab_size)
+        """Compiles requests' structured-output constraints (once per distinct spec)."""
 
     def request(self, prompt: Prompt, params: SamplingParams | None = None,
                 request_id: str | None = None, index: int | None = None) -> Request:
@@ -61,9 +64,11 @@ class Intake:
         if self.tokenizer is not None:
             text = TextStream(self.tokenizer.stream_decoder(), params.stop,
                               params.include_stop_str_in_output)
+        spec = params.structured_outputs
+        constraint = None if spec is None else self.grammars.constraint(spec)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         return Request(rid, ids, params, time.perf_counter(), stop_ids, truncated=truncated,
-                       text=text, index=index)
+                       text=text, index=index, constraint=constraint)
 
     def prompt_ids(self, prompt: Prompt) -> tuple[list[int], bool]:
         """(token ids within the vocabulary and the context, whether they were cut)."""

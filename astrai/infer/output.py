@@ -1,7 +1,8 @@
 """Output assembly: what one step tells the caller about a request.
 
 For each sampled token: detokenize it (holding back text that may begin a stop string),
-decide whether the request ends with it (stop token, stop string, max_tokens, context),
+decide whether the request ends with it (stop token, stop string, a structured-output
+grammar complete, max_tokens, context),
 keep its log-probabilities, and build the `RequestOutput` delta. A request that ends
 without a new token (abort, error) gets a last output flushing the text its detokenizer
 still held.
@@ -25,9 +26,11 @@ def detokenize(req: Request, token: int, max_context: int) -> tuple[str, End | N
     text, hit = req.text.push(token) if req.text is not None else ("", None)
     if hit is not None:
         return text, ("stop", hit)
-    if req.num_output >= req.params.max_tokens or len(req.tokens) >= max_context:
+    done = req.constraint is not None and req.constraint.done  # the grammar is complete
+    if done or req.num_output >= req.params.max_tokens or len(req.tokens) >= max_context:
         more, hit = _flush(req)
-        return text + more, ("length", None) if hit is None else ("stop", hit)
+        return text + more, (("stop" if done else "length"), None) if hit is None \
+            else ("stop", hit)
     return text, None
 
 

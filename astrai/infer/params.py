@@ -16,6 +16,7 @@ from numbers import Integral, Real
 from typing import Any
 
 from astrai.errors import ConfigError
+from astrai.infer.structured import StructuredOutputs
 
 MAX_TOP_LOGPROBS = 20
 """Most alternatives per token `top_logprobs` may ask for (OpenAI's limit)."""
@@ -66,6 +67,10 @@ class SamplingParams:
     """Return each generated token's log-probability under the raw model distribution."""
     top_logprobs: int = 0
     """Also return the n most likely tokens and their log-probabilities per step."""
+    structured_outputs: StructuredOutputs | None = None
+    """Constrain the output to a JSON Schema, regex, choice or grammar (structured.py).
+    With it, log-probabilities are those of the masked distribution: tokens outside the
+    grammar have probability 0."""
 
     def __post_init__(self) -> None:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
@@ -139,6 +144,9 @@ def _check(p: SamplingParams) -> None:
             raise _bad(name, getattr(p, name), "must be true or false")
     integer("top_logprobs", lambda v: 0 <= v <= MAX_TOP_LOGPROBS,
             f"must be an integer in [0, {MAX_TOP_LOGPROBS}]")
+    so = p.structured_outputs
+    if so is not None and not isinstance(so, StructuredOutputs):
+        raise _bad("structured_outputs", so, "must be None or a StructuredOutputs")
 
 
 def _check_stops(p: SamplingParams) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from astrai.infer.cache.pool import KVHandle
 from astrai.infer.params import SamplingParams
+from astrai.infer.structured import Constraint
 from astrai.infer.text_stream import TextStream
 
 
@@ -103,7 +104,7 @@ class Request:
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                  arrival_time: float, stop_ids: frozenset[int] = frozenset(), *,
                  truncated: bool = False, text: TextStream | None = None,
-                 index: int | None = None) -> None:
+                 index: int | None = None, constraint: Constraint | None = None) -> None:
         self.id = request_id
         self.params = params
         self.tokens: list[int] = list(prompt_ids)
@@ -115,6 +116,8 @@ class Request:
         """The prompt was cut to fit the context."""
         self.text = text
         """Incremental detokenizer and stop-string matcher (None without a tokenizer)."""
+        self.constraint = constraint
+        """The structured-output grammar the output must follow (None: free)."""
         self.index = index
         """Position of the prompt in `Engine.generate`'s list (None: add_request)."""
         self.status = Status.WAITING

@@ -66,7 +66,9 @@ class Sampler:
         """logits [B, V] fp32 for `reqs` (in order) -> one new token per request."""
         _B, V = logits.shape
         ps = [r.params for r in reqs]
-        raw = logits
+        if any(r.constraint is not None for r in reqs):
+            logits = self._constrain(logits, reqs)
+        raw = logits  # log-probabilities are the masked distribution's
         if any(p.has_penalties for p in ps):
             states = [self._penalty_state(r, V) for r in reqs]
             f32 = {"dtype": torch.float32, "device": self.device}
@@ -95,6 +97,20 @@ class Sampler:
                         n = p.top_logprobs
                         pick.top = dict(zip(ids[b, :n].tolist(), vals[b, :n].tolist()))
         return picks
+
+    def _constrain(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        """Tokens outside each constrained request's grammar set to -inf."""
+        rows = [b for b, r in enumerate(reqs) if r.constraint is not None]
+        bitmask = torch.zeros(len(rows), (logits.shape[1] + 31) // 32, dtype=torch.int32)
+        for i, b in enumerate(rows):
+            reqs[b].constraint.fill(bitmask, i)
+        allowed = S.unpack_bitmask(bitmask.to(self.device, non_blocking=True), logits.shape[1])
+        empty = (~allowed.any(dim=1)).nonzero().flatten().tolist()
+        if empty:
+            c = reqs[rows[empty[0]]].constraint
+            raise RuntimeError(f"the {c.kind} constraint allows no next token: "
+                               f"{c.matcher.get_error() or 'the grammar is exhausted'}")
+        return S.apply_token_mask(logits, torch.tensor(rows, device=self.device), allowed)
 
     def _draw(self, logits: torch.Tensor, reqs: list[Request], greedy: list[bool]) -> torch.Tensor:
         ps = [r.params for r in reqs]

@@ -27,6 +27,21 @@ def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: tor
     return logits - frequency[:, None] * counts - presence[:, None] * (counts > 0).to(logits.dtype)
 
 
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int32 [B, ceil(V/32)] bitmask (bit j of word w: token 32w + j) -> bool [B, V]."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab].bool()
+
+
+def apply_token_mask(logits: torch.Tensor, rows: torch.Tensor, allowed: torch.Tensor
+                     ) -> torch.Tensor:
+    """`logits` with the tokens not `allowed` ([R, V] bool) of rows `rows` set to -inf."""
+    out = logits.clone()
+    out[rows] = out[rows].masked_fill(~allowed, float("-inf"))
+    return out
+
+
 def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """Divide row b by temperature[b]; rows with temperature 0 (greedy) stay as they are."""
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
