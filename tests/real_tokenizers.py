@@ -55,9 +55,10 @@ ARCH = {"qwen3": "Qwen2Config", "qwen2.5": "Qwen2Config", "llama3": "LlamaConfig
 """family -> transformers config class of the tiny model built around its tokenizer."""
 
 
-def tiny_hf_model(family: str, root: Path, seed: int = 0) -> Path:
-    """A random 2-layer HF model of `family`'s architecture (hidden 32) saved with the
-    family's tokenizer files in `root/<family>-model`; needs transformers."""
+def tiny_hf_model(family: str, root: Path, seed: int = 0, context: int = 1024) -> Path:
+    """A random 2-layer HF model of `family`'s architecture (hidden 32, `context`
+    positions) saved with the family's tokenizer files in `root/<family>-model`; needs
+    transformers."""
     import torch
     import transformers
 
@@ -72,7 +73,7 @@ def tiny_hf_model(family: str, root: Path, seed: int = 0) -> Path:
     extra = {"sliding_window": None} if family == "mistral" else {}
     config = getattr(transformers, ARCH[family])(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
         tie_word_embeddings=family.startswith("qwen"), **extra)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from astrai.errors import AstraiError
 from astrai.serve.auth import authorized
 from astrai.serve.body import decode_json
+from astrai.serve.constraints import COMPILE_TIMEOUT, compile_constraints
 from astrai.serve.errors import APIError, bad_request
 from astrai.serve.jobs import run_job
 from astrai.serve.limits import check_capacity
@@ -172,6 +173,8 @@ def _api_routes(app: FastAPI, state: ServerState) -> None:
         auth(request)
         raw = await request.body()
         job = await asyncio.to_thread(read_job, state, kind, raw)
+        if job.constrained_by is not None:
+            await _compile(state, job)
         return await run_job(state.loop, request, job, state.model_name, state.tokenizer)
 
     @app.post("/v1/chat/completions")
@@ -181,6 +184,20 @@ def _api_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await generate(request, "completion")
+
+
+async def _compile(state: ServerState, job: Job) -> None:
+    """The job's constraints compiled in a worker thread, within COMPILE_TIMEOUT (the
+    thread, bounded by llguidance's parser limits, may finish later; its grammar is then
+    cached)."""
+    grammars = state.loop.engine.intake.grammars
+    work = asyncio.to_thread(compile_constraints, grammars,
+                             [p.structured_outputs for p in job.params], job.constrained_by)
+    try:
+        await asyncio.wait_for(work, COMPILE_TIMEOUT)
+    except TimeoutError:
+        raise bad_request(f"the constraint did not compile within {COMPILE_TIMEOUT:g} s; "
+                          "simplify the schema or grammar", job.constrained_by) from None
 
 
 def read_job(state: ServerState, kind: str, raw: bytes) -> Job:

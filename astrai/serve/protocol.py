@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from astrai.errors import ConfigError
 from astrai.infer.params import SamplingParams
+from astrai.infer.structured import StructuredOutputs
 from astrai.serve.errors import bad_request
 from astrai.serve.limits import (
     MAX_N,
@@ -28,17 +29,20 @@ from astrai.serve.limits import (
 )
 from astrai.serve.messages import read_messages
 from astrai.serve.prompts import chat_prompt_ids
+from astrai.serve.constraints import read_constraint
+from astrai.serve.tool_grammar import tool_grammar
 from astrai.serve.tools import ToolPlan, read_tools
 
 SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
             "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos",
             "stop_token_ids", "include_stop_str_in_output", "stream", "stream_options",
             "logprobs", "model", "user"}
+SAMPLING |= {"response_format", "structured_outputs"}
 CHAT_FIELDS = SAMPLING | {"messages", "max_completion_tokens", "top_logprobs", "tools",
                           "tool_choice", "parallel_tool_calls"}
 COMPLETION_FIELDS = SAMPLING | {"prompt"}
 HARMLESS = {"echo": False, "best_of": 1, "logit_bias": {}, "tools": [], "tool_choice": "none",
-            "response_format": {"type": "text"}, "parallel_tool_calls": False}
+            "parallel_tool_calls": False}
 """Fields we do not implement, accepted only at the value that means "not used"."""
 
 
@@ -59,6 +63,9 @@ class Job:
     """None: no logprobs; else how many alternatives per token (0 = only the chosen one)."""
     tools: ToolPlan | None = None
     """How a chat request uses tools (tools.py); None without tools."""
+    constrained_by: str | None = None
+    """The field whose constraint every choice follows (response_format,
+    structured_outputs, tool_choice); None: free text."""
 
 
 def _is_num(v: Any) -> bool:
@@ -207,6 +214,7 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
     if kw["stop"] and tokenizer is None:
         raise bad_request("'stop' strings need a tokenizer; use stop_token_ids", "stop")
     plan = read_tools(body, tokenizer.chat_template, tool_parser) if kind == "chat" else None
+    kw["structured_outputs"], where = _constraint(body, plan, tokenizer)
     if admit is not None:
         admit(len(raw) * n)
     if kind == "chat":
@@ -223,7 +231,27 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
             if top_logprobs is not None:
                 pk.update(logprobs=True, top_logprobs=top_logprobs)
             params.append(_params(pk))
-    return Job(kind, model, prompts, params, n, stream, include_usage, top_logprobs, plan)
+    return Job(kind, model, prompts, params, n, stream, include_usage, top_logprobs, plan,
+               where)
+
+
+def _constraint(body: dict, plan: ToolPlan | None, tokenizer: Any
+                ) -> tuple[StructuredOutputs | None, str | None]:
+    """The request's constraint and the field it comes from: a required or named tool
+    call (its grammar, tool_grammar.py), else response_format / structured_outputs."""
+    spec = read_constraint(body)
+    if plan is not None and plan.enforced:
+        if spec is not None:
+            raise bad_request("a required or named 'tool_choice' already constrains the "
+                              "output; drop 'response_format' / 'structured_outputs'",
+                              "tool_choice")
+        return StructuredOutputs(grammar=tool_grammar(plan, tokenizer.token_to_id)), \
+            "tool_choice"
+    if spec is None:
+        return None, None
+    if tokenizer is None:
+        raise bad_request("structured outputs need the model's tokenizer", "response_format")
+    return spec, "structured_outputs" if "structured_outputs" in body else "response_format"
 
 
 def _prompt_source(kind: str, body: dict, tokenizer: Any, default_seed: int | None

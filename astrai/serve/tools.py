@@ -164,5 +164,7 @@ def read_tools(body: dict, template: str | None, parser_name: str | None
                               "known; serve with --tool-call-parser "
                               f"{'|'.join(PARSERS)}", "tools")
         parser = PARSERS[name]()
-    allow = parallel is not False and (parser is None or parser.parallel)
+    # a named function is one call of it (vLLM's and OpenAI's behaviour)
+    allow = parallel is not False and choice != "function" and (parser is None
+                                                                 or parser.parallel)
     return ToolPlan(list(tools), choice, function, allow, parser)

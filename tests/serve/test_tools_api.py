@@ -53,7 +53,7 @@ MSGS = [{"role": "user", "content": "What is the weather in Paris? Also add 2 an
 @pytest.fixture(scope="module", params=["qwen3", "llama3.1"])
 def family_client(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"tools-{request.param}")
-    model = tiny_hf_model(request.param, root)
+    model = tiny_hf_model(request.param, root, context=4096)  # 3.1's tool prompt: ~1.6k
     srv = ServeProcess([str(model), "--api-key", API_KEY, "--served-model-name", "tiny",
                         "--max-kv-tokens", "8192", "--max-running", "8"], root / "stderr.txt")
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key=API_KEY, max_retries=0,
@@ -130,11 +130,13 @@ def test_parallel_calls_when_the_format_carries_them(family_client):
                                        tool_choice="required", max_tokens=400,
                                        temperature=0.0, parallel_tool_calls=True)
     (c,) = r.choices
-    if c.finish_reason == "length":  # the random model kept adding calls
-        pytest.skip("the random model wrote calls until max_tokens")
+    # the random model may keep adding calls until max_tokens: the complete ones still parse
+    assert c.finish_reason in ("tool_calls", "length")
     calls = check_calls(c.message.tool_calls, set(SCHEMAS))
     if family == "llama3.1":  # Llama 3.1's template carries one call per message
-        assert len(calls) == 1
+        assert len(calls) == 1 and c.finish_reason == "tool_calls"
+    else:
+        assert len(calls) >= 1 and (c.finish_reason == "tool_calls" or len(calls) > 1)
 
 
 def test_auto_leaves_the_random_text_as_content(family_client):
