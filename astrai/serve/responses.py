@@ -22,6 +22,9 @@ from typing import Any
 from astrai.serve.protocol import Job
 from astrai.serve.tool_stream import ToolStream, message
 
+MASKED_LOGPROB = -9999.0
+"""The log-probability sent for a token a structured-output grammar masked out."""
+
 
 def sse(obj: dict | str) -> str:
     data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
@@ -87,9 +90,12 @@ class ResponseBuilder:
         return self.tok.decode([t], skip_special_tokens=False) if self.tok else str(t)
 
     def _logprobs(self, c: Choice, start: int, text_offset: int = 0) -> dict | None:
+        """With a constraint a masked-out token's log-probability (-inf) is sent as
+        MASKED_LOGPROB (JSON has no infinity; vLLM's convention)."""
         if self.job.top_logprobs is None:
             return None
-        lps, tops = c.logprobs[start:], c.top[start:]
+        lps = [max(lp, MASKED_LOGPROB) for lp in c.logprobs[start:]]
+        tops = [{a: max(b, MASKED_LOGPROB) for a, b in top.items()} for top in c.top[start:]]
         toks = c.tokens[start:start + len(lps)]
         if self.chat:
             def entry(t: int, lp: float) -> dict:

@@ -1,0 +1,140 @@
+"""Structured outputs in the engine, against references: the bitmask unpacking against a
+naive loop; each constrained greedy token against the argmax, over the tokens an
+independent llguidance matcher allows, of the model's own logits (full recompute, no
+cache); outputs that parse and validate; free requests beside constrained ones unchanged;
+log-probabilities of the masked distribution; refusals naming what to fix."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from astrai.errors import ConfigError
+from astrai.infer import Engine, SamplingParams
+from astrai.infer.sampling_math import unpack_bitmask
+from astrai.infer.structured import StructuredOutputs, grammar_text
+from tests.real_tokenizers import tiny_hf_model
+
+llg = pytest.importorskip("llguidance")
+jsonschema = pytest.importorskip("jsonschema")
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SCHEMA = {"type": "object", "properties": {
+    "id": {"type": "integer", "minimum": 0, "maximum": 999},
+    "tag": {"enum": ["a", "b", "c"]},
+    "name": {"type": "string", "maxLength": 6},
+    "xs": {"type": "array", "items": {"type": "integer", "minimum": -1, "maximum": 1},
+           "maxItems": 3}},
+    "required": ["id", "tag", "name"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_hf_model("qwen3", tmp_path_factory.mktemp("so"))
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    return Engine.from_checkpoint(model_dir, device="cpu")
+
+
+def test_unpack_bitmask_equals_a_loop():
+    g = torch.Generator().manual_seed(0)
+    mask = torch.randint(-2**31, 2**31 - 1, (3, 4), dtype=torch.int32, generator=g)
+    V = 100
+    want = torch.tensor([[bool((int(mask[b, t // 32]) >> (t % 32)) & 1) for t in range(V)]
+                         for b in range(3)])
+    assert torch.equal(unpack_bitmask(mask, V), want)
+
+
+def _allowed(matcher, V):
+    bm = torch.zeros(1, (V + 31) // 32, dtype=torch.int32)
+    matcher.unsafe_compute_mask_ptr(bm[0].data_ptr(), bm.shape[1] * 4)
+    return unpack_bitmask(bm, V)[0]
+
+
+def test_greedy_constrained_tokens_are_the_masked_argmax_of_hf(engine, model_dir):
+    import transformers
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    spec = StructuredOutputs(json=SCHEMA)
+    prompt = engine.tokenizer.encode("Describe an item:")
+    (out,) = engine.generate([prompt], SamplingParams.greedy(60, structured_outputs=spec))
+    V = hf.config.vocab_size
+    tok = engine.intake.grammars.lltokenizer()
+    m = llg.LLMatcher(tok, grammar_text(spec))
+    ids = list(prompt)
+    for t in out.token_ids:  # an independent matcher and a full forward per position
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids])).logits[0, -1].float()
+        allowed = _allowed(m, V)
+        assert t == int(logits.masked_fill(~allowed, float("-inf")).argmax())
+        assert m.consume_token(t)
+        ids.append(t)
+    assert out.finish_reason == "stop"
+    jsonschema.validate(json.loads(out.text), SCHEMA)
+
+
+def test_every_kind_parses_sampled_and_batched_with_free_requests(engine):
+    specs = [StructuredOutputs(json=SCHEMA), StructuredOutputs(regex=r"[a-z]{2,6}-\d{3}"),
+             StructuredOutputs(choice=["red", "green", "blue"]),
+             StructuredOutputs(grammar='start: "x" ("," "x"){0,4}\n'),
+             StructuredOutputs(json_object=True)]
+    prompts = ["Tell me:", "Hello", "Once upon"]
+    params = [SamplingParams(max_tokens=80, temperature=1.0, seed=s, structured_outputs=sp)
+              for s, sp in enumerate(specs)]
+    free = SamplingParams(max_tokens=12, temperature=1.0, seed=99)
+    outs = engine.generate([prompts[i % 3] for i in range(6)], params + [free])
+    alone = engine.generate([prompts[5 % 3]], free)[0]
+    assert outs[5].token_ids == alone.token_ids  # the masks touch their own rows only
+    jsonschema.validate(json.loads(outs[0].text), SCHEMA)
+    assert re.fullmatch(r"[a-z]{2,6}-\d{3}", outs[1].text)
+    assert outs[2].text in ("red", "green", "blue")
+    assert re.fullmatch(r"x(,x){0,4}", outs[3].text)
+    if outs[4].finish_reason == "stop":  # an unbounded object may run to max_tokens
+        assert isinstance(json.loads(outs[4].text), dict)
+    assert all(o.finish_reason == "stop" for o in outs[:4])
+
+
+def test_logprobs_are_the_masked_distributions(engine):
+    """The first token's top-20 holds every token that can start "yes" or "no" (fewer than
+    20 in this vocabulary), their probabilities summing to one; no other token has any."""
+    spec = StructuredOutputs(choice=["yes", "no"])
+    params = SamplingParams(max_tokens=4, temperature=1.0, seed=1, logprobs=True,
+                            top_logprobs=20, structured_outputs=spec)
+    deltas = list(engine.generate(["Answer:"], params, stream=True))
+    first = deltas[0].delta_top_logprobs[0]
+    live = {t: lp for t, lp in first.items() if lp > float("-inf")}
+    assert sum(torch.tensor(list(live.values())).exp()) == pytest.approx(1.0, abs=1e-4)
+    dec = engine.tokenizer
+    assert all("yes".startswith(dec.decode([t])) or "no".startswith(dec.decode([t]))
+               for t in live)
+    assert "".join(d.delta_text for d in deltas) in ("yes", "no")
+    assert deltas[-1].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"json": {"type": "object", "dependentRequired": {"a": ["b"]}}}, "dependentRequired"),
+    ({"regex": "[a-z"}, "unclosed character class"),
+    ({"grammar": "start: nosuchrule\n"}, "nosuchrule"),
+])
+def test_what_the_grammar_engine_refuses_names_it(engine, kw, needle):
+    with pytest.raises(ConfigError, match=needle):
+        engine.add_request("x", SamplingParams(structured_outputs=StructuredOutputs(**kw)))
+
+
+@pytest.mark.parametrize("kw", [{}, {"regex": "a", "choice": ["a"]}, {"choice": []},
+                                {"json": "{not json"}, {"regex": "a" * 70000}])
+def test_bad_specs_are_config_errors(kw):
+    with pytest.raises(ConfigError, match="structured outputs"):
+        StructuredOutputs(**kw)
+
+
+def test_the_same_spec_compiles_once(engine):
+    g = engine.intake.grammars
+    spec = StructuredOutputs(regex=r"\d{4}")
+    a, b = g.compile(spec), g.compile(StructuredOutputs(regex=r"\d{4}"))
+    assert a is not b and (spec.kind, spec.source) in g._cache
