@@ -179,6 +179,34 @@ def run_interactive(session: Any, err: Console, history_file: Path | None, title
                     readline.write_history_file(str(history_file))
 
 
+def read_schema(path: Path | None) -> Any:
+    """--json-schema FILE as a constraint (None without one); a bad file: ConfigError."""
+    if path is None:
+        return None
+    import json
+
+    from astrai.errors import ConfigError
+    from astrai.infer.structured import StructuredOutputs
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"--json-schema {path}: cannot read it ({e.strerror})") from None
+    except ValueError as e:
+        raise ConfigError(f"--json-schema {path}: not JSON ({e})") from None
+    try:
+        return StructuredOutputs(json=schema)
+    except ConfigError as e:
+        raise ConfigError(f"--json-schema {path}: {e}") from None
+
+
+def check_schema(session: Any, params: Any, path: Path) -> None:
+    from astrai.errors import ConfigError
+    try:
+        session.engine.intake.grammars.compile(params.structured_outputs)
+    except ConfigError as e:
+        raise ConfigError(f"--json-schema {path}: {e}") from None
+
+
 def register(app: typer.Typer) -> None:
     @app.command("chat")
     def chat_cmd(
@@ -207,6 +235,9 @@ def register(app: typer.Typer) -> None:
             "--max-tokens", help="Most tokens per reply.")] = 512,
         seed: Annotated[int | None, typer.Option(
             "--seed", help="Sampling seed (reproducible replies).")] = None,
+        json_schema: Annotated[Path | None, typer.Option(
+            "--json-schema", metavar="FILE", help="Every reply is JSON valid against this "
+            "JSON Schema (a grammar masks the tokens; needs llguidance).")] = None,
         device: Device = "auto",
         dtype: Dtype = "auto",
         quantize: Quantize = "none",
@@ -224,7 +255,8 @@ def register(app: typer.Typer) -> None:
         from astrai.infer.params import SamplingParams
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                top_k=top_k, seed=seed)  # invalid values: exit 2 here
+                                top_k=top_k, seed=seed,  # invalid values: exit 2 here
+                                structured_outputs=read_schema(json_schema))
         use_threads(threads)
         err = Console(stderr=True, highlight=False, soft_wrap=True)
         text = None
@@ -241,6 +273,8 @@ def register(app: typer.Typer) -> None:
                             backend=backend, max_context=max_context, seed=seed or 0,
                             adapter=adapter, quantize=quantize,
                             decode="eager" if enforce_eager else "auto")
+        if json_schema is not None:  # refused schema features: exit 2 before chatting
+            check_schema(session, params, json_schema)
         if text is not None:
             reply = session.reply(text)
             if reply.notice:

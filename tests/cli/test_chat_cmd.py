@@ -260,3 +260,35 @@ def test_interactive_session_in_a_pseudo_terminal(ckpt, ignore_sigint):
         assert tty.proc.wait(timeout=60) == 0
     finally:
         tty.close()
+
+
+def test_json_schema_makes_every_reply_valid_json(ckpt, tmp_path):
+    pytest.importorskip("llguidance")
+    jsonschema = pytest.importorskip("jsonschema")
+    import json
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                     "maximum": 9},
+                                               "s": {"type": "string", "maxLength": 4}},
+              "required": ["n", "s"], "additionalProperties": False}
+    f = tmp_path / "schema.json"
+    f.write_text(json.dumps(schema))
+    for seed in ("1", "2"):
+        r = runner.invoke(app, ["chat", str(ckpt[0]), "--prompt", "hi", "--json-schema",
+                                str(f), "--temperature", "1", "--seed", seed,
+                                "--max-tokens", "64"])
+        assert r.exit_code == 0, r.output
+        jsonschema.validate(json.loads(r.stdout), schema)
+
+
+@pytest.mark.parametrize("content, why", [
+    (None, "cannot read it"), ("{nope", "not JSON"),
+    ('{"type": "object", "dependentRequired": {"a": ["b"]}}', "dependentRequired"),
+])
+def test_bad_json_schema_files_exit_2_naming_the_file(ckpt, tmp_path, content, why):
+    pytest.importorskip("llguidance")
+    f = tmp_path / "s.json"
+    if content is not None:
+        f.write_text(content)
+    r = runner.invoke(app, ["chat", str(ckpt[0]), "--prompt", "hi", "--json-schema", str(f)])
+    assert r.exit_code == 2 and why in r.stderr and f"--json-schema {f}" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
