@@ -296,6 +296,11 @@ def parse_serve(out: str) -> list[Row]:
                         f"{peer[1]} tok/s", pr[1], "> 1 faster"))
         rows.append(Row("serving (HTTP)", "median TTFT vs transformers serve (target ≤ 0.5)",
                         f"{chat[2]} ms", f"{peer[2]} ms", pr[2], "< 1 faster"))
+    for m in re.finditer(r"structured outputs \(([^)]*)\), \d+ requests in-process: "
+                         r"unconstrained ([\d.]+) tok/s .*?constrained ([\d.]+) tok/s", out):
+        ratio = float(m[3]) / float(m[2])
+        rows.append(Row("structured outputs", f"half JSON-schema-constrained vs free ({m[1]})",
+                        f"{m[3]} tok/s", f"{m[2]} tok/s", f"{ratio:.2f}", "≥ 0.8"))
     return rows
 
 

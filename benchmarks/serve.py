@@ -1,5 +1,8 @@
 """HTTP serving: `astrai serve` vs `transformers serve --continuous-batching`, and astrai
-over HTTP vs astrai in-process, all measured by `astrai serve-bench`.
+over HTTP vs astrai in-process, all measured by `astrai serve-bench`; and structured
+outputs' cost: 64 requests with every other one JSON-schema-constrained against the same
+requests free (generated tok/s, target >= 0.8), on the preset's byte-level vocabulary and on
+a tiny Qwen3 with its 151k-token vocabulary (`--only structured`: that section alone).
 
     python benchmarks/serve.py [--preset tiny] [--num-prompts 64] [--rate 8] [--quick]
 
@@ -117,6 +120,74 @@ def show(label: str, m: dict) -> None:
           f"{m['completed']} completed, {m['failed']} failed")
 
 
+STRUCTURED_SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                      "age": {"type": "integer", "minimum": 0,
+                                              "maximum": 120}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"tags": {"type": "array", "maxItems": 4, "items": {
+        "enum": ["red", "green", "blue"]}}, "ok": {"type": "boolean"}},
+     "required": ["tags", "ok"], "additionalProperties": False},
+    {"type": "array", "maxItems": 3, "items": {"type": "object", "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 999},
+        "score": {"type": "number", "minimum": 0, "maximum": 1}},
+        "required": ["id", "score"], "additionalProperties": False}},
+]
+
+
+def structured_run(hf: Path, n: int, constrained: bool, threads: int) -> tuple[float, int]:
+    """(generated tok/s, tokens) of `n` requests in one engine, every other one
+    schema-constrained when `constrained` (seeded sampling, at most 64 new tokens)."""
+    import json
+
+    import torch
+
+    from astrai.infer import Engine, SamplingParams
+    from astrai.infer.structured import StructuredOutputs
+
+    torch.set_num_threads(threads)
+    eng = Engine.from_checkpoint(hf, device="cpu", dtype="float32")
+    prompts = [f"Record {i}: write it as JSON." for i in range(n)]
+    params = []
+    for i in range(n):
+        so = None
+        if constrained and i % 2 == 0:
+            so = StructuredOutputs(json=STRUCTURED_SCHEMAS[i // 2 % len(STRUCTURED_SCHEMAS)])
+        params.append(SamplingParams(max_tokens=64, temperature=1.0, seed=i,
+                                     structured_outputs=so))
+    eng.generate(prompts[:2], params[:2])  # warm-up (and llguidance's tokenizer view)
+    t0 = time.perf_counter()
+    outs = eng.generate(prompts, params)
+    dt = time.perf_counter() - t0
+    if constrained:
+        for o, p in zip(outs, params):
+            if p.structured_outputs is not None and o.finish_reason == "stop":
+                json.loads(o.text)  # it parses
+    tokens = sum(len(o.token_ids) for o in outs)
+    return tokens / dt, tokens
+
+
+def structured_section(hf: Path, label: str, args: argparse.Namespace) -> None:
+    free, nf = structured_run(hf, args.num_prompts, False, args.threads)
+    mixed, nm = structured_run(hf, args.num_prompts, True, args.threads)
+    print(f"structured outputs ({label}), {args.num_prompts} requests in-process: "
+          f"unconstrained {free:.1f} tok/s ({nf} tokens), half JSON-schema-constrained "
+          f"{mixed:.1f} tok/s ({nm} tokens)")
+    print(f"ratio structured ({label}): half constrained / unconstrained = "
+          f"{mixed / free:.2f} (target >= 0.8)")
+
+
+def qwen3_vocab_dir(tmp: Path) -> Path | None:
+    """A random tiny HF Qwen3 with Qwen3's real 151k-token tokenizer (the test fixture):
+    the grammar's mask over a large vocabulary."""
+    sys.path.insert(0, str(REPO))
+    try:
+        from tests.real_tokenizers import tiny_hf_model
+        return tiny_hf_model("qwen3", tmp)
+    except ImportError:
+        return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="tiny")
@@ -127,6 +198,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="16 prompts, short outputs")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--only", choices=["structured"], help="run only this section")
     args = ap.parse_args()
     if args.quick:
         args.num_prompts, args.output_len = 16, "8:24"
@@ -139,6 +211,12 @@ def main() -> None:
         print(f"== preset {args.preset}, {args.num_prompts} requests, input {args.input_len}, "
               f"output {args.output_len}, Poisson {args.rate} req/s, {args.threads} thread(s), "
               "CPU fp32")
+        structured_section(hf, f"{args.preset}, byte-level vocabulary", args)
+        q3 = qwen3_vocab_dir(tmp)
+        if q3 is not None:
+            structured_section(q3, "tiny Qwen3, 151k vocabulary", args)
+        if args.only == "structured":
+            return
         local = bench(hf, args, None, None)
         show("astrai in-process", local)
         port = free_port()

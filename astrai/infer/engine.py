@@ -215,16 +215,17 @@ class Engine:
     def _run(self, batch: StepBatch) -> list[Pick | Exception]:
         """Forward the step, then sample: per sampling request its new token, or the error
         that stopped it."""
+        reqs = batch.sampled
+        masks = self.sampler.start_masks(reqs, self.vocab_size)  # beside the forward
         with fast_path.active(self.cpu_kernels):
             if self.decode_step.accepts(batch):
                 logits = self.decode_step.run(batch)  # static shapes (CUDA graphs on CUDA)
             else:
                 logits = self.runner.run(batch, self.backend())  # (B_s, V) fp32
-        reqs = batch.sampled
         if not reqs:
             return []
         try:
-            return list(self.sampler.sample(logits, reqs))
+            return list(self.sampler.sample(logits, reqs, masks))
         except Exception:  # noqa: BLE001 - find whose draw fails: each request alone
             picks: list[Pick | Exception] = []
             for b, req in enumerate(reqs):

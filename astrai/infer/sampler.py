@@ -3,12 +3,14 @@ functions of `sampling_math.py`, skipping every stage no request in the batch us
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from astrai.infer import sampling_math as S
 from astrai.infer.request import Request
+from astrai.infer.structured import fill_bitmask
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Sampler:
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._penalties: dict[str, PenaltyState] = {}
+        self._mask_worker: ThreadPoolExecutor | None = None
 
     def release(self, request_id: str) -> None:
         """Forget a finished request's state."""
@@ -62,12 +65,14 @@ class Sampler:
         return st
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[Pick]:
-        """logits [B, V] fp32 for `reqs` (in order) -> one new token per request."""
+    def sample(self, logits: torch.Tensor, reqs: list[Request],
+               masks: Future | None = None) -> list[Pick]:
+        """logits [B, V] fp32 for `reqs` (in order) -> one new token per request; `masks`
+        from `start_masks(reqs, V)` (None: computed here when needed)."""
         _B, V = logits.shape
         ps = [r.params for r in reqs]
         if any(r.constraint is not None for r in reqs):
-            logits = self._constrain(logits, reqs)
+            logits = self._constrain(logits, reqs, masks)
         raw = logits  # log-probabilities are the masked distribution's
         if any(p.has_penalties for p in ps):
             states = [self._penalty_state(r, V) for r in reqs]
@@ -98,12 +103,23 @@ class Sampler:
                         pick.top = dict(zip(ids[b, :n].tolist(), vals[b, :n].tolist()))
         return picks
 
-    def _constrain(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+    def start_masks(self, reqs: list[Request], vocab_size: int) -> Future | None:
+        """Begin computing the constrained requests' grammar masks in a worker thread (the
+        engine calls it before the forward pass, which then hides their cost, as vLLM
+        does); None when no request of the batch has a constraint."""
+        cs = [r.constraint for r in reqs if r.constraint is not None]
+        if not cs:
+            return None
+        if self._mask_worker is None:
+            self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="astrai-grammar")
+        return self._mask_worker.submit(fill_bitmask, cs, vocab_size)
+
+    def _constrain(self, logits: torch.Tensor, reqs: list[Request],
+                   masks: Future | None) -> torch.Tensor:
         """Tokens outside each constrained request's grammar set to -inf."""
         rows = [b for b, r in enumerate(reqs) if r.constraint is not None]
-        bitmask = torch.zeros(len(rows), (logits.shape[1] + 31) // 32, dtype=torch.int32)
-        for i, b in enumerate(rows):
-            reqs[b].constraint.fill(bitmask, i)
+        bitmask = (masks.result() if masks is not None else
+                   fill_bitmask([reqs[b].constraint for b in rows], logits.shape[1]))
         allowed = S.unpack_bitmask(bitmask.to(self.device, non_blocking=True), logits.shape[1])
         empty = (~allowed.any(dim=1)).nonzero().flatten().tolist()
         if empty:

@@ -152,6 +152,26 @@ class Constraint:
         return self.matcher.is_stopped()
 
 
+_EXECUTOR: list[Any] = []
+
+
+def fill_bitmask(constraints: list[Constraint], vocab_size: int) -> Any:
+    """int32 [len(constraints), ceil(V/32)] CPU bitmask of each constraint's allowed next
+    tokens, computed by llguidance's thread pool (without the GIL) when there are several."""
+    import torch
+
+    bitmask = torch.zeros(len(constraints), (vocab_size + 31) // 32, dtype=torch.int32)
+    if len(constraints) == 1:
+        constraints[0].fill(bitmask, 0)
+        return bitmask
+    if not _EXECUTOR:
+        _EXECUTOR.append(_llguidance().LLExecutor())
+    _EXECUTOR[0].unsafe_compute_mask_ptr([(c.matcher, i) for i, c in enumerate(constraints)],
+                                         bitmask.data_ptr(), bitmask.shape[1] * 4,
+                                         len(constraints))
+    return bitmask
+
+
 class GrammarCompiler:
     """Compiles constraints against one tokenizer and vocabulary; thread-safe. The
     llguidance tokenizer is built on first use (about a second for a 150k vocabulary)."""
