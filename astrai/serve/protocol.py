@@ -213,7 +213,8 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
     top_logprobs, kw, raw = _prompt_source(kind, body, tokenizer, default_seed)
     if kw["stop"] and tokenizer is None:
         raise bad_request("'stop' strings need a tokenizer; use stop_token_ids", "stop")
-    plan = read_tools(body, tokenizer.chat_template, tool_parser) if kind == "chat" else None
+    template = getattr(tokenizer, "chat_template", None)
+    plan = read_tools(body, template, tool_parser) if kind == "chat" else None
     kw["structured_outputs"], where = _constraint(body, plan, tokenizer)
     if admit is not None:
         admit(len(raw) * n)
