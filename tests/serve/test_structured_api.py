@@ -169,6 +169,7 @@ def test_json_object(client):
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
      "not both"),
+    ({"structured_outputs": {"regex": "a" * 70000}}, "at most 65536"),  # bounded work
 ])
 def test_bad_constraints_are_400s_naming_the_problem(client, body, needle):
     with pytest.raises(openai.BadRequestError, match=needle) as e:
