@@ -361,6 +361,8 @@ class Engine:
         if out.finished:
             self._requests.pop(out.request_id, None)
             self.sampler.release(out.request_id)
+            if self.speculator is not None:
+                self.speculator.release(out.request_id)
 
     def _count(self, batch: StepBatch, picks: list, t0: float, now: float) -> None:
         dec = sum(c.num_fed for c in batch.chunks if c.n == 1)

@@ -62,7 +62,12 @@ class DraftProposer:
     def release(self, live: set[str]) -> None:
         """Free the sequences of requests no longer running (finished or preempted)."""
         for rid in [r for r in self.seqs if r not in live]:
-            self.pool.close(self.seqs.pop(rid).kv)
+            self.release_one(rid)
+
+    def release_one(self, request_id: str) -> None:
+        seq = self.seqs.pop(request_id, None)
+        if seq is not None:
+            self.pool.close(seq.kv)
 
     def _sync(self, req: Request) -> DraftSeq | None:
         """The request's sequence, its computed length cut back to what still matches."""

@@ -53,6 +53,11 @@ class Speculator:
         self.num_accepted_tokens = 0
         self._q: dict[str, list[torch.Tensor | None]] = {}
 
+    def release(self, request_id: str) -> None:
+        """A finished request: the draft model's sequence of it is freed."""
+        if self.draft is not None:
+            self.draft.release_one(request_id)
+
     def _room(self, c: Chunk) -> int:
         """Proposals the chunk may carry: k, no more than the request can still emit
         (max_tokens) or fit in the context, and none for constrained rows."""
