@@ -228,7 +228,7 @@ class Engine:
             picks = self._run(batch)
             now = time.perf_counter()
             outs = self._postprocess(batch, picks, now)
-            self._count(batch, picks, t0, now)
+            self._count(batch, outs, t0, now)
             return outs
         except Exception as e:
             self._fail_step(list({id(c.req): c.req for c in batch.chunks}.values()), e)
@@ -364,10 +364,10 @@ class Engine:
             if self.speculator is not None:
                 self.speculator.release(out.request_id)
 
-    def _count(self, batch: StepBatch, picks: list, t0: float, now: float) -> None:
+    def _count(self, batch: StepBatch, outs: list[RequestOutput], t0: float,
+               now: float) -> None:
         dec = sum(c.num_fed for c in batch.chunks if c.n == 1)
-        self.counters.count(batch.num_tokens, dec,
-                            sum(len(p) for p in picks if isinstance(p, list)))
+        self.counters.count(batch.num_tokens, dec, sum(len(o.delta_token_ids) for o in outs))
         if self.on_step is not None:
             s = self.scheduler
             self.on_step(StepInfo(t0, now - t0, len(batch.chunks), batch.num_tokens,
