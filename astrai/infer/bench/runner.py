@@ -108,18 +108,24 @@ def drive(engine: Any, requests: Sequence[BenchRequest], offsets: Sequence[float
     hits = pool.prefix_hit_tokens - h0
     counters = {"prefix_cache_hit_rate": hits / queried if queried else 0.0,
                 "prefix_cache_hit_tokens": hits, "prefix_cache_query_tokens": queried,
-                "num_preemptions": engine.scheduler.num_preemptions - p0}
-    if spec is not None:  # speculative decoding: proposals and how many were kept
-        drafts, proposed, kept = (b - a for a, b in zip(s0, spec.stats()))
-        counters.update(spec_drafts=drafts, spec_draft_tokens=proposed,
-                        spec_accepted_tokens=kept,
-                        spec_acceptance_rate=kept / proposed if proposed else 0.0)
+                "num_preemptions": engine.scheduler.num_preemptions - p0,
+                **spec_counters(spec, s0)}
     return DriveResult(
         records=[r for r in records if r is not None], duration=duration,
         kv_utilization_mean=util["sum"] / util["time"] if util["time"] else 0.0,
         kv_utilization_peak=util["peak"], num_steps=util["steps"],
         engine=counters,
     )
+
+
+def spec_counters(spec: Any, before: tuple[int, int, int]) -> dict[str, Any]:
+    """Speculative decoding over the run: verify rows, tokens proposed and kept ({} when
+    the engine does not speculate)."""
+    if spec is None:
+        return {}
+    drafts, proposed, kept = (b - a for a, b in zip(before, spec.stats()))
+    return {"spec_drafts": drafts, "spec_draft_tokens": proposed, "spec_accepted_tokens": kept,
+            "spec_acceptance_rate": kept / proposed if proposed else 0.0}
 
 
 def warm_up(engine: Any, requests: Sequence[BenchRequest]) -> None:
