@@ -55,8 +55,38 @@ Quantize = Annotated[str, typer.Option(
 EnforceEager = Annotated[bool, typer.Option(
     "--enforce-eager", help="Run every step through the eager ragged path (no static decode "
     "step, no CUDA graphs; docs/engine.md \"Decode step\").")]
+Speculative = Annotated[str, typer.Option(
+    "--speculative", metavar="none|ngram", help="Speculative decoding: ngram (prompt lookup: "
+    "propose what followed the latest match of the last tokens; docs/engine.md "
+    "\"Speculative decoding\"). --speculative-model picks a draft model instead.")]
+SpeculativeModel = Annotated[Path | None, typer.Option(
+    "--speculative-model", metavar="DIR", help="A smaller model sharing the tokenizer that "
+    "proposes the tokens (speculative decoding with a draft model).")]
+NumSpeculativeTokens = Annotated[int, typer.Option(
+    "--num-speculative-tokens", metavar="K", help="Tokens proposed per request and step "
+    "(with --speculative or --speculative-model).")]
 MaxContext = Annotated[int | None, typer.Option(
     "--max-context", help="Context length (default: the model's max_seq_len).")]
+
+
+def speculative_config(method: str, model: Path | None, k: int) -> Any:
+    """The SpeculativeConfig of the three flags, or None when off (one-line errors)."""
+    from astrai.errors import ConfigError
+    from astrai.infer.config import SpeculativeConfig
+
+    if method not in ("none", "ngram"):
+        raise ConfigError(f"--speculative '{method}': use none or ngram (a draft model: "
+                          "--speculative-model DIR)")
+    if model is not None and method == "ngram":
+        raise ConfigError("--speculative ngram and --speculative-model: give one of them")
+    if model is None and method == "none":
+        return None
+    if model is not None and not (model / "config.json").is_file():
+        raise ConfigError(f"--speculative-model {model}: not a model directory (no "
+                          "config.json)")
+    fields = {"method": "ngram" if model is None else "draft", "num_speculative_tokens": k,
+              "model": None if model is None else str(model)}
+    return SpeculativeConfig.from_dict(fields, "--num-speculative-tokens")
 
 
 def warn_dtype(device: str, dtype: str | None, err: Any = None) -> None:

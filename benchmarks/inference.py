@@ -11,7 +11,12 @@ Workloads:
       batches of 16 (left-padded, each batch run to its longest output; only the tokens
       each request asked for count);
   (c) shared prefix: 8 groups of 8 prompts sharing a 384-token system prompt: TTFT p50 with
-      the radix cache against without it (all requests arrive at once).
+      the radix cache against without it (all requests arrive at once);
+  (s) speculative decoding (not with --presets: its own models): one request continuing a
+      passage its prompt quotes, plain decoding against prompt lookup (ngram) and against
+      a draft model, greedy; tokens/s, their ratio and the acceptance rate. A random model
+      copies nothing, so two byte-level models are trained first (a few hundred AdamW steps
+      on the start of the bundled corpus, printed), the target and a smaller draft.
 
 Both sides' tokens are compared and the count of identical outputs is printed with every
 figure. Each side runs --repeat times, interleaved, and its best time counts; CPU-time
@@ -32,15 +37,18 @@ import torch
 import torch.nn.functional as F
 from peers import hf_twin  # benchmarks/peers.py
 
+from astrai.data.assets import tiny_corpus_path
 from astrai.infer import CacheConfig, Engine, SamplingParams, SchedulerConfig
+from astrai.infer.config import SpeculativeConfig
 from astrai.model import build_model, get_preset
 
 
-def make_engine(model, radix=True, max_running=64, decode="auto"):
+def make_engine(model, radix=True, max_running=64, decode="auto", speculative=None,
+                draft_model=None):
     cache = CacheConfig(page_size=16, max_kv_tokens=64 * 1024, max_requests=max_running,
                         radix=radix)
     return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=2048),
-                  decode=decode)
+                  decode=decode, speculative=speculative, draft_model=draft_model)
 
 
 def prompts_of(lengths, vocab, seed):
@@ -192,13 +200,68 @@ def bench_decode_modes(model, vocab, batch, new_tokens, repeat):
     return {m: v[0] for m, v in out.items()}, same
 
 
+SPEC_TARGET = {"dim": 256, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 768}
+SPEC_DRAFT = {"dim": 64, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 192}
+
+
+def train_bytes(shape, ids, steps, seed=0):
+    """A byte-level model (vocabulary 256) after `steps` AdamW steps on random 128-byte
+    windows of `ids`; (model, last loss)."""
+    cfg = get_preset("tiny", vocab_size=256, max_seq_len=1024, tie_embeddings=True, **shape)
+    model = build_model(cfg, seed=seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data, g = torch.tensor(ids), torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        starts = torch.randint(0, len(ids) - 129, (16,), generator=g)
+        b = torch.stack([data[s:s + 129] for s in starts])
+        loss = F.cross_entropy(model(b[:, :-1]).logits.flatten(0, 1), b[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval(), float(loss)
+
+
+def bench_speculative(quick, repeat):
+    """(s) One request, greedy, continuing a passage quoted in its prompt: plain decoding,
+    prompt lookup (k=4) and a draft model (k=4); tokens must agree."""
+    ids = list(tiny_corpus_path().read_bytes()[:3000])
+    t0 = time.perf_counter()
+    steps = 150 if quick else 400
+    target, loss_t = train_bytes(SPEC_TARGET, ids, steps)
+    draft, loss_d = train_bytes(SPEC_DRAFT, ids, steps, seed=1)
+    info = (f"trained in {time.perf_counter() - t0:.0f}s: target {SPEC_TARGET} loss "
+            f"{loss_t:.2f}, draft {SPEC_DRAFT} loss {loss_d:.2f}, {steps} steps each on the "
+            f"corpus' first {len(ids)} bytes")
+    passage = ids[:700]
+    prompt = passage + list(b"\n\nOnce more:\n") + passage[:48]
+    new = 128 if quick else 256
+    params = SamplingParams.greedy(new, ignore_eos=True)
+    k = 4
+    engines = {"plain": make_engine(target),
+               "ngram": make_engine(target, speculative=SpeculativeConfig(
+                   method="ngram", num_speculative_tokens=k)),
+               "draft": make_engine(target, speculative=SpeculativeConfig(
+                   method="draft", num_speculative_tokens=k), draft_model=draft)}
+    res = {}
+    for name, eng in engines.items():
+        eng.generate(prompt, SamplingParams.greedy(8, ignore_eos=True))  # warm-up
+    runs = best_of(repeat, *[lambda e=e: e.generate(prompt, params)[0].token_ids
+                             for e in engines.values()])
+    for (name, eng), (toks, wall, cpu) in zip(engines.items(), runs):
+        st = eng.stats()
+        res[name] = {"tok_s": new / wall, "cpu_s": cpu, "tokens": toks,
+                     "accept": st.spec_acceptance_rate, "proposed": st.spec_draft_tokens}
+    return res, info
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--presets", default="tiny,small")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
-    ap.add_argument("--only", default="a,b,c", help="which workloads: a,b,c,d (d: decode "
-                    "modes eager / static / CUDA graphs at batch 1 and 32)")
+    ap.add_argument("--only", default="a,b,c", help="which workloads: a,b,c,d,s (d: decode "
+                    "modes eager / static / CUDA graphs at batch 1 and 32; s: speculative "
+                    "decoding)")
     ap.add_argument("--repeat", type=int, default=2, help="runs per side; the best counts")
     ap.add_argument("--device", default="cpu", help="(d) only: cpu or cuda")
     ap.add_argument("--dtype", default="float32", help="(d) only: float32 | bfloat16 | float16")
@@ -206,6 +269,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     only = set(args.only.split(","))
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, fp32, CPU")
+    if "s" in only:
+        print_speculative(*bench_speculative(args.quick, args.repeat))
+        if not only - {"s"}:
+            return
     for name in args.presets.split(","):
         model = build_model(get_preset(name, init_std=0.1), seed=0).eval()
         vocab = model.config.vocab_size
@@ -245,6 +312,18 @@ def main() -> None:
                   f" vs {r['ttft_p50_plain_s'] * 1e3:.0f} ms without -> {r['ttft_ratio']:.2f}x"
                   f" (hit rate {r['hit_rate']:.2f}; wall {r['wall_radix_s']:.1f}s vs "
                   f"{r['wall_plain_s']:.1f}s); same tokens {r['same']}")
+
+
+def print_speculative(res, info):
+    plain = res["plain"]
+    print(f"\n== speculative decoding ({info})")
+    for name in ("ngram", "draft"):
+        r = res[name]
+        same = r["tokens"] == plain["tokens"]
+        print(f"(s) speculative {name}: {r['tok_s']:.1f} tok/s vs plain {plain['tok_s']:.1f} "
+              f"tok/s -> {r['tok_s'] / plain['tok_s']:.2f}x (CPU time "
+              f"{plain['cpu_s'] / r['cpu_s']:.2f}x); acceptance {100 * r['accept']:.1f}% of "
+              f"{r['proposed']} proposed; same tokens {same}")
 
 
 if __name__ == "__main__":

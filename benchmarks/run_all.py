@@ -155,6 +155,16 @@ def parse_inference(out: str) -> list[Row]:
     return rows
 
 
+def parse_speculative(out: str) -> list[Row]:
+    rows = []
+    for m in re.finditer(r"\(s\) speculative (\w+): ([\d.]+) tok/s vs plain ([\d.]+) tok/s "
+                         r"-> ([\d.]+)x .*?acceptance ([\d.]+)%", out):
+        rows.append(Row("inference", f"one request, speculative {m[1]} vs plain decoding "
+                        f"(acceptance {m[5]}%)", f"{m[2]} tok/s", f"{m[3]} tok/s", m[4],
+                        "> 1 faster"))
+    return rows
+
+
 def parse_rollout(out: str) -> list[Row]:
     ours = re.search(r"astrai RolloutRunner\s*:\s*" + NUM + " tokens/s", out)
     peer = re.search(r"HF generate \(TRL\)\s*:\s*" + NUM + " tokens/s", out)
@@ -369,6 +379,8 @@ BENCHES = [
           parse_distributed, "plain torch DDP"),
     Bench("inference", "inference.py", ["--presets", "tiny", "--quick", "--repeat", "1"],
           parse_inference, "HF transformers generate"),
+    Bench("speculative", "inference.py", ["--only", "s", "--quick", "--repeat", "2"],
+          parse_speculative, "plain decoding of the same engine"),
     Bench("rollout", "rollout.py", ["--prompts", "8", "--group", "4", "--new", "16",
                                     "--repeat", "2"], parse_rollout, "HF generate (TRL path)"),
     Bench("eval", "eval.py", ["--questions", "32", "--gen", "8", "--repeat", "2"], parse_eval,

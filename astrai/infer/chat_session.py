@@ -81,6 +81,18 @@ class ReplyStats:
                 f"finish: {self.finish_reason}")
 
 
+def speculation_line(engine: Any) -> str:
+    """"; speculative (ngram): A of P proposed tokens accepted (R%)" since the engine
+    started, or "" without speculative decoding."""
+    stats = engine.stats()
+    method = getattr(stats, "speculative", None)
+    if method is None:
+        return ""
+    return (f"; speculative ({method}): {stats.spec_accepted_tokens} of "
+            f"{stats.spec_draft_tokens} proposed tokens accepted "
+            f"({100 * stats.spec_acceptance_rate:.1f}%)")
+
+
 class Reply:
     """One streamed reply: iterate for text deltas ("" for tokens that add no text yet).
 
@@ -240,7 +252,7 @@ class ChatSession:
         if name == "/stats":
             if self.last is None:
                 return CommandResult("no reply yet")
-            return CommandResult(self.last.describe())
+            return CommandResult(self.last.describe() + speculation_line(self.engine))
         if name == "/set":
             return self._set(arg)
         return CommandResult(f"unknown command {name}: type /help", error=True)
@@ -278,13 +290,15 @@ def open_chat(path: str | Path, *, params: SamplingParams | None = None,
               dtype: str | None = None, backend: str | None = None,
               max_context: int | None = None, seed: int = 0,
               adapter: str | Path | None = None,
-              quantize: str | None = None, decode: str = "auto") -> ChatSession:
+              quantize: str | None = None, decode: str = "auto",
+              speculative: Any = None) -> ChatSession:
     """A ChatSession on a checkpoint directory (astrai or HF) holding its tokenizer.
 
     `chat_template`: a template name (chatml, llama3, qwen2.5, mistral, llama2) or .jinja
     file replacing the tokenizer's own; `template=False` chats with a base model.
     `adapter`: a PEFT LoRA directory merged into the weights, `quantize`: 'int8' weights
-    (`load_model`); `decode`: how decode steps run (astrai.infer.decode_step)."""
+    (`load_model`); `decode`: how decode steps run (astrai.infer.decode_step);
+    `speculative`: a SpeculativeConfig (docs/engine.md "Speculative decoding")."""
     from astrai.infer.config import CacheConfig
     from astrai.infer.engine import Engine
     from astrai.infer.loading import load_model, load_tokenizer
@@ -314,7 +328,8 @@ def open_chat(path: str | Path, *, params: SamplingParams | None = None,
     # cache while the next one (which extends it) is prefilled.
     cache = CacheConfig.from_dict(dict(page_size=page, max_kv_tokens=2 * (ctx + page),
                                        max_requests=4, max_context=max_context))
-    engine = Engine(model, tok, cache, backend, seed=seed, decode=decode)
+    engine = Engine(model, tok, cache, backend, seed=seed, decode=decode,
+                    speculative=speculative)
     return ChatSession(engine, tok, params, system=system, template=template)
 
 

@@ -1,6 +1,6 @@
-"""Typed configs of the inference engine: the KV cache and the scheduler.
+"""Typed configs of the inference engine: the KV cache, the scheduler, speculative decoding.
 
-Both are `TypedConfig`s (docs/architecture.md "Configs"): a bad value is a ConfigError naming
+Each is `TypedConfig`s (docs/architecture.md "Configs"): a bad value is a ConfigError naming
 the field when the config is built; `CacheConfig.check` adds what depends on the model.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from astrai.errors import ConfigError
 from astrai.typed_config import TypedConfig
@@ -78,3 +78,31 @@ class SchedulerConfig(TypedConfig):
     """Fraction of pages kept free when admitting new requests (fewer preemptions)."""
     prompt_overflow: Literal["error", "truncate"] = "error"
     """A prompt longer than the context: fail, or keep its last tokens with a warning."""
+
+
+class SpeculativeConfig(TypedConfig):
+    """Speculative decoding (docs/engine.md "Speculative decoding"): each decoding request
+    proposes up to `num_speculative_tokens` tokens that one forward of the model verifies."""
+
+    config_name = "speculative"
+
+    method: Literal["ngram", "draft"] = "ngram"
+    """ngram: prompt lookup, the continuation of the longest recent n-gram match among the
+    request's own tokens; draft: a smaller model sharing the tokenizer proposes."""
+    num_speculative_tokens: int = Field(4, ge=1, le=64)
+    """Tokens proposed per request and step (k: one step emits up to k + 1)."""
+    prompt_lookup_max: int = Field(4, ge=1)
+    """Longest n-gram matched (ngram)."""
+    prompt_lookup_min: int = Field(1, ge=1)
+    """Shortest n-gram matched (ngram); no match this long: no proposal that step."""
+    model: str | None = None
+    """The draft model's directory (draft; `Engine(draft_model=...)` may give the module)."""
+
+    @model_validator(mode="after")
+    def _check_lookup(self) -> SpeculativeConfig:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min={self.prompt_lookup_min} exceeds "
+                             f"prompt_lookup_max={self.prompt_lookup_max}")
+        if self.method == "ngram" and self.model is not None:
+            raise ValueError("a draft model is given with method 'ngram': use method 'draft'")
+        return self

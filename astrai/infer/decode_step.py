@@ -124,9 +124,10 @@ class DecodeStep:
         return self.mode in ("graphs", "static")
 
     def accepts(self, batch: StepBatch) -> bool:
-        """A pure decode step (one sampled token per request) that fits the largest bucket."""
+        """A pure decode step (one sampled token per request, no proposals to verify) that
+        fits the largest bucket."""
         return (self.enabled and len(batch.chunks) <= self.buckets[-1]
-                and all(c.n == 1 and c.sample for c in batch.chunks))
+                and all(c.n == 1 and c.sample and not c.draft for c in batch.chunks))
 
     def run(self, batch: StepBatch) -> torch.Tensor:
         """fp32 logits [B, V] of the step's requests, in chunk order."""

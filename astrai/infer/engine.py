@@ -26,6 +26,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from collections.abc import Callable, Iterator, Sequence
 from numbers import Integral
 from pathlib import Path
@@ -37,7 +38,7 @@ from astrai.errors import ConfigError
 from astrai.infer import output
 from astrai.infer.backends.registry import BackendChain, requested_backend, select_backend
 from astrai.infer.cache.pool import PagePool
-from astrai.infer.config import CacheConfig, SchedulerConfig
+from astrai.infer.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from astrai.infer.intake import Intake, Prompt
 from astrai.infer.metrics import EngineStats, StepCounters, StepInfo
 from astrai.infer.params import SamplingParams
@@ -45,7 +46,8 @@ from astrai.infer.request import Request, RequestOutput
 from astrai.infer.decode_step import DecodeStep
 from astrai.infer.runner import ModelRunner
 from astrai.infer.sampler import Pick, Sampler
-from astrai.infer.scheduler import Scheduler, StepBatch
+from astrai.infer.scheduler import Chunk, Scheduler, StepBatch
+from astrai.infer.speculative.speculator import Speculator
 from astrai.infer.routing import Streams, drain
 from astrai.kernels.cpu_linear import cpu_decode_kernels
 from astrai.model import fast_path
@@ -59,13 +61,16 @@ class Engine:
                  cache_config: CacheConfig | None = None,
                  backend: str | AttentionBackend | None = None, *,
                  scheduler_config: SchedulerConfig | None = None, seed: int = 0,
-                 decode: str = "auto") -> None:
+                 decode: str = "auto", speculative: SpeculativeConfig | None = None,
+                 draft_model: torch.nn.Module | None = None) -> None:
         """`backend`: None (the `attn_backend` context / ASTRAI_BACKEND / automatic), a
         backend name, or an AttentionBackend instance. `tokenizer` is duck-typed: encode,
         stream_decoder, eos_id, stop_ids (None: token ids in, token ids out). `decode`: how
         pure decode steps run (astrai.infer.decode_step: auto | graphs | static | eager;
         auto = CUDA graphs where the decode kernel serves the model, else eager; a backend
-        given by the caller keeps auto on the eager path it chose)."""
+        given by the caller keeps auto on the eager path it chose). `speculative`:
+        speculative decoding (docs/engine.md), its draft model `draft_model` or loaded from
+        `speculative.model`."""
         cfg = model.config
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -88,6 +93,7 @@ class Engine:
         self.decode_step = DecodeStep(model, self.pool, self.runner.lm_head, decode,
                                       self.scheduler.max_running)
         self.sampler = Sampler(p.device, seed)
+        self.speculator = self._speculator(speculative, draft_model, p)
         self.intake = Intake(tokenizer, cfg.vocab_size, self.max_context, sched.prompt_overflow)
         self.streams = Streams()
         self.counters = StepCounters()
@@ -100,6 +106,29 @@ class Engine:
         self._requests: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []
 
+    def _speculator(self, config: SpeculativeConfig | None, draft: torch.nn.Module | None,
+                    p: torch.Tensor) -> Speculator | None:
+        if config is None:
+            if draft is not None:
+                raise ConfigError("a draft model without speculative=SpeculativeConfig("
+                                  "method='draft')")
+            return None
+        proposer = None
+        if config.method == "draft":
+            from astrai.infer.loading import load_model
+            from astrai.infer.speculative.draft import DraftProposer
+
+            if draft is None and config.model is None:
+                raise ConfigError("speculative method 'draft' needs a draft model: "
+                                  "--speculative-model DIR")
+            if draft is None:
+                draft = load_model(config.model, device=str(p.device), dtype=p.dtype)
+            proposer = DraftProposer(draft, self.cache_config, vocab_size=self.vocab_size,
+                                     max_context=self.max_context, dtype=p.dtype,
+                                     device=p.device)
+        return Speculator(config, self.sampler, self.max_context,
+                          self.scheduler_config.max_step_tokens, proposer)
+
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, device: str = "auto",
                         dtype: str | torch.dtype | None = None,
@@ -107,17 +136,20 @@ class Engine:
                         backend: str | AttentionBackend | None = None,
                         scheduler_config: SchedulerConfig | None = None,
                         seed: int = 0, adapter: str | Path | None = None,
-                        quantize: str | None = None, decode: str = "auto") -> Engine:
+                        quantize: str | None = None, decode: str = "auto",
+                        speculative: SpeculativeConfig | None = None) -> Engine:
         """An engine over an astrai checkpoint or a HF Llama/Qwen2/Mistral directory, with
         the tokenizer stored in it (None when it has none: token ids in and out), and a
         LoRA adapter merged in (`adapter`, or a LoRA checkpoint's own), and with
-        `quantize='int8'` int8 weights (`astrai.model.quant`, docs/engine.md)."""
+        `quantize='int8'` int8 weights (`astrai.model.quant`, docs/engine.md), and
+        speculative decoding (`speculative`; a draft model is loaded from its `model`)."""
         from astrai.infer.loading import load_model, load_tokenizer
 
         model = load_model(path, device=device, dtype=dtype, adapter=adapter,
                            quantize=quantize)
         return cls(model, load_tokenizer(path), cache_config, backend,
-                   scheduler_config=scheduler_config, seed=seed, decode=decode)
+                   scheduler_config=scheduler_config, seed=seed, decode=decode,
+                   speculative=speculative)
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
@@ -197,7 +229,7 @@ class Engine:
             picks = self._run(batch)
             now = time.perf_counter()
             outs = self._postprocess(batch, picks, now)
-            self._count(batch, t0, now)
+            self._count(batch, outs, t0, now)
             return outs
         except Exception as e:
             self._fail_step(list({id(c.req): c.req for c in batch.chunks}.values()), e)
@@ -212,16 +244,50 @@ class Engine:
             self._pending.append(out)
             self._route(out)
 
-    def _run(self, batch: StepBatch) -> list[Pick | Exception]:
-        """Forward the step, then sample: per sampling request its new token, or the error
-        that stopped it."""
-        reqs = batch.sampled
-        masks = self.sampler.start_masks(reqs, self.vocab_size)  # beside the forward
+    def _run(self, batch: StepBatch) -> list[list[Pick] | Exception]:
+        """Propose (speculative decoding), forward the step, then sample or verify: per
+        sampling request its new tokens (one, or the proposals kept and the token after
+        them), or the error that stopped it."""
+        masks = self.sampler.start_masks(batch.sampled, self.vocab_size)  # beside the forward
         with fast_path.active(self.cpu_kernels):
+            if self.speculator is not None:
+                self.speculator.propose(batch, self.pool, self.backend(),
+                                        {r.id for r in self.scheduler.running})
             if self.decode_step.accepts(batch):
                 logits = self.decode_step.run(batch)  # static shapes (CUDA graphs on CUDA)
             else:
                 logits = self.runner.run(batch, self.backend())  # (B_s, V) fp32
+        chunks = [c for c in batch.chunks if c.sample]
+        if not any(c.draft for c in chunks):
+            picks = self._sample(logits, batch.sampled, masks)
+            return [[p] if isinstance(p, Pick) else p for p in picks]
+        return self._verify(logits, chunks)
+
+    def _verify(self, logits: torch.Tensor, chunks: list[Chunk]) -> list[list[Pick] | Exception]:
+        """A step with proposals: the plain rows sample together, each speculating chunk's
+        1 + k rows are verified."""
+        first, row = [], 0
+        for c in chunks:
+            first.append(row)
+            row += 1 + len(c.draft)
+        plain = [b for b, c in enumerate(chunks) if not c.draft]
+        drawn = iter(self._sample(logits[[first[b] for b in plain]],
+                                  [chunks[b].req for b in plain]) if plain else [])
+        out: list[list[Pick] | Exception] = []
+        for b, c in enumerate(chunks):
+            if not c.draft:
+                pick = next(drawn)
+                out.append([pick] if isinstance(pick, Pick) else pick)
+                continue
+            try:
+                rows = logits[first[b]:first[b] + 1 + len(c.draft)]
+                out.append(self.speculator.verify(rows, c))
+            except Exception as e:  # noqa: BLE001 - reported in that request's output
+                out.append(e)
+        return out
+
+    def _sample(self, logits: torch.Tensor, reqs: list[Request],
+                masks: Future | None = None) -> list[Pick | Exception]:
         if not reqs:
             return []
         try:
@@ -235,27 +301,45 @@ class Engine:
                     picks.append(e)
             return picks
 
-    def _postprocess(self, batch: StepBatch, picks: list[Pick | Exception],
+    def _postprocess(self, batch: StepBatch, picks: list[list[Pick] | Exception],
                      now: float) -> list[RequestOutput]:
         """Advance the step's requests by their new tokens and assemble their outputs."""
         reqs = batch.sampled
         outs = [self._fail(req, pick, now) for req, pick in zip(reqs, picks)
                 if isinstance(pick, Exception)]  # finished: the scheduler passes over them
         self.scheduler.postprocess(
-            batch, [p.token if isinstance(p, Pick) else -1 for p in picks], now)
-        for req, pick in zip(reqs, picks):
-            if not isinstance(pick, Pick):
+            batch, [p[0].token if isinstance(p, list) else -1 for p in picks], now)
+        for req, got in zip(reqs, picks):
+            if isinstance(got, Exception):
                 continue
             try:  # the end is decided (stop token, stop string, length) before pages go
-                if req.constraint is not None:
-                    req.constraint.advance(pick.token)
-                text, end = output.detokenize(req, pick.token, self.max_context)
-                if end is not None:
-                    self.scheduler.finish(req, end[0], now, end[1])
-                outs.append(output.token_output(req, pick.token, text, pick.logprob, pick.top))
+                outs.append(self._emit(req, got, now))
             except Exception as e:  # noqa: BLE001 - reported in that request's output
                 outs.append(self._fail(req, e, now))
         return outs
+
+    def _emit(self, req: Request, picks: list[Pick], now: float) -> RequestOutput:
+        """Append a request's new tokens one by one (the first is in already), deciding
+        after each whether it ends there: the rest of a speculative step's tokens are
+        dropped then, so output equals one-token-a-step decoding."""
+        texts, kept = [], []
+        for i, pick in enumerate(picks):
+            if i:
+                if req.finished:
+                    break
+                self.scheduler.advance(req, pick.token, now)
+            if req.constraint is not None:
+                req.constraint.advance(pick.token)
+            text, end = output.detokenize(req, pick.token, self.max_context)
+            texts.append(text)
+            kept.append(pick)
+            if end is not None:
+                self.scheduler.finish(req, end[0], now, end[1])
+                break
+        if len(picks) > 1:
+            self.scheduler.trim(req)
+        return output.tokens_output(req, [p.token for p in kept], "".join(texts),
+                                    [p.logprob for p in kept], [p.top for p in kept])
 
     def _fail(self, req: Request, error: Exception, now: float) -> RequestOutput:
         """Finish `req` with reason "error" (also when it ended in this very step); its
@@ -282,10 +366,13 @@ class Engine:
         if out.finished:
             self._requests.pop(out.request_id, None)
             self.sampler.release(out.request_id)
+            if self.speculator is not None:
+                self.speculator.release(out.request_id)
 
-    def _count(self, batch: StepBatch, t0: float, now: float) -> None:
-        dec = sum(1 for c in batch.chunks if c.n == 1)
-        self.counters.count(batch.num_tokens, dec, len(batch.sampled))
+    def _count(self, batch: StepBatch, outs: list[RequestOutput], t0: float,
+               now: float) -> None:
+        dec = sum(c.num_fed for c in batch.chunks if c.n == 1)
+        self.counters.count(batch.num_tokens, dec, sum(len(o.delta_token_ids) for o in outs))
         if self.on_step is not None:
             s = self.scheduler
             self.on_step(StepInfo(t0, now - t0, len(batch.chunks), batch.num_tokens,
@@ -299,7 +386,13 @@ class Engine:
             return EngineStats(len(s.running), len(s.waiting), c.steps, c.prefill_tokens,
                                c.decode_tokens, c.generated_tokens, s.num_preemptions,
                                s.peak_running, name, self.pool.stats(),
-                               self.decode_step.mode)
+                               self.decode_step.mode, *self._spec_stats())
+
+    def _spec_stats(self) -> tuple[str | None, int, int, int]:
+        sp = self.speculator
+        if sp is None:
+            return None, 0, 0, 0
+        return (sp.config.method, *sp.stats())
 
     # -- generate --------------------------------------------------------------------------
     def generate(self, prompts: Prompt | Sequence[Prompt],

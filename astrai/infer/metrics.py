@@ -40,6 +40,19 @@ class EngineStats:
     pool: PoolStats
     decode: str = "eager"
     """How pure decode steps run: graphs | static | eager (astrai.infer.decode_step)."""
+    speculative: str | None = None
+    """Speculative decoding's method (ngram | draft), or None."""
+    spec_drafts: int = 0
+    """Verify rows run: a request's proposals checked in one step."""
+    spec_draft_tokens: int = 0
+    """Tokens proposed and verified."""
+    spec_accepted_tokens: int = 0
+    """Of those, tokens kept (the token each verify adds after them not counted)."""
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Accepted over proposed tokens (0 before any proposal)."""
+        return self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else 0.0
 
     @property
     def prefix_hit_rate(self) -> float:

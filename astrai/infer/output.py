@@ -42,22 +42,29 @@ def token_output(req: Request, token: int, text: str, logprob: float | None,
                  top: dict[int, float] | None) -> RequestOutput:
     """The delta of one new token (its text from `detokenize`, its log-probabilities from
     the sampler); the request's log-probabilities grow by it when they were asked for."""
+    return tokens_output(req, [token], text, [logprob], [top])
+
+
+def tokens_output(req: Request, tokens: list[int], text: str,
+                  logprobs: list[float | None], tops: list[dict[int, float] | None]
+                  ) -> RequestOutput:
+    """The delta of a step's new tokens (several where speculative decoding kept
+    proposals), with the text `detokenize` released for them."""
     p = req.params
-    if not (p.logprobs or p.top_logprobs):
-        logprob = top = None
-    if logprob is not None:
-        req.logprobs.append(logprob)
-    return _output(req, [token], text, logprob, top if p.top_logprobs else None)
+    lps = [lp for lp in logprobs if lp is not None] if (p.logprobs or p.top_logprobs) else []
+    req.logprobs.extend(lps)
+    top = [t for t in tops if t is not None] if p.top_logprobs else []
+    return _output(req, tokens, text, lps, top or None)
 
 
 def final_output(req: Request) -> RequestOutput:
     """The last output of a request that ended without a new token (abort, error)."""
     text = req.text.finish()[0] if req.text is not None else ""
-    return _output(req, [], text, None, None)
+    return _output(req, [], text, [], None)
 
 
-def _output(req: Request, delta: list[int], text: str, logprob: float | None,
-            top: dict[int, float] | None) -> RequestOutput:
+def _output(req: Request, delta: list[int], text: str, logprobs: list[float],
+            top: list[dict[int, float]] | None) -> RequestOutput:
     p = req.params
     return RequestOutput(
         request_id=req.id, delta_token_ids=delta, delta_text=text,
@@ -65,8 +72,8 @@ def _output(req: Request, delta: list[int], text: str, logprob: float | None,
         finished=req.finished, finish_reason=req.finish_reason,
         usage=Usage(req.prompt_len, req.num_output, req.cached_tokens),
         metrics=req.metrics, stop_reason=req.stop_reason,
-        delta_logprobs=([logprob] if logprob is not None else []) if p.logprobs else None,
+        delta_logprobs=logprobs if p.logprobs else None,
         logprobs=list(req.logprobs) if p.logprobs else None,
-        delta_top_logprobs=[top] if top is not None else None,
+        delta_top_logprobs=top,
         prompt_truncated=req.truncated, index=req.index, error=req.error,
     )

@@ -31,12 +31,13 @@ class ModelRunner:
         rows, prefix, qo, sample_rows, pages = [], [], [], [], []
         for c in batch.chunks:
             ids.extend(c.req.tokens[c.start:c.start + c.n])
+            ids.extend(c.draft)  # speculative decoding: every proposal's row is sampled
             rows.append(c.req.kv.row)
             pages.append(c.req.kv.pages)
             prefix.append(c.start)
-            qo.append(c.n)
+            qo.append(c.num_fed)
             if c.sample:
-                sample_rows.append(len(ids) - 1)
+                sample_rows.extend(range(len(ids) - 1 - len(c.draft), len(ids)))
         st = self.pool.storage
         record = build_kv_cache(st.k, st.v, self.pool.req_to_token.table, rows, prefix, qo,
                                 self.pool.page_size, pages)
@@ -44,7 +45,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: StepBatch, backend: AttentionBackend) -> torch.Tensor:
-        """Forward the step; returns fp32 logits [n_sampling, V] of the sampling rows."""
+        """Forward the step; returns fp32 logits [n_sampling, V] of the sampling rows (a
+        chunk with proposals has 1 + len(draft) of them, in order)."""
         ids, sample_rows, record = self.build_record(batch)
         input_ids = torch.tensor(ids, dtype=torch.long).to(self.device)
         ctx = ForwardContext(positions=record.positions[None], cache=record, backend=backend)

@@ -128,8 +128,10 @@ class Sampler:
                                f"{c.matcher.get_error() or 'the grammar is exhausted'}")
         return S.apply_token_mask(logits, torch.tensor(rows, device=self.device), allowed)
 
-    def _draw(self, logits: torch.Tensor, reqs: list[Request], greedy: list[bool]) -> torch.Tensor:
-        ps = [r.params for r in reqs]
+    def warp(self, logits: torch.Tensor, ps: list) -> torch.Tensor:
+        """Temperature, then the top-k, top-p and min-p masks of each row's params (`ps`,
+        one per row) over penalised logits [B, V]; softmax of the result is what a row
+        draws from."""
         f32 = {"dtype": torch.float32, "device": self.device}
         x = S.apply_temperature(logits, torch.tensor([p.temperature for p in ps], **f32))
         if any(p.top_k > 0 for p in ps):
@@ -138,7 +140,33 @@ class Sampler:
             x = S.top_p_mask(x, torch.tensor([p.top_p for p in ps], **f32))
         if any(p.min_p > 0.0 for p in ps):
             x = S.min_p_mask(x, torch.tensor([p.min_p for p in ps], **f32))
-        probs = x.softmax(dim=-1)
+        return x
+
+    def penalize_rows(self, logits: torch.Tensor, req: Request,
+                      drafts: list[int]) -> torch.Tensor:
+        """The penalties of `req` over its verify rows [k+1, V] (speculative decoding): row
+        j comes after the output so far and the first j proposed tokens `drafts`, so their
+        counts are added (astrai.infer.speculative)."""
+        p = req.params
+        if not p.has_penalties:
+            return logits
+        rows, V = logits.shape
+        st = self._penalty_state(req, V)
+        extra = torch.zeros(rows, V, dtype=torch.float32, device=self.device)
+        if drafts:
+            ids = torch.tensor(drafts[:rows - 1], dtype=torch.long, device=self.device)
+            extra[1:].scatter_(1, ids[:, None], 1.0)
+            extra = extra.cumsum(dim=0)
+        f32 = {"dtype": torch.float32, "device": self.device}
+        return S.apply_penalties(
+            logits, st.counts[None] + extra, st.prompt_mask[None].expand(rows, V),
+            torch.full((rows,), p.repetition_penalty, **f32),
+            torch.full((rows,), p.frequency_penalty, **f32),
+            torch.full((rows,), p.presence_penalty, **f32))
+
+    def _draw(self, logits: torch.Tensor, reqs: list[Request], greedy: list[bool]) -> torch.Tensor:
+        ps = [r.params for r in reqs]
+        probs = self.warp(logits, ps).softmax(dim=-1)
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
         for b, (r, p) in enumerate(zip(reqs, ps)):
             if p.seed is not None and not greedy[b]:

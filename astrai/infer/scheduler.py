@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from astrai.infer.cache.pool import PagePool
@@ -38,6 +38,13 @@ class Chunk:
     n: int
     sample: bool
     """The chunk reaches the end of the request's tokens: a new token is sampled."""
+    draft: list[int] = field(default_factory=list)
+    """Proposed tokens fed after the decode token (speculative decoding): every one of
+    them is sampled too, and the verification keeps a prefix (astrai.infer.speculative)."""
+
+    @property
+    def num_fed(self) -> int:
+        return self.n + len(self.draft)
 
 
 @dataclass
@@ -46,11 +53,11 @@ class StepBatch:
 
     @property
     def num_tokens(self) -> int:
-        return sum(c.n for c in self.chunks)
+        return sum(c.num_fed for c in self.chunks)
 
     @property
     def is_decode(self) -> bool:
-        return all(c.n == 1 for c in self.chunks)
+        return all(c.num_fed == 1 for c in self.chunks)
 
     @cached_property
     def sampled(self) -> list[Request]:
@@ -220,8 +227,24 @@ class Scheduler:
                 continue
             if c.n > 1:
                 self.pool.cache(req.kv, req.tokens[:req.num_computed])
-            req.tokens.append(tok)
-            m = req.metrics
-            if m.first_token_time is None:
-                m.first_token_time = now
-            m.token_times.append(now)
+            self._append(req, tok, now)
+
+    def advance(self, req: Request, token: int, now: float) -> None:
+        """One more accepted token of a speculating request: the token before it (a kept
+        proposal) has its K/V written by the verify step."""
+        req.num_computed += 1
+        self._append(req, token, now)
+
+    def trim(self, req: Request) -> None:
+        """After a verify step: give back the pages past what the request's tokens need,
+        holding rejected proposals' K/V (never cached: they lie past num_computed)."""
+        if req.status is Status.RUNNING and req.kv is not None:
+            self.pool.trim(req.kv, len(req.tokens))
+
+    @staticmethod
+    def _append(req: Request, token: int, now: float) -> None:
+        req.tokens.append(token)
+        m = req.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.token_times.append(now)

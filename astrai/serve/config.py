@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from astrai.errors import ConfigError
-from astrai.infer.config import CacheConfig, SchedulerConfig
+from astrai.infer.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from astrai.infer.loading import resolve_quantize
 from astrai.serve.auth import key_problem
 from astrai.serve.tool_parsers import PARSERS
@@ -53,6 +53,8 @@ class ServeConfig:
     decode: str = "auto"
     """How pure decode steps run: auto (CUDA graphs where they serve) | eager
     (`--enforce-eager`); astrai.infer.decode_step."""
+    speculative: SpeculativeConfig | None = None
+    """Speculative decoding (`--speculative ngram`, `--speculative-model DIR`); None = off."""
     seed: int = 0
     """Seed of requests that give no seed of their own."""
     cache: CacheConfig = field(default_factory=CacheConfig)

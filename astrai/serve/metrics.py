@@ -122,6 +122,15 @@ class ServerMetrics:
             ("vllm:num_preemptions_total", "counter", "Requests preempted.",
              stats.num_preemptions),
         ]
+        if getattr(stats, "speculative", None) is not None:  # vLLM's spec_decode counters
+            single += [
+                ("vllm:spec_decode_num_drafts_total", "counter",
+                 "Verify rows run (a request's proposals checked in one step).",
+                 stats.spec_drafts),
+                ("vllm:spec_decode_num_draft_tokens_total", "counter",
+                 "Speculative tokens proposed.", stats.spec_draft_tokens),
+                ("vllm:spec_decode_num_accepted_tokens_total", "counter",
+                 "Speculative tokens accepted.", stats.spec_accepted_tokens)]
         with self._lock:
             single += [
                 ("vllm:prompt_tokens_total", "counter", "Prompt tokens of finished requests.",

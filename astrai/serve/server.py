@@ -45,7 +45,7 @@ def load_engine(config: ServeConfig) -> Any:
     cache = config.cache.model_copy(update={"max_requests": config.max_running})
     sched = config.scheduler.model_copy(update={"max_running": config.max_running})
     return Engine(model, tok, cache, config.backend, scheduler_config=sched, seed=config.seed,
-                  decode=config.decode)
+                  decode=config.decode, speculative=config.speculative)
 
 
 def check_paths(config: ServeConfig) -> Path:

@@ -26,8 +26,12 @@ from astrai_cli.options import (
     Device,
     Dtype,
     MaxContext,
+    NumSpeculativeTokens,
+    Speculative,
+    SpeculativeModel,
     Quantize,
     checkpoint_path,
+    speculative_config,
     threads_option,
     use_threads,
     warn_dtype,
@@ -242,6 +246,9 @@ def register(app: typer.Typer) -> None:
         dtype: Dtype = "auto",
         quantize: Quantize = "none",
         enforce_eager: EnforceEager = False,
+        speculative: Speculative = "none",
+        speculative_model: SpeculativeModel = None,
+        num_speculative_tokens: NumSpeculativeTokens = 4,
         adapter: Adapter = None,
         backend: Backend = None,
         max_context: MaxContext = None,
@@ -257,6 +264,7 @@ def register(app: typer.Typer) -> None:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed,  # invalid values: exit 2 here
                                 structured_outputs=read_schema(json_schema))
+        spec = speculative_config(speculative, speculative_model, num_speculative_tokens)
         use_threads(threads)
         err = Console(stderr=True, highlight=False, soft_wrap=True)
         text = None
@@ -272,7 +280,7 @@ def register(app: typer.Typer) -> None:
                             device=device, dtype=dtype,
                             backend=backend, max_context=max_context, seed=seed or 0,
                             adapter=adapter, quantize=quantize,
-                            decode="eager" if enforce_eager else "auto")
+                            decode="eager" if enforce_eager else "auto", speculative=spec)
         if json_schema is not None:  # refused schema features: exit 2 before chatting
             check_schema(session, params, json_schema)
         if text is not None:

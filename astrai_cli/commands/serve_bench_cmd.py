@@ -22,8 +22,12 @@ from astrai_cli.options import (
     Device,
     Dtype,
     MaxContext,
+    NumSpeculativeTokens,
+    Speculative,
+    SpeculativeModel,
     Quantize,
     checkpoint_path,
+    speculative_config,
     threads_option,
     use_threads,
     warn_dtype,
@@ -62,6 +66,9 @@ SECTIONS.append(("Engine", [
     ("KV pool utilization, peak (%)", "kv_pool_utilization_peak", "pct"),
     ("Preemptions", "num_preemptions", "{:d}"),
     ("Engine steps", "num_steps", "{:d}"),
+    ("Speculative tokens proposed", "spec_draft_tokens", "{:d}"),
+    ("Speculative tokens accepted", "spec_accepted_tokens", "{:d}"),
+    ("Speculative acceptance rate (%)", "spec_acceptance_rate", "pct"),
 ]))
 
 
@@ -175,6 +182,9 @@ def register(app: typer.Typer) -> None:
         dtype: Dtype = "auto",
         quantize: Quantize = "none",
         enforce_eager: EnforceEager = False,
+        speculative: Speculative = "none",
+        speculative_model: SpeculativeModel = None,
+        num_speculative_tokens: NumSpeculativeTokens = 4,
         adapter: Adapter = None,
         page_size: Annotated[int, typer.Option("--page-size", help="KV page size.")] = 16,
         max_kv_tokens: Annotated[int, typer.Option(
@@ -224,6 +234,8 @@ def register(app: typer.Typer) -> None:
             dtype=None if dtype == "auto" else dtype,
             adapter=None if adapter is None else str(adapter), quantize=quantize,
             decode="eager" if enforce_eager else "auto",
+            speculative=speculative_config(speculative, speculative_model,
+                                           num_speculative_tokens),
             cache=CacheConfig.from_dict(dict(
                 page_size=page_size, max_kv_tokens=max_kv_tokens, max_requests=max_requests,
                 radix=not no_radix, max_context=max_context)),

@@ -291,4 +291,42 @@ def test_bad_json_schema_files_exit_2_naming_the_file(ckpt, tmp_path, content, w
         f.write_text(content)
     r = runner.invoke(app, ["chat", str(ckpt[0]), "--prompt", "hi", "--json-schema", str(f)])
     assert r.exit_code == 2 and why in r.stderr and f"--json-schema {f}" in r.stderr
+
+
+def test_speculative_flags_reach_the_engine_and_reply_the_same(ckpt, monkeypatch):
+    from astrai.infer import engine as engine_module
+
+    path, model, tok = ckpt
+    seen = []
+    init = engine_module.Engine.__init__
+
+    def spy(self, *a, **kw):
+        seen.append(kw.get("speculative"))
+        init(self, *a, **kw)
+
+    monkeypatch.setattr(engine_module.Engine, "__init__", spy)
+    args = ["chat", str(path), "--temperature", "0", "--max-tokens", "8", "--device", "cpu",
+            "--prompt", "Hello"]
+    a = runner.invoke(app, args)
+    b = runner.invoke(app, [*args, "--speculative", "ngram", "--num-speculative-tokens", "3"])
+    c = runner.invoke(app, [*args, "--speculative-model", str(path)])
+    assert a.exit_code == b.exit_code == c.exit_code == 0, (b.output, c.output)
+    assert a.stdout == b.stdout == c.stdout
+    assert seen[0] is None
+    assert (seen[1].method, seen[1].num_speculative_tokens) == ("ngram", 3)
+    assert (seen[2].method, seen[2].model) == ("draft", str(path))
+    for cmd in ("chat", "serve", "serve-bench"):
+        out = runner.invoke(app, [cmd, "--help"]).stdout
+        assert "--speculative" in out and "--num-speculative-tokens" in out
+
+
+@pytest.mark.parametrize("flags, why", [
+    (["--speculative", "eagle"], "--speculative 'eagle': use none or ngram"),
+    (["--speculative", "ngram", "--speculative-model", "."], "give one of them"),
+    (["--speculative-model", "/nonexistent"], "not a model directory"),
+    (["--speculative", "ngram", "--num-speculative-tokens", "0"], "num_speculative_tokens"),
+])
+def test_bad_speculative_flags_exit_2(ckpt, flags, why):
+    r = runner.invoke(app, ["chat", str(ckpt[0]), "--prompt", "hi", *flags])
+    assert r.exit_code == 2 and why in r.stderr and "Traceback" not in r.output
     assert len(r.stderr.strip().splitlines()) == 1

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from astrai.errors import ConfigError
 from astrai.infer.backends.registry import BACKEND_NAMES
-from astrai.infer.config import CacheConfig, SchedulerConfig
+from astrai.infer.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 DEFAULT_INPUT_LEN = (64, 256)
@@ -66,6 +66,8 @@ class BenchConfig:
     """Weight format: None (as loaded) | int8 (astrai.model.quant, docs/engine.md)."""
     decode: str = "auto"
     """How pure decode steps run: auto | eager (`--enforce-eager`); astrai.infer.decode_step."""
+    speculative: SpeculativeConfig | None = None
+    """Speculative decoding (`--speculative`, `--speculative-model`); None = off."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     """The KV pool (page size, pool tokens, rows, radix sharing)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

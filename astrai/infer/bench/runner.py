@@ -33,7 +33,7 @@ class DriveResult:
     kv_utilization_peak: float
     num_steps: int
     engine: dict[str, Any] = field(default_factory=dict)
-    """Engine counters over the run: prefix hits, preemptions."""
+    """Engine counters over the run: prefix hits, preemptions, speculative proposals."""
 
 
 def drive(engine: Any, requests: Sequence[BenchRequest], offsets: Sequence[float],
@@ -46,6 +46,8 @@ def drive(engine: Any, requests: Sequence[BenchRequest], offsets: Sequence[float
     pool = engine.pool
     q0, h0 = pool.prefix_query_tokens, pool.prefix_hit_tokens
     p0 = engine.scheduler.num_preemptions
+    spec = getattr(engine, "speculator", None)
+    s0 = spec.stats() if spec is not None else (0, 0, 0)
     util = {"sum": 0.0, "time": 0.0, "peak": 0.0, "steps": 0}
 
     def on_step(info: Any) -> None:
@@ -104,14 +106,26 @@ def drive(engine: Any, requests: Sequence[BenchRequest], offsets: Sequence[float
             engine.abort(rid)
     queried = pool.prefix_query_tokens - q0
     hits = pool.prefix_hit_tokens - h0
+    counters = {"prefix_cache_hit_rate": hits / queried if queried else 0.0,
+                "prefix_cache_hit_tokens": hits, "prefix_cache_query_tokens": queried,
+                "num_preemptions": engine.scheduler.num_preemptions - p0,
+                **spec_counters(spec, s0)}
     return DriveResult(
         records=[r for r in records if r is not None], duration=duration,
         kv_utilization_mean=util["sum"] / util["time"] if util["time"] else 0.0,
         kv_utilization_peak=util["peak"], num_steps=util["steps"],
-        engine={"prefix_cache_hit_rate": hits / queried if queried else 0.0,
-                "prefix_cache_hit_tokens": hits, "prefix_cache_query_tokens": queried,
-                "num_preemptions": engine.scheduler.num_preemptions - p0},
+        engine=counters,
     )
+
+
+def spec_counters(spec: Any, before: tuple[int, int, int]) -> dict[str, Any]:
+    """Speculative decoding over the run: verify rows, tokens proposed and kept ({} when
+    the engine does not speculate)."""
+    if spec is None:
+        return {}
+    drafts, proposed, kept = (b - a for a, b in zip(before, spec.stats()))
+    return {"spec_drafts": drafts, "spec_draft_tokens": proposed, "spec_accepted_tokens": kept,
+            "spec_acceptance_rate": kept / proposed if proposed else 0.0}
 
 
 def warm_up(engine: Any, requests: Sequence[BenchRequest]) -> None:

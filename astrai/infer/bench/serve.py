@@ -154,6 +154,8 @@ def bench_settings(config: BenchConfig) -> dict[str, Any]:
         "ignore_eos": config.ignore_eos, "slos_ms": dict(config.slos),
         "threads": torch.get_num_threads(),
         "cache": config.cache.model_dump(), "scheduler": config.scheduler.model_dump(),
+        "speculative": (None if config.speculative is None
+                        else config.speculative.model_dump()),
     }
 
 
@@ -194,7 +196,7 @@ def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
     for backend in config.backends:
         engine = Engine(target.model, tok, config.cache, backend,
                         scheduler_config=config.scheduler, seed=config.seed,
-                        decode=config.decode)
+                        decode=config.decode, speculative=config.speculative)
         label = backend or f"auto ({engine.backend().name})"
         warm_up(engine, warm)
         cb: Progress | None = None

@@ -140,6 +140,18 @@ class PagePool:
         handle.pages.extend(pages)
         return True
 
+    def trim(self, handle: KVHandle, n_tokens: int) -> None:
+        """Release the pages past those positions [0, n_tokens) need (speculative decoding:
+        the slots of rejected proposals). Those pages are the request's own: the radix
+        cache only holds complete pages of computed tokens, which lie before n_tokens."""
+        if self.contiguous:
+            return
+        keep = self.pages_for(n_tokens)
+        if len(handle.pages) > keep:
+            extra = handle.pages[keep:]
+            del handle.pages[keep:]
+            self.allocator.decref(extra[::-1])
+
     def cache(self, handle: KVHandle, tokens: Sequence[int]) -> None:
         """Offer the complete pages of `tokens` (those with K/V written) to the radix cache."""
         if self.radix is not None and tokens:

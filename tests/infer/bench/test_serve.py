@@ -118,3 +118,19 @@ def test_checkpoint_without_tokenizer_runs_token_ids_only(tiny_ckpt, tmp_path):
                  + json.dumps({"prompt": "text"}) + "\n")
     with pytest.raises(DataError, match=r"p\.jsonl:2: a text prompt needs a tokenizer"):
         serve_bench(cfg(bare, workload=str(f)))
+
+
+def test_speculative_decoding_reports_its_acceptance(tiny_ckpt):
+    from astrai.infer.config import SpeculativeConfig
+
+    base = dict(num_prompts=3, input_len=(8, 20), output_len=(6, 10), warmup=0)
+    plain = serve_bench(cfg(tiny_ckpt, **base))
+    spec = serve_bench(cfg(tiny_ckpt, speculative=SpeculativeConfig(num_speculative_tokens=3),
+                           **base))
+    run, d = spec.runs[0].metrics, spec.to_dict()
+    assert run["spec_draft_tokens"] >= run["spec_accepted_tokens"] >= 0
+    assert run["spec_acceptance_rate"] == pytest.approx(
+        run["spec_accepted_tokens"] / max(run["spec_draft_tokens"], 1))
+    assert d["settings"]["speculative"]["method"] == "ngram"
+    assert "spec_draft_tokens" not in plain.runs[0].metrics
+    assert run["total_output_tokens"] == plain.runs[0].metrics["total_output_tokens"]
