@@ -18,6 +18,8 @@ from astrai_cli.options import (
     Adapter,
     EnforceEager,
     Backend,
+    Loras,
+    MaxLoras,
     Device,
     Dtype,
     MaxContext,
@@ -25,6 +27,7 @@ from astrai_cli.options import (
     checkpoint_path,
     threads_option,
     use_threads,
+    parse_loras,
     warn_dtype,
 )
 
@@ -62,6 +65,12 @@ def register(app: typer.Typer) -> None:
         quantize: Quantize = "none",
         enforce_eager: EnforceEager = False,
         adapter: Adapter = None,
+        lora: Loras = None,
+        max_loras: MaxLoras = None,
+        enable_lora_loading: Annotated[bool, typer.Option(
+            "--enable-lora-loading", help="Open POST /v1/load_lora_adapter and "
+            "/v1/unload_lora_adapter (they read server paths: needs --api-key too).")
+        ] = False,
         backend: Backend = None,
         max_kv_tokens: Annotated[int, typer.Option(
             "--max-kv-tokens", help="Token slots in the KV pool.")] = 32768,
@@ -88,6 +97,8 @@ def register(app: typer.Typer) -> None:
             max_queue=max_queue, drain_timeout=drain_timeout, device=device,
             dtype=None if dtype == "auto" else dtype, backend=backend, seed=seed,
             adapter=None if adapter is None else str(adapter), quantize=quantize,
+            loras=parse_loras(lora), max_loras=max_loras,
+            enable_lora_loading=enable_lora_loading,
             decode="eager" if enforce_eager else "auto",
             chat_template=None if chat_template is None else str(chat_template),
             cache=CacheConfig.from_dict(dict(page_size=page_size, max_kv_tokens=max_kv_tokens,
@@ -98,6 +109,10 @@ def register(app: typer.Typer) -> None:
         warning = open_warning(host, config.api_key)
         if warning is not None:
             print(f"astrai serve: warning: {warning}", file=sys.stderr, flush=True)
+        if enable_lora_loading and config.api_key is None:
+            print("astrai serve: warning: --enable-lora-loading without --api-key: the "
+                  "load/unload routes answer 403 until the server has a key", file=sys.stderr,
+                  flush=True)
         if threads is not None:
             use_threads(threads)
         handler = logging.StreamHandler(sys.stderr)
