@@ -92,7 +92,9 @@ def peft_greedy(base_dir: Path, adapter: Path | None, prompt: list[int], n: int
         model = peft.PeftModel.from_pretrained(model, adapter)
     model.eval()
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                             do_sample=False,
                              output_scores=True, return_dict_in_generate=True,
                              pad_token_id=0, eos_token_id=None)
     gaps = [float(s[0].topk(2).values[0] - s[0].topk(2).values[1]) for s in out.scores]

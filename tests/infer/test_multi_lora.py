@@ -67,6 +67,9 @@ def test_adapters_change_the_tokens(reference):
 @pytest.mark.parametrize("decode", ["eager", "static"])
 def test_one_batch_of_base_and_adapters_equals_peft(dirs, reference, decode):
     eng = make_engine(dirs, decode=decode)
+    static_steps = []
+    run = eng.decode_step.run
+    eng.decode_step.run = lambda batch: (static_steps.append(batch), run(batch))[1]
     cs = combos()
     params = [SamplingParams.greedy(N)] * len(cs) + [SamplingParams.greedy(LONG)]
     outs = eng.generate([PROMPTS[i] for i, _ in cs] + [PROMPTS[0]], params,
@@ -76,6 +79,9 @@ def test_one_batch_of_base_and_adapters_equals_peft(dirs, reference, decode):
     assert outs[-1].token_ids == reference[0, None, "long"]
     assert eng.stats().peak_running == len(cs) + 1  # they really shared the batch
     assert eng.stats().decode == decode
+    # adapter rows never take the static step; the lone base decodes at the end do
+    assert all(c.req.lora is None for b in static_steps for c in b.chunks)
+    assert len(static_steps) == (LONG - N if decode == "static" else 0)
 
 
 def test_each_alone_equals_the_batch(dirs, reference):
