@@ -79,9 +79,13 @@ def test_one_batch_of_base_and_adapters_equals_peft(dirs, reference, decode):
     assert outs[-1].token_ids == reference[0, None, "long"]
     assert eng.stats().peak_running == len(cs) + 1  # they really shared the batch
     assert eng.stats().decode == decode
-    # adapter rows never take the static step; the lone base decodes at the end do
+    # adapter rows never take the static step; the lone base decodes at the end do (one
+    # more when it waited a step to share the prompt page of the base request before it)
     assert all(c.req.lora is None for b in static_steps for c in b.chunks)
-    assert len(static_steps) == (LONG - N if decode == "static" else 0)
+    if decode == "static":
+        assert LONG - N <= len(static_steps) <= LONG - N + 1
+    else:
+        assert not static_steps
 
 
 def test_each_alone_equals_the_batch(dirs, reference):
