@@ -168,3 +168,15 @@ def test_an_adapter_for_another_base_is_refused(dirs, tmp_path):
     eng = make_engine(dirs)
     with pytest.raises(CheckpointError, match="wrong shape"):
         eng.add_lora("bad", bad)
+
+
+def test_preempted_adapter_requests_resume_under_their_adapter(dirs, reference):
+    cache = CacheConfig(page_size=4, max_kv_tokens=64, max_requests=16, max_context=64)
+    eng = make_engine(dirs, cache=cache, max_loras=2)
+    cs = combos()
+    outs = eng.generate([PROMPTS[i] for i, _ in cs], SamplingParams.greedy(N),
+                        lora=[name for _, name in cs])
+    assert eng.stats().num_preemptions > 0
+    for (i, name), o in zip(cs, outs):
+        assert o.token_ids == reference[i, name], (i, name)
+    assert eng.loras._refs == [0, 0]  # every slot released
