@@ -6,7 +6,7 @@ over 4 adapters (request i under adapter i mod 4; ranks 8 and 16, different targ
 astrai-written PEFT directories with non-zero B), every adapter's update gathered per token
 in the shared batch (astrai/model/lora_batch.py). Rounds alternate the two, so a busy
 machine slows both alike; the figure is the median over rounds of the ratio of output
-throughputs (target >= 0.8).
+throughputs (target >= 0.8). Rounds alternate which run goes first.
 
     python benchmarks/multi_lora.py                    # small preset, 64 requests, 2 rounds
     python benchmarks/multi_lora.py --preset tiny --prompts 16 --rounds 1
@@ -70,8 +70,10 @@ def main() -> None:
         loras = make_adapters(args.preset, Path(tmp))
         ratios, base, multi = [], [], []
         for r in range(args.rounds):
-            b = run(args, {})
-            m = run(args, loras)
+            if r % 2:  # alternate which goes first: a load change hits both alike
+                m, b = run(args, loras), run(args, {})
+            else:
+                b, m = run(args, {}), run(args, loras)
             base.append(b)
             multi.append(m)
             ratios.append(m / b)
