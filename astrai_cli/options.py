@@ -49,6 +49,12 @@ Adapter = Annotated[Path | None, typer.Option(
     "--adapter", metavar="DIR", help="A PEFT LoRA adapter directory (adapter_config.json + "
     "adapter_model.safetensors) merged into the weights; default: a LoRA checkpoint's own "
     "adapter/.")]
+Loras = Annotated[list[str] | None, typer.Option(
+    "--lora", metavar="NAME=DIR", help="Serve the PEFT LoRA adapter DIR unmerged beside the "
+    "base as model NAME (repeatable; adapters of any rank and targets share one batch).")]
+MaxLoras = Annotated[int | None, typer.Option(
+    "--max-loras", help="Adapters resident in one batch (default: as many as --lora, at "
+    "least 1); requests for others wait for a slot.")]
 Quantize = Annotated[str, typer.Option(
     "--quantize", help="Weight format: none | int8 (per-channel int8 weights of the blocks "
     "and the LM head, made at load time; docs/engine.md \"Weight formats\").")]
@@ -116,3 +122,20 @@ def log_console(stderr: bool = False, file: Any = None) -> Any:
         console.soft_wrap = True
         console.width = max(console.width, LOG_WIDTH)
     return console
+
+
+def parse_loras(items: list[str] | None) -> dict[str, str]:
+    """--lora NAME=DIR items -> {NAME: DIR}; ConfigError on a malformed or repeated one."""
+    from astrai.errors import ConfigError
+
+    out: dict[str, str] = {}
+    for item in items or []:
+        name, sep, path = item.partition("=")
+        name = name.strip()
+        if not sep or not name or not path:
+            raise ConfigError(f"--lora '{item}': expected NAME=DIR (e.g. --lora "
+                              "sql=adapters/sql)")
+        if name in out:
+            raise ConfigError(f"--lora {name}: given twice; give each adapter one name")
+        out[name] = path
+    return out

@@ -359,6 +359,16 @@ def parse_lora(out: str) -> list[Row]:
     return rows
 
 
+def parse_multi_lora(out: str) -> list[Row]:
+    m = re.search(r"(\S+): multi-lora (\d+) requests: base " + NUM + r" tok/s \| (\d+) "
+                  r"adapters " + NUM + r" tok/s \| ratio adapters/base = ([\d.]+)", out)
+    if not m:
+        return []
+    return [Row("multi-LoRA serving", f"{m[1]}: {m[2]} requests over {m[4]} adapters in one "
+                "batch vs the base alone, output tok/s", _fmt(_f(m[5]), "tok/s"),
+                _fmt(_f(m[3]), "tok/s"), m[6], "≥ 0.8 (target)")]
+
+
 BENCHES = [
     Bench("preprocess", "preprocess.py", ["--repeat", "3", "--runs", "2", "--vocab-size", "4096"],
           parse_preprocess, "HF tokenizers encode_batch"),
@@ -387,6 +397,8 @@ BENCHES = [
           "lm-eval hf model (HFLM)"),
     Bench("inspect", "inspect_memory.py", ["--gb", "0.5"], parse_inspect,
           "safetensors load_file"),
+    Bench("multi_lora", "multi_lora.py", ["--rounds", "2"], parse_multi_lora,
+          "the same requests on the base alone"),
     Bench("serve", "serve.py", [], parse_serve,
           "transformers serve --continuous-batching (HTTP)"),
     Bench("quickstart", "quickstart.py", [], parse_quickstart,

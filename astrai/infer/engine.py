@@ -40,6 +40,7 @@ from astrai.infer.backends.registry import BackendChain, requested_backend, sele
 from astrai.infer.cache.pool import PagePool
 from astrai.infer.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from astrai.infer.intake import Intake, Prompt
+from astrai.infer.loras import LoraSet
 from astrai.infer.metrics import EngineStats, StepCounters, StepInfo
 from astrai.infer.params import SamplingParams
 from astrai.infer.request import Request, RequestOutput
@@ -62,7 +63,9 @@ class Engine:
                  backend: str | AttentionBackend | None = None, *,
                  scheduler_config: SchedulerConfig | None = None, seed: int = 0,
                  decode: str = "auto", speculative: SpeculativeConfig | None = None,
-                 draft_model: torch.nn.Module | None = None) -> None:
+                 draft_model: torch.nn.Module | None = None,
+                 loras: dict[str, str | Path] | None = None,
+                 max_loras: int | None = None) -> None:
         """`backend`: None (the `attn_backend` context / ASTRAI_BACKEND / automatic), a
         backend name, or an AttentionBackend instance. `tokenizer` is duck-typed: encode,
         stream_decoder, eos_id, stop_ids (None: token ids in, token ids out). `decode`: how
@@ -70,7 +73,9 @@ class Engine:
         auto = CUDA graphs where the decode kernel serves the model, else eager; a backend
         given by the caller keeps auto on the eager path it chose). `speculative`:
         speculative decoding (docs/engine.md), its draft model `draft_model` or loaded from
-        `speculative.model`."""
+        `speculative.model`. `loras`: name -> PEFT LoRA directory, adapters served beside
+        the base in the same batches (requests pick one with `lora=`); `max_loras`:
+        adapters resident in one batch (default: as many as `loras` names, at least 1)."""
         cfg = model.config
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -84,7 +89,11 @@ class Engine:
         self.pool = PagePool(cache_config, n_layers=cfg.n_layers, n_kv_heads=cfg.kv_heads,
                              head_dim=cfg.hdim, max_context=self.max_context,
                              dtype=cache_config.torch_dtype(p.dtype), device=p.device)
-        self.scheduler = Scheduler(self.pool, sched, self.max_context)
+        self.loras = LoraSet(model, max_loras or max(1, len(loras or {})))
+        """The LoRA adapters served beside the base (astrai.infer.loras)."""
+        for name, path in (loras or {}).items():
+            self.loras.add(name, path)
+        self.scheduler = Scheduler(self.pool, sched, self.max_context, self.loras)
         self.cpu_kernels = cpu_decode_kernels() if p.device.type == "cpu" else None
         """astrai's CPU decode GEMVs for the steps' few-row products (None: torch's)."""
         self.runner = ModelRunner(model, self.pool)
@@ -137,26 +146,55 @@ class Engine:
                         scheduler_config: SchedulerConfig | None = None,
                         seed: int = 0, adapter: str | Path | None = None,
                         quantize: str | None = None, decode: str = "auto",
-                        speculative: SpeculativeConfig | None = None) -> Engine:
+                        speculative: SpeculativeConfig | None = None,
+                        loras: dict[str, str | Path] | None = None,
+                        max_loras: int | None = None) -> Engine:
         """An engine over an astrai checkpoint or a HF Llama/Qwen2/Mistral directory, with
         the tokenizer stored in it (None when it has none: token ids in and out), and a
         LoRA adapter merged in (`adapter`, or a LoRA checkpoint's own), and with
-        `quantize='int8'` int8 weights (`astrai.model.quant`, docs/engine.md), and
-        speculative decoding (`speculative`; a draft model is loaded from its `model`)."""
+        `quantize='int8'` int8 weights (`astrai.model.quant`, docs/engine.md), speculative
+        decoding (`speculative`; a draft model is loaded from its `model`) and `loras`
+        served unmerged beside it (see __init__)."""
         from astrai.infer.loading import load_model, load_tokenizer
 
         model = load_model(path, device=device, dtype=dtype, adapter=adapter,
                            quantize=quantize)
         return cls(model, load_tokenizer(path), cache_config, backend,
                    scheduler_config=scheduler_config, seed=seed, decode=decode,
-                   speculative=speculative)
+                   speculative=speculative, loras=loras, max_loras=max_loras)
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
-        """Queue a prompt (text or token ids); returns its request id."""
+                    request_id: str | None = None, *, lora: str | None = None) -> str:
+        """Queue a prompt (text or token ids), under the LoRA adapter named `lora` (None:
+        the base); returns its request id."""
         with self.lock:
-            return self._submit(self.intake.request(prompt, params, request_id))
+            return self._submit(self._request(prompt, params, request_id, lora=lora))
+
+    def _request(self, prompt: Prompt, params: SamplingParams | None,
+                 request_id: str | None = None, index: int | None = None,
+                 lora: str | None = None) -> Request:
+        adapter = None if lora is None else self.loras.get(lora)
+        req = self.intake.request(prompt, params, request_id, index=index)
+        req.lora = adapter
+        return req
+
+    # -- LoRA adapters ---------------------------------------------------------------------
+    def add_lora(self, name: str, path: str | Path) -> None:
+        """Serve the PEFT LoRA directory `path` as `name` beside the base (unmerged). The
+        files are read before the engine's lock is taken: running steps go on meanwhile."""
+        adapter = self.loras.read(name, path)
+        with self.lock:
+            self.loras.register(adapter)
+
+    def remove_lora(self, name: str) -> None:
+        """Stop serving `name`; requests already queued under it finish with it."""
+        with self.lock:
+            self.loras.remove(name)
+
+    def lora_names(self) -> list[str]:
+        with self.lock:
+            return list(self.loras.adapters)
 
     def _submit(self, req: Request) -> str:
         if req.id in self._requests:
@@ -253,10 +291,12 @@ class Engine:
             if self.speculator is not None:
                 self.speculator.propose(batch, self.pool, self.backend(),
                                         {r.id for r in self.scheduler.running})
-            if self.decode_step.accepts(batch):
+            slots = self.loras.token_slots(batch)  # None: no adapter in the step
+            if slots is None and self.decode_step.accepts(batch):
                 logits = self.decode_step.run(batch)  # static shapes (CUDA graphs on CUDA)
-            else:
-                logits = self.runner.run(batch, self.backend())  # (B_s, V) fp32
+            else:  # adapters' rows: the eager ragged step, each token's update gathered
+                with self.loras.select(slots):
+                    logits = self.runner.run(batch, self.backend())  # (B_s, V) fp32
         chunks = [c for c in batch.chunks if c.sample]
         if not any(c.draft for c in chunks):
             picks = self._sample(logits, batch.sampled, masks)
@@ -397,10 +437,12 @@ class Engine:
     # -- generate --------------------------------------------------------------------------
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None, *,
-                 stream: bool = False) -> list[RequestOutput] | Iterator[RequestOutput]:
+                 stream: bool = False, lora: str | None | Sequence[str | None] = None
+                 ) -> list[RequestOutput] | Iterator[RequestOutput]:
         """Generate for one prompt or a list. stream=False: the final outputs, in prompt
         order. stream=True: an iterator of deltas (each with `index` = prompt position) as
-        they are produced; closing it early aborts what is unfinished."""
+        they are produced; closing it early aborts what is unfinished. `lora`: an adapter
+        name for every prompt, or one per prompt (None: the base)."""
         if isinstance(prompts, torch.Tensor):
             prompts = prompts.tolist()
         if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], Integral)):
@@ -409,10 +451,13 @@ class Engine:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ConfigError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        loras = [lora] * len(prompts) if lora is None or isinstance(lora, str) else list(lora)
+        if len(loras) != len(prompts):
+            raise ConfigError(f"{len(loras)} lora names for {len(prompts)} prompts")
         sink: queue.SimpleQueue = queue.SimpleQueue()
         with self.lock:  # all or none: every request is checked before any is queued
-            reqs = [self.intake.request(p, sp, index=i)
-                    for i, (p, sp) in enumerate(zip(prompts, params))]
+            reqs = [self._request(p, sp, index=i, lora=a)
+                    for i, (p, sp, a) in enumerate(zip(prompts, params, loras))]
             for r in reqs:
                 self._submit(r)
                 self.streams.attach(r.id, sink)

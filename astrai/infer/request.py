@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from astrai.infer.cache.pool import KVHandle
 from astrai.infer.params import SamplingParams
@@ -136,6 +137,15 @@ class Request:
         """Admission rounds in which a later request was admitted before this one."""
         self.logprobs: list[float] = []
         """Log-probabilities of the output tokens so far (when params ask for them)."""
+        self.lora: Any = None
+        """The LoRA adapter it runs under (astrai.infer.loras.Adapter), None = the base."""
+        self.lora_slot: int | None = None
+        """Its adapter's bank slot while it runs."""
+
+    @property
+    def cache_salt(self) -> str | None:
+        """The prefix cache's key for its adapter: prefixes are shared only under it."""
+        return None if self.lora is None else self.lora.key
 
     def finish(self, reason: str, now: float, stop_reason: int | str | None = None,
                error: str | None = None) -> None:

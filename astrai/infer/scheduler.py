@@ -10,6 +10,10 @@ When a running request needs a page and the pool has none (after evicting cache-
 pages), the most recently admitted request is preempted: its KV is released (complete
 pages stay in the radix cache, so the replay is cheap) and it goes back to the front of the
 queue to be recomputed from prompt + output so far — never an out-of-memory crash.
+
+With LoRA adapters (`loras`, astrai.infer.loras), a request joins the batch only when its
+adapter has a slot or one is free; the others are passed over until a running request for
+another adapter finishes and frees one. Its prefix is looked up under its adapter's key.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from astrai.infer.cache.pool import PagePool
 from astrai.infer.config import SchedulerConfig
@@ -66,8 +71,11 @@ class StepBatch:
 
 
 class Scheduler:
-    def __init__(self, pool: PagePool, config: SchedulerConfig, max_context: int) -> None:
+    def __init__(self, pool: PagePool, config: SchedulerConfig, max_context: int,
+                 loras: Any = None) -> None:
+        """`loras`: the engine's LoraSet (can_admit / acquire / release), or None."""
         self.pool = pool
+        self.loras = loras
         self.config = config
         self.max_context = max_context
         self.max_running = min(config.max_running or pool.config.max_requests,
@@ -102,12 +110,16 @@ class Scheduler:
         if req.kv is not None:
             self.pool.close(req.kv, req.tokens[:req.num_computed])
             req.kv = None
+        if self.loras is not None:
+            self.loras.release(req)
         req.finish(reason, now, stop_reason, error)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self.pool.close(req.kv, req.tokens[:req.num_computed])
         req.kv, req.num_computed = None, 0
+        if self.loras is not None:
+            self.loras.release(req)
         req.status = Status.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -152,7 +164,8 @@ class Scheduler:
 
         def key(item: tuple[int, Request]) -> tuple[bool, int, int]:
             j, r = item
-            hit = len(radix.match(r.tokens[:len(r.tokens) - 1], touch=False))
+            hit = len(radix.match(r.tokens[:len(r.tokens) - 1], touch=False,
+                                  salt=r.cache_salt))
             return (r.passed_over < AGE_LIMIT, -hit, j)
 
         return [r for _, r in sorted(enumerate(window), key=key)]
@@ -164,7 +177,9 @@ class Scheduler:
         for req in self._candidates():
             if budget <= 0 or len(self.running) >= self.max_running:
                 break
-            handle = pool.open(req.tokens, count_hits=False)
+            if self.loras is not None and not self.loras.can_admit(req.lora):
+                continue  # every slot holds another adapter in use: wait for one
+            handle = pool.open(req.tokens, count_hits=False, salt=req.cache_salt)
             if handle is None:
                 break
             start = handle.cached_len
@@ -182,6 +197,8 @@ class Scheduler:
                 pool.prefix_query_tokens += req.prompt_len
                 pool.prefix_hit_tokens += start
             req.kv, req.num_computed, req.status = handle, start, Status.RUNNING
+            if self.loras is not None:
+                self.loras.acquire(req)
             self.running.append(req)
             admitted.append(req)
             chunks.append(Chunk(req, start, n, start + n == len(req.tokens)))
@@ -207,7 +224,7 @@ class Scheduler:
             return False
         head = req.tokens[:end]
         return any(a.num_computed <= start and len(a.tokens) > end and a.tokens[:end] == head
-                   for a in admitted)
+                   and a.cache_salt == req.cache_salt for a in admitted)
 
     def postprocess(self, batch: StepBatch, tokens: list[int], now: float) -> None:
         """Advance every chunk and append the sampled `tokens` (one per sampling chunk, in

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from astrai.errors import ConfigError
-from astrai.model import fast_path
+from astrai.model import fast_path, lora_batch
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The linear layers of a decoder block that can carry an adapter (HF Llama's names)."""
@@ -152,17 +152,22 @@ class LoRALinear(nn.Linear):
 def project(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     """layer(x) as F.linear on a plain layer's parameters (no module call, see block.py;
     a few rows may take an installed decode kernel, fast_path.py), or through the layer
-    when it is anything else: an adapter, int8 weights (quant.py)."""
+    when it is anything else: an adapter, int8 weights (quant.py). Inside an engine step
+    with adapters selected per token (lora_batch.py), their updates are added."""
     if type(layer) is nn.Linear:
-        return fast_path.linear(x, layer.weight, layer.bias)
-    return layer(x)
+        y = fast_path.linear(x, layer.weight, layer.bias)
+    else:
+        y = layer(x)
+    return lora_batch.apply(x, layer, y)
 
 
 def project_many(x: torch.Tensor, layers: tuple[nn.Module, ...]) -> list[torch.Tensor]:
     """[project(x, layer) for layer in layers], in one call of an installed decode kernel
     where it takes them all (fast_path.py)."""
     out = fast_path.project_many(x, layers)
-    return out if out is not None else [project(x, m) for m in layers]
+    if out is None:
+        return [project(x, m) for m in layers]
+    return [lora_batch.apply(x, m, y) for m, y in zip(layers, out)]
 
 
 def lora_layers(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:

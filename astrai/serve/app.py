@@ -1,7 +1,8 @@
 """The FastAPI application: OpenAI-compatible routes over one EngineLoop.
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-GET /metrics. Every error is OpenAI's error object with the status the OpenAI API and vLLM
+GET /metrics, and vLLM's POST /v1/load_lora_adapter, /v1/unload_lora_adapter
+(lora_routes.py; off unless the server was started to allow them). Every error is OpenAI's error object with the status the OpenAI API and vLLM
 use; bad input never reaches the engine, so it cannot disturb other requests. The work a
 request body costs before the engine sees it (JSON decoding, validation, tokenization,
 the chat template) runs in a worker thread, so the event loop keeps answering other
@@ -27,6 +28,7 @@ from astrai.serve.constraints import COMPILE_TIMEOUT, compile_constraints
 from astrai.serve.errors import APIError, bad_request
 from astrai.serve.jobs import run_job
 from astrai.serve.limits import check_capacity
+from astrai.serve.lora_routes import add_lora_routes, model_cards, resolve_model
 from astrai.serve.loop import EngineLoop
 from astrai.serve.metrics import ServerMetrics
 from astrai.serve.protocol import Job, parse
@@ -48,6 +50,8 @@ class ServerState:
     created: int = 0
     tool_call_parser: str | None = None
     """`--tool-call-parser`: how tool calls are read; None = chosen from the template."""
+    lora_loading: bool = False
+    """--enable-lora-loading: the runtime adapter routes are open (with an API key)."""
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -104,7 +108,8 @@ class AccessLog:
         self.state.metrics.http_response(known, status)
 
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
+          "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 
 
 def create_app(state: ServerState) -> Any:
@@ -165,9 +170,7 @@ def _api_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models")
     async def models(request: Request) -> dict:
         auth(request)
-        return {"object": "list", "data": [{
-            "id": state.model_name, "object": "model", "created": state.created,
-            "owned_by": "astrai", "max_model_len": state.max_context}]}
+        return {"object": "list", "data": model_cards(state)}
 
     async def generate(request: Request, kind: str) -> Response:
         auth(request)
@@ -175,7 +178,9 @@ def _api_routes(app: FastAPI, state: ServerState) -> None:
         job = await asyncio.to_thread(read_job, state, kind, raw)
         if job.constrained_by is not None:
             await _compile(state, job)
-        return await run_job(state.loop, request, job, state.model_name, state.tokenizer)
+        lora = resolve_model(state, job.model)
+        return await run_job(state.loop, request, job, lora or state.model_name,
+                             state.tokenizer, lora=lora)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
@@ -184,6 +189,8 @@ def _api_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await generate(request, "completion")
+
+    add_lora_routes(app, state, auth)
 
 
 async def _compile(state: ServerState, job: Job) -> None:
@@ -217,8 +224,5 @@ def read_job(state: ServerState, kind: str, raw: bytes) -> Job:
         raise bad_request(str(e)) from None
     except RecursionError:
         raise bad_request("the body is nested too deeply to be a request") from None
-    if job.model is not None and job.model != state.model_name:
-        raise APIError(404, f"the model '{job.model}' does not exist; this server serves "
-                       f"'{state.model_name}'", type="not_found_error", param="model",
-                       code="model_not_found")
+    resolve_model(state, job.model)  # an unknown model is a 404 before any work
     return job

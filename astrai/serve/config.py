@@ -46,6 +46,14 @@ class ServeConfig:
     adapter: str | None = None
     """A PEFT LoRA adapter directory merged into the weights; None = the checkpoint's own
     adapter/ when it is a LoRA run's checkpoint."""
+    loras: dict[str, str] = field(default_factory=dict)
+    """LoRA adapters served beside the base, unmerged (`--lora NAME=DIR`): a request's
+    `model` picks one by name (docs/serve.md "Multiple LoRA adapters")."""
+    max_loras: int | None = None
+    """Adapters resident in one batch; None = as many as `loras`, at least 1."""
+    enable_lora_loading: bool = False
+    """Open POST /v1/load_lora_adapter and /v1/unload_lora_adapter (they read server paths:
+    they also need `api_key`)."""
     quantize: str | None = None
     """Weight format: None (as loaded) | int8 (astrai.model.quant, docs/engine.md)."""
     backend: str | None = None
@@ -77,6 +85,17 @@ class ServeConfig:
             raise ConfigError(f"--tool-call-parser {self.tool_call_parser}: not a parser; use "
                               f"one of {', '.join(PARSERS)}")
         resolve_quantize(self.quantize)
+        self._validate_loras()
         problem = key_problem(self.api_key)
         if problem is not None:
             raise ConfigError(problem)
+
+    def _validate_loras(self) -> None:
+        if self.max_loras is not None and self.max_loras < 1:
+            raise ConfigError(f"--max-loras {self.max_loras}: must be >= 1")
+        for name, path in self.loras.items():
+            if not name or name != name.strip():
+                raise ConfigError(f"--lora {name!r}={path}: give a non-empty NAME")
+            if name == self.served_model_name:
+                raise ConfigError(f"--lora {name}: the name is the base model's "
+                                  "(--served-model-name); choose another")

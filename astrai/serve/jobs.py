@@ -23,7 +23,7 @@ from astrai.serve.responses import ResponseBuilder, sse
 class Outputs:
     """The engine outputs of one Job's choices, in arrival order, on the event loop."""
 
-    def __init__(self, loop: EngineLoop, job: Job, rid: str) -> None:
+    def __init__(self, loop: EngineLoop, job: Job, rid: str, lora: str | None = None) -> None:
         n = job.n
         items = [(f"{rid}-{i}", job.prompts[i // n], p) for i, p in enumerate(job.params)]
         self.index = {item[0]: i for i, item in enumerate(items)}
@@ -33,7 +33,7 @@ class Outputs:
             loop.post = asyncio.get_running_loop().call_soon_threadsafe
         self.q: asyncio.Queue = asyncio.Queue()
         try:
-            loop.submit(items, self.q.put_nowait)
+            loop.submit(items, self.q.put_nowait, lora=lora)
         except QueueFull:
             raise queue_full() from None
 
@@ -53,9 +53,10 @@ class Outputs:
 
 
 async def run_job(loop: EngineLoop, request: Request, job: Job, model_name: str,
-                  tokenizer: Any) -> Response:
+                  tokenizer: Any, lora: str | None = None) -> Response:
+    """`model_name`: what the response names; `lora`: the adapter the job runs under."""
     rid = f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-    outs = Outputs(loop, job, rid)
+    outs = Outputs(loop, job, rid, lora)
     builder = ResponseBuilder(job, rid, model_name, tokenizer)
     if job.stream:
         # the first output before the stream's headers go out, so a request the engine

@@ -61,13 +61,15 @@ class EngineLoop:
     def in_flight(self) -> int:
         return self._in_flight
 
-    def submit(self, items: list[tuple[str, list[int], SamplingParams]], deliver: Deliver) -> None:
-        """Queue engine requests (all or none); raises QueueFull when over the bound."""
+    def submit(self, items: list[tuple[str, list[int], SamplingParams]], deliver: Deliver,
+               lora: str | None = None) -> None:
+        """Queue engine requests (all or none) under LoRA adapter `lora` (None: the base);
+        raises QueueFull when over the bound."""
         with self._count_lock:
             if self._in_flight + len(items) > self.max_in_flight:
                 raise QueueFull
             self._in_flight += len(items)
-        self._cmds.put(("add", items, deliver))
+        self._cmds.put(("add", (items, lora), deliver))
 
     def abort(self, request_ids: list[str]) -> None:
         """Cancel requests (a client went away): their KV pages are freed at the next turn."""
@@ -104,9 +106,10 @@ class EngineLoop:
     def _command(self, op: str, arg: Any, deliver: Deliver | None) -> None:
         if op == "add":
             added: list[str] = []
+            arg, lora = arg
             try:
                 for rid, ids, params in arg:
-                    self.engine.add_request(ids, params, request_id=rid)
+                    self.engine.add_request(ids, params, request_id=rid, lora=lora)
                     self._sinks[rid] = deliver
                     added.append(rid)
             except Exception as e:  # noqa: BLE001 -- a bad request fails alone; siblings withdrawn

@@ -45,7 +45,8 @@ def load_engine(config: ServeConfig) -> Any:
     cache = config.cache.model_copy(update={"max_requests": config.max_running})
     sched = config.scheduler.model_copy(update={"max_running": config.max_running})
     return Engine(model, tok, cache, config.backend, scheduler_config=sched, seed=config.seed,
-                  decode=config.decode, speculative=config.speculative)
+                  decode=config.decode, speculative=config.speculative,
+                  loras=config.loras, max_loras=config.max_loras)
 
 
 def check_paths(config: ServeConfig) -> Path:
@@ -54,6 +55,10 @@ def check_paths(config: ServeConfig) -> Path:
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory; point to an astrai "
                               "checkpoint or a HF model directory")
+    for name, lora in config.loras.items():
+        if not Path(lora).is_dir():
+            raise CheckpointError(f"--lora {name}={lora}: not a directory; give a PEFT LoRA "
+                                  "adapter directory")
     if config.chat_template is not None and not Path(config.chat_template).is_file():
         raise ConfigError(f"--chat-template {config.chat_template}: no such file; give a "
                           "Jinja template file")
@@ -76,7 +81,8 @@ class Server:
         self.state = ServerState(self.loop, engine.tokenizer, name, engine.max_context,
                                  engine.vocab_size, self.metrics, config.api_key,
                                  config.max_body_bytes,
-                                 tool_call_parser=config.tool_call_parser)
+                                 tool_call_parser=config.tool_call_parser,
+                                 lora_loading=config.enable_lora_loading)
         self.app = create_app(self.state)
         self._uv = _Uvicorn(uvicorn.Config(
             self.app, host=config.host, port=config.port, log_config=None, access_log=False,

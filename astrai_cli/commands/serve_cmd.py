@@ -18,6 +18,8 @@ from astrai_cli.options import (
     Adapter,
     EnforceEager,
     Backend,
+    Loras,
+    MaxLoras,
     Device,
     Dtype,
     MaxContext,
@@ -29,6 +31,7 @@ from astrai_cli.options import (
     speculative_config,
     threads_option,
     use_threads,
+    parse_loras,
     warn_dtype,
 )
 
@@ -72,6 +75,12 @@ def register(app: typer.Typer) -> None:
         speculative_model: SpeculativeModel = None,
         num_speculative_tokens: NumSpeculativeTokens = 4,
         adapter: Adapter = None,
+        lora: Loras = None,
+        max_loras: MaxLoras = None,
+        enable_lora_loading: Annotated[bool, typer.Option(
+            "--enable-lora-loading", help="Open POST /v1/load_lora_adapter and "
+            "/v1/unload_lora_adapter (they read server paths: needs --api-key too).")
+        ] = False,
         backend: Backend = None,
         max_kv_tokens: Annotated[int, typer.Option(
             "--max-kv-tokens", help="Token slots in the KV pool.")] = 32768,
@@ -98,6 +107,8 @@ def register(app: typer.Typer) -> None:
             max_queue=max_queue, drain_timeout=drain_timeout, device=device,
             dtype=None if dtype == "auto" else dtype, backend=backend, seed=seed,
             adapter=None if adapter is None else str(adapter), quantize=quantize,
+            loras=parse_loras(lora), max_loras=max_loras,
+            enable_lora_loading=enable_lora_loading,
             decode="eager" if enforce_eager else "auto",
             speculative=speculative_config(speculative, speculative_model,
                                            num_speculative_tokens),
@@ -111,6 +122,10 @@ def register(app: typer.Typer) -> None:
         warning = open_warning(host, config.api_key)
         if warning is not None:
             print(f"astrai serve: warning: {warning}", file=sys.stderr, flush=True)
+        if enable_lora_loading and config.api_key is None:
+            print("astrai serve: warning: --enable-lora-loading without --api-key: the "
+                  "load/unload routes answer 403 until the server has a key", file=sys.stderr,
+                  flush=True)
         if threads is not None:
             use_threads(threads)
         handler = logging.StreamHandler(sys.stderr)

@@ -156,3 +156,26 @@ def test_table_labels_say_what_each_concurrency_counts():
     assert "Busiest second: requests active (vLLM)" in text
     assert "Most requests in flight at once" in text
     assert " - " not in text and "KV pool" not in text  # not measured: no row, no "-"
+
+
+def test_requests_spread_over_lora_adapters(ckpt, tmp_path):
+    from astrai.model.adapter import write_adapter
+    from astrai.model.checkpoint import load_checkpoint
+    from astrai.model.lora import LoraSpec, apply_lora
+
+    dirs = []
+    for i, (rank, targets) in enumerate([(4, ["all-linear"]), (8, ["q_proj", "v_proj"])]):
+        model, _, _ = load_checkpoint(ckpt)
+        spec = LoraSpec.build(rank, targets=targets)
+        apply_lora(model, spec, seed=i)
+        dirs.append(write_adapter(tmp_path / f"a{i}", model, spec, str(ckpt)))
+    out = tmp_path / "bench.json"
+    r = runner.invoke(app, ["serve-bench", str(ckpt), *FAST, "--threads", "1",
+                            "--lora", f"a0={dirs[0]}", "--lora", f"a1={dirs[1]}",
+                            "--max-loras", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())
+    assert d["workload"]["loras"] == ["a0", "a1"] and d["runs"][0]["completed"] == 3
+    r = runner.invoke(app, ["serve-bench", str(ckpt), "--lora", f"a0={dirs[0]}",
+                            "--base-url", "http://127.0.0.1:1"])
+    assert r.exit_code == 2 and "--lora loads adapters into the in-process" in r.output

@@ -23,6 +23,9 @@ runner = CliRunner()
     (["/no/such/dir", "--port", "70000"], "--port"),
     (["/no/such/dir", "--api-key", ""], "--api-key"),
     (["/no/such/dir", "--quantize", "int4"], "--quantize 'int4': use none or int8"),
+    (["/no/such/dir", "--lora", "sql"], "--lora 'sql': expected NAME=DIR"),
+    (["/no/such/dir", "--lora", "a=/x", "--lora", "a=/y"], "--lora a: given twice"),
+    (["/no/such/dir", "--max-loras", "0"], "--max-loras 0: must be >= 1"),
 ])
 def test_bad_input_exits_2_in_one_line(args, words):
     r = runner.invoke(app, ["serve", *args])
@@ -91,3 +94,9 @@ def _ckpt(root: Path) -> Path:
     cfg = ModelConfig(vocab_size=tok.vocab_size, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
                       ffn_dim=32, max_seq_len=64)
     return save_checkpoint(root / "ckpt", build_model(cfg, seed=0), cfg, tokenizer_dir=tok.path)
+
+
+def test_a_missing_lora_directory_is_one_line_before_the_model_loads(tmp_path):
+    r = runner.invoke(app, ["serve", str(tmp_path), "--lora", f"sql={tmp_path / 'nope'}"])
+    assert r.exit_code == 2, r.output
+    assert "--lora sql=" in r.output and "not a directory" in r.output

@@ -64,6 +64,11 @@ class BenchConfig:
     """A PEFT LoRA adapter directory merged into the checkpoint's weights."""
     quantize: str | None = None
     """Weight format: None (as loaded) | int8 (astrai.model.quant, docs/engine.md)."""
+    loras: dict[str, str] = field(default_factory=dict)
+    """LoRA adapters served unmerged beside the base (`--lora NAME=DIR`); request i runs
+    under the (i mod n)-th of them (in-process only)."""
+    max_loras: int | None = None
+    """Adapters resident in one batch (None: all of `loras`)."""
     decode: str = "auto"
     """How pure decode steps run: auto | eager (`--enforce-eager`); astrai.infer.decode_step."""
     speculative: SpeculativeConfig | None = None
@@ -109,6 +114,10 @@ class BenchConfig:
                 raise ConfigError(f"backend '{b}': use one of {', '.join(BACKEND_NAMES)}")
         if len(set(self.backends)) != len(self.backends):
             raise ConfigError("--compare-backends names a backend twice")
+        if self.loras and self.base_url is not None:
+            raise ConfigError("--lora loads adapters into the in-process engine; with "
+                              "--base-url, start the server with --lora and pick one with "
+                              "--model")
         if self.base_url is not None:
             if not self.base_url.startswith(("http://", "https://")):
                 raise ConfigError(f"--base-url {self.base_url}: use http://HOST:PORT")

@@ -40,8 +40,10 @@ def drive(engine: Any, requests: Sequence[BenchRequest], offsets: Sequence[float
           params: Callable[[int, BenchRequest], SamplingParams], *,
           max_concurrency: int | None = None, progress: Progress | None = None,
           clock: Callable[[], float] = time.perf_counter,
-          sleep: Callable[[float], None] = time.sleep) -> DriveResult:
-    """Submit request i at offsets[i] seconds after the start; step until all finish."""
+          sleep: Callable[[float], None] = time.sleep,
+          lora: Callable[[int], str | None] | None = None) -> DriveResult:
+    """Submit request i at offsets[i] seconds after the start (under LoRA adapter
+    `lora(i)` when given); step until all finish."""
     n = len(requests)
     pool = engine.pool
     q0, h0 = pool.prefix_query_tokens, pool.prefix_hit_tokens
@@ -72,8 +74,9 @@ def drive(engine: Any, requests: Sequence[BenchRequest], offsets: Sequence[float
                 if slots is not None:
                     send = max(send, heapq.heappop(slots))
                 req = requests[nxt]
+                kw = {} if lora is None else {"lora": lora(nxt)}
                 rid = engine.add_request(list(req.prompt_ids), params(nxt, req),
-                                         request_id=f"bench-{nxt}")
+                                         request_id=f"bench-{nxt}", **kw)
                 inflight[rid] = nxt
                 records[nxt] = RequestRecord(req.prompt_len, send)
                 nxt += 1

@@ -196,7 +196,8 @@ def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
     for backend in config.backends:
         engine = Engine(target.model, tok, config.cache, backend,
                         scheduler_config=config.scheduler, seed=config.seed,
-                        decode=config.decode, speculative=config.speculative)
+                        decode=config.decode, speculative=config.speculative,
+                        loras=config.loras, max_loras=config.max_loras)
         label = backend or f"auto ({engine.backend().name})"
         warm_up(engine, warm)
         cb: Progress | None = None
@@ -204,7 +205,7 @@ def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
             def cb(done: int, total: int, _label: str = label) -> None:
                 progress(_label, done, total)
         res = drive(engine, requests, offsets, params, max_concurrency=config.max_concurrency,
-                    progress=cb)
+                    progress=cb, lora=lora_of(config))
         metrics = compute_metrics(res.records, res.duration, config.slos or None)
         metrics.update(res.engine)
         metrics.update(kv_pool_utilization_mean=res.kv_utilization_mean,
@@ -214,6 +215,12 @@ def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
         del engine  # free its KV pool before the next backend allocates one
     return BenchReport(target.info, describe_workload(name, requests, config),
                        bench_settings(config), runs)
+
+
+def lora_of(config: BenchConfig) -> Any:
+    """Request i -> its adapter: the configured ones in turn (None: no adapters)."""
+    names = list(config.loras)
+    return None if not names else (lambda i: names[i % len(names)])
 
 
 def describe_workload(name: str, requests: list[BenchRequest],
@@ -230,4 +237,6 @@ def describe_workload(name: str, requests: list[BenchRequest],
         workload.update(prefix_len=config.prefix_len, prefix_groups=config.prefix_groups)
     if name == "jsonl":
         workload["path"] = str(config.workload)
+    if config.loras:
+        workload["loras"] = list(config.loras)
     return workload

@@ -33,6 +33,8 @@ class KVHandle:
     """Pages covering positions [0, len(pages) * P), in position order."""
     cached_len: int = 0
     """Leading tokens whose K/V came from the prefix cache (no compute needed)."""
+    salt: str | None = None
+    """The prefix-cache key of the request's LoRA adapter (None: the base)."""
 
 
 @dataclass
@@ -99,19 +101,20 @@ class PagePool:
         return self.allocator.num_free() + self.allocator.num_evictable()
 
     # -- request verbs ---------------------------------------------------------------------
-    def open(self, tokens: Sequence[int], count_hits: bool = True) -> KVHandle | None:
+    def open(self, tokens: Sequence[int], count_hits: bool = True,
+             salt: str | None = None) -> KVHandle | None:
         """A row for a request about to prefill `tokens`, with its longest cached prefix
-        locked (at most len(tokens) - 1 tokens: the last one must be computed to get
-        logits). None when no row is free."""
+        under `salt` (its LoRA adapter's key) locked (at most len(tokens) - 1 tokens: the
+        last one must be computed to get logits). None when no row is free."""
         if self.contiguous:
             pages = self.allocator.alloc(1)
             return None if pages is None else KVHandle(row=pages[0], pages=pages)
         row = self.req_to_token.alloc()
         if row is None:
             return None
-        handle = KVHandle(row=row)
+        handle = KVHandle(row=row, salt=salt)
         if self.radix is not None and len(tokens) > 1:
-            pages = self.radix.match(tokens[: len(tokens) - 1])
+            pages = self.radix.match(tokens[: len(tokens) - 1], salt=salt)
             if pages:
                 self.allocator.incref(pages)
                 self.req_to_token.write_pages(row, 0, pages, self.page_size)
@@ -155,7 +158,7 @@ class PagePool:
     def cache(self, handle: KVHandle, tokens: Sequence[int]) -> None:
         """Offer the complete pages of `tokens` (those with K/V written) to the radix cache."""
         if self.radix is not None and tokens:
-            self.radix.insert(tokens, handle.pages)
+            self.radix.insert(tokens, handle.pages, handle.salt)
 
     def close(self, handle: KVHandle, tokens: Sequence[int] = ()) -> None:
         """Release the request's hold; its materialized `tokens` stay cached for reuse."""

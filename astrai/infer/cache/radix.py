@@ -8,6 +8,10 @@ Only complete pages whose K/V are materialized are inserted; the final sampled t
 request has no K/V yet, so callers pass `tokens[:num_computed]`. The cache holds one
 reference on each page it remembers; pages nobody else uses are evicted leaf-first in LRU
 order when the allocator runs short.
+
+A `salt` (a LoRA adapter's key) joins the first page's key: prefixes computed under one
+adapter live in their own subtree, found only with the same salt — never by the base or
+another adapter.
 """
 
 from __future__ import annotations
@@ -44,17 +48,20 @@ class RadixCache:
         self._clock += 1
         return self._clock
 
-    def _keys(self, tokens: Sequence[int], n_pages: int):
+    def _keys(self, tokens: Sequence[int], n_pages: int, salt: str | None = None):
         P = self.page_size
         for i in range(n_pages):
-            yield tuple(tokens[i * P:(i + 1) * P])
+            key = tuple(tokens[i * P:(i + 1) * P])
+            yield key if salt is None or i else (salt, *key)
 
-    def match(self, tokens: Sequence[int], touch: bool = True) -> list[int]:
-        """Pages of the longest cached prefix of `tokens` (whole pages only). Touches the
-        path for LRU unless `touch` is False; the caller increfs the pages it keeps."""
+    def match(self, tokens: Sequence[int], touch: bool = True,
+              salt: str | None = None) -> list[int]:
+        """Pages of the longest cached prefix of `tokens` (whole pages only) under `salt`.
+        Touches the path for LRU unless `touch` is False; the caller increfs the pages it
+        keeps."""
         node, pages = self.root, []
         now = self._tick() if touch else 0
-        for key in self._keys(tokens, len(tokens) // self.page_size):
+        for key in self._keys(tokens, len(tokens) // self.page_size, salt):
             node = node.children.get(key)
             if node is None:
                 break
@@ -63,13 +70,14 @@ class RadixCache:
             pages.append(node.page)
         return pages
 
-    def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> int:
+    def insert(self, tokens: Sequence[int], pages: Sequence[int],
+               salt: str | None = None) -> int:
         """Remember the complete pages of `tokens` (whose K/V live in `pages`); returns the
         number of pages newly cached. Where a page of the same prefix is cached already
         (another request computed it first), the cached one is kept."""
         n = min(len(tokens) // self.page_size, len(pages))
         node, now, added = self.root, self._tick(), 0
-        for i, key in enumerate(self._keys(tokens, n)):
+        for i, key in enumerate(self._keys(tokens, n, salt)):
             child = node.children.get(key)
             if child is None:
                 self._serial += 1

@@ -1,0 +1,182 @@
+"""Many LoRA adapters over one base in one batch (astrai.infer.loras, model/lora_batch.py).
+
+Two PEFT adapters of different ranks and targets on a tiny HF Llama, and the base, asked
+for concurrently, give the tokens each gives alone and the tokens transformers + PEFT give
+(unmerged) under greedy decoding; the prefix cache never hands a prefix computed under one
+adapter to another or to the base; `max_loras` holds requests back without deadlock."""
+
+from __future__ import annotations
+
+import pytest
+
+from astrai.errors import CheckpointError, ConfigError
+from astrai.infer import CacheConfig, Engine, SamplingParams
+from astrai.model.hf import load_pretrained
+
+from .lora_fixtures import VOCAB, make_adapters, peft_greedy, tiny_llama
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+N = 10
+LONG = N + 6
+"""The base request that outlives the batch: its last steps are base-only decodes."""
+PROMPTS = [[(7 * i + 3 * j) % VOCAB for j in range(5 + 3 * i)] for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlora")
+    base = tiny_llama(root)
+    return base, make_adapters(root, base)
+
+
+@pytest.fixture(scope="module")
+def reference(dirs):
+    """(prompt index, adapter name or None) -> transformers/PEFT greedy tokens."""
+    base, adapters = dirs
+    out = {}
+    for i, p in enumerate(PROMPTS):
+        for name in (None, *adapters):
+            toks, gap = peft_greedy(base, adapters.get(name), p, LONG)
+            assert gap > 1e-3, "the test model's logits are too close to call"
+            out[i, name] = toks[:N]
+            out[i, name, "long"] = toks
+    return out
+
+
+def make_engine(dirs, **kw):
+    base, adapters = dirs
+    model, _, _ = load_pretrained(base)
+    cache = kw.pop("cache", CacheConfig(page_size=4, max_kv_tokens=2048, max_requests=16))
+    return Engine(model.eval(), None, cache, loras={k: str(v) for k, v in adapters.items()},
+                  **kw)
+
+
+def combos():
+    return [(i, name) for i in range(len(PROMPTS)) for name in (None, "sql", "poet")]
+
+
+def test_adapters_change_the_tokens(reference):
+    for i in range(len(PROMPTS)):
+        assert reference[i, "sql"] != reference[i, None]
+        assert reference[i, "poet"] != reference[i, None]
+        assert reference[i, "sql"] != reference[i, "poet"]
+
+
+@pytest.mark.parametrize("decode", ["eager", "static"])
+def test_one_batch_of_base_and_adapters_equals_peft(dirs, reference, decode):
+    eng = make_engine(dirs, decode=decode)
+    static_steps = []
+    run = eng.decode_step.run
+    eng.decode_step.run = lambda batch: (static_steps.append(batch), run(batch))[1]
+    cs = combos()
+    params = [SamplingParams.greedy(N)] * len(cs) + [SamplingParams.greedy(LONG)]
+    outs = eng.generate([PROMPTS[i] for i, _ in cs] + [PROMPTS[0]], params,
+                        lora=[name for _, name in cs] + [None])
+    for (i, name), o in zip(cs, outs):
+        assert o.token_ids == reference[i, name], (i, name)
+    assert outs[-1].token_ids == reference[0, None, "long"]
+    assert eng.stats().peak_running == len(cs) + 1  # they really shared the batch
+    assert eng.stats().decode == decode
+    # adapter rows never take the static step; the lone base decodes at the end do (one
+    # more when it waited a step to share the prompt page of the base request before it)
+    assert all(c.req.lora is None for b in static_steps for c in b.chunks)
+    if decode == "static":
+        assert LONG - N <= len(static_steps) <= LONG - N + 1
+    else:
+        assert not static_steps
+
+
+def test_each_alone_equals_the_batch(dirs, reference):
+    eng = make_engine(dirs)
+    for i, name in combos():
+        rid = eng.add_request(PROMPTS[i], SamplingParams.greedy(N), lora=name)
+        while eng.has_unfinished():
+            outs = [o for o in eng.step() if o.request_id == rid and o.finished]
+        assert outs[-1].token_ids == reference[i, name]
+
+
+def test_prefix_cache_is_keyed_by_adapter(dirs, reference):
+    eng = make_engine(dirs)
+    p = PROMPTS[2]  # 11 tokens: two complete pages of 4 are cached
+    (base,) = eng.generate([p], SamplingParams.greedy(N))
+    (sql,) = eng.generate([p], SamplingParams.greedy(N), lora="sql")
+    assert sql.token_ids == reference[2, "sql"] and sql.usage.cached_tokens == 0
+    (poet,) = eng.generate([p], SamplingParams.greedy(N), lora="poet")
+    assert poet.token_ids == reference[2, "poet"] and poet.usage.cached_tokens == 0
+    (again,) = eng.generate([p], SamplingParams.greedy(N), lora="sql")
+    assert again.token_ids == reference[2, "sql"] and again.usage.cached_tokens >= 8
+    (base2,) = eng.generate([p], SamplingParams.greedy(N))
+    assert base2.token_ids == base.token_ids == reference[2, None]
+    assert base2.usage.cached_tokens >= 8
+
+
+def test_max_loras_one_holds_requests_back_without_deadlock(dirs, reference):
+    eng = make_engine(dirs, max_loras=1)
+    cs = combos() * 2
+    outs = eng.generate([PROMPTS[i] for i, _ in cs], SamplingParams.greedy(N),
+                        lora=[name for _, name in cs])
+    for (i, name), o in zip(cs, outs):
+        assert o.token_ids == reference[i, name], (i, name)
+    assert eng.loras.resident() in (["sql"], ["poet"])
+
+
+def test_add_and_remove_at_runtime(dirs, reference):
+    base, adapters = dirs
+    model, _, _ = load_pretrained(base)
+    eng = Engine(model.eval(), None, CacheConfig(page_size=4, max_kv_tokens=1024,
+                                                 max_requests=8), max_loras=2)
+    with pytest.raises(ConfigError, match="lora 'sql' is not loaded"):
+        eng.add_request(PROMPTS[0], SamplingParams.greedy(N), lora="sql")
+    eng.add_lora("sql", adapters["sql"])
+    with pytest.raises(ConfigError, match="already loaded"):
+        eng.add_lora("sql", adapters["sql"])
+    (o,) = eng.generate([PROMPTS[0]], SamplingParams.greedy(N), lora="sql")
+    assert o.token_ids == reference[0, "sql"]
+    eng.remove_lora("sql")
+    assert eng.lora_names() == [] and eng.loras.resident() == [None, None]
+    eng.add_lora("sql", adapters["poet"])  # the same name, other weights: no stale prefix
+    (o,) = eng.generate([PROMPTS[0]], SamplingParams.greedy(N), lora="sql")
+    assert o.token_ids == reference[0, "poet"] and o.usage.cached_tokens == 0
+    with pytest.raises(CheckpointError, match="adapter_config.json"):
+        eng.add_lora("x", base)
+
+
+def test_removing_an_adapter_in_use_lets_its_requests_finish(dirs, reference):
+    eng = make_engine(dirs)
+    rid = eng.add_request(PROMPTS[1], SamplingParams.greedy(N), lora="poet")
+    eng.step()
+    eng.remove_lora("poet")
+    last = None
+    while eng.has_unfinished():
+        last = next((o for o in eng.step() if o.request_id == rid), last)
+    assert last.finished and last.token_ids == reference[1, "poet"]
+    assert "poet" not in eng.loras.resident()
+
+
+def test_an_adapter_for_another_base_is_refused(dirs, tmp_path):
+    import transformers
+
+    from .lora_fixtures import peft_adapter
+
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "small")
+    bad = peft_adapter(tmp_path / "small", tmp_path / "bad", 4, 8.0, ["q_proj"], False, 0)
+    eng = make_engine(dirs)
+    with pytest.raises(CheckpointError, match="wrong shape"):
+        eng.add_lora("bad", bad)
+
+
+def test_preempted_adapter_requests_resume_under_their_adapter(dirs, reference):
+    cache = CacheConfig(page_size=4, max_kv_tokens=64, max_requests=16, max_context=64)
+    eng = make_engine(dirs, cache=cache, max_loras=2)
+    cs = combos()
+    outs = eng.generate([PROMPTS[i] for i, _ in cs], SamplingParams.greedy(N),
+                        lora=[name for _, name in cs])
+    assert eng.stats().num_preemptions > 0
+    for (i, name), o in zip(cs, outs):
+        assert o.token_ids == reference[i, name], (i, name)
+    assert eng.loras._refs == [0, 0]  # every slot released
