@@ -36,6 +36,17 @@ class DriveResult:
     """Engine counters over the run: prefix hits, preemptions, speculative proposals."""
 
 
+def _finished(rec: RequestRecord, out: Any, clock: Callable[[], float]) -> RequestRecord:
+    """A request's record completed from its final output."""
+    m = out.metrics
+    rec.token_times = list(m.token_times)
+    rec.end = m.finished_time if m.finished_time is not None else clock()
+    rec.success = out.finish_reason != "abort"
+    if not rec.success:
+        rec.error = f"finished with reason {out.finish_reason}"
+    return rec
+
+
 def drive(engine: Any, requests: Sequence[BenchRequest], offsets: Sequence[float],
           params: Callable[[int, BenchRequest], SamplingParams], *,
           max_concurrency: int | None = None, progress: Progress | None = None,
@@ -90,13 +101,7 @@ def drive(engine: Any, requests: Sequence[BenchRequest], offsets: Sequence[float
                 i = inflight.pop(out.request_id, None) if out.finished else None
                 if i is None:
                     continue
-                rec = records[i]
-                m = out.metrics
-                rec.token_times = list(m.token_times)
-                rec.end = m.finished_time if m.finished_time is not None else clock()
-                rec.success = out.finish_reason != "abort"
-                if not rec.success:
-                    rec.error = f"finished with reason {out.finish_reason}"
+                rec = _finished(records[i], out, clock)
                 if slots is not None:
                     heapq.heappush(slots, rec.end)
                 done += 1
