@@ -54,9 +54,11 @@ def repeating_prompts(n, seed=0, vocab=256):
 def naive_ngram(tokens, k, n_max, n_min):
     L = len(tokens)
     for n in range(min(n_max, L - 1), n_min - 1, -1):
-        for i in range(L - n - 1, -1, -1):
-            if tokens[i:i + n] == tokens[L - n:]:
-                return tokens[i + n:i + n + k]
+        hits = [i for i in range(L - n) if tokens[i:i + n] == tokens[L - n:]]
+        if hits:
+            full = [i for i in hits if i + n + k <= L]
+            i = full[-1] if full else hits[0]
+            return tokens[i + n:i + n + k]
     return []
 
 
@@ -68,6 +70,7 @@ def test_ngram_equals_the_naive_loop():
         for k, n_max, n_min in ((4, 4, 1), (3, 2, 2), (6, 5, 3), (1, 1, 1)):
             assert propose_ngram(toks, k, n_max, n_min) == naive_ngram(toks, k, n_max, n_min)
     assert propose_ngram([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 2, 3) == [7, 1]  # the latest
+    assert propose_ngram([4, 5, 6, 7, 5, 5, 5], 3, 1) == [6, 7, 5]  # a full continuation
     assert propose_ngram([5, 6, 7], 3, 4) == []
 
 

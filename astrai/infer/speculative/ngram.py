@@ -1,8 +1,9 @@
 """Prompt lookup (n-gram) proposals: continue the request's own text where it repeats.
 
 The last n tokens of prompt + output are looked up earlier in the same sequence, for n
-from `n_max` down to `n_min`; the tokens that followed the most recent occurrence of the
-longest matching n-gram are the proposal ("prompt lookup decoding", Saxena 2023; vLLM's
+from `n_max` down to `n_min`; the tokens that followed an occurrence of the longest
+matching n-gram are the proposal — the most recent occurrence followed by k tokens (a
+repeat close to the end leaves fewer), else the earliest ("prompt lookup decoding", Saxena 2023; vLLM's
 prompt_lookup_max / prompt_lookup_min). Summaries, edits, code and quoted passages repeat
 their input, so the proposals are often right, at no model cost.
 """
@@ -15,10 +16,11 @@ import numpy as np
 
 
 def propose_ngram(tokens: Sequence[int], k: int, n_max: int, n_min: int = 1) -> list[int]:
-    """Up to `k` tokens continuing `tokens`: the ones after the most recent earlier match of
-    its longest suffix n-gram, n_min <= n <= n_max (an empty list: no match). Equal to the
-    loop "for n = n_max..n_min: the latest i < len - n with tokens[i:i+n] == tokens[-n:]"
-    (tests/infer/test_speculative.py), vectorised over the candidate positions."""
+    """Up to `k` tokens continuing `tokens`: the ones after an earlier match of its longest
+    suffix n-gram, n_min <= n <= n_max (an empty list: no match) — the latest match with k
+    tokens after it, else the earliest. Equal to the loop "for n = n_max..n_min: the
+    matches i < len - n with tokens[i:i+n] == tokens[-n:], ..." of
+    tests/infer/test_speculative.py, vectorised over the candidate positions."""
     L = len(tokens)
     if k <= 0 or L < 2:
         return []
@@ -39,5 +41,7 @@ def propose_ngram(tokens: Sequence[int], k: int, n_max: int, n_min: int = 1) -> 
     best = int(length.max())
     if best < n_min:
         return []
-    c = int(ends[np.flatnonzero(length == best)[-1]])  # the latest of the longest
+    longest = ends[length == best]
+    full = longest[longest + k < L]  # followed by k tokens
+    c = int(full[-1] if full.size else longest[0])
     return a[c + 1:c + 1 + k].tolist()
