@@ -138,3 +138,17 @@ def test_the_same_spec_compiles_once(engine):
     spec = StructuredOutputs(regex=r"\d{4}")
     a, b = g.compile(spec), g.compile(StructuredOutputs(regex=r"\d{4}"))
     assert a is not b and (spec.kind, spec.source) in g._cache
+
+
+def test_constrained_rows_do_not_speculate_and_still_parse(model_dir):
+    """With speculative decoding on, a constrained request decodes one token a step (its
+    proposals would skip the grammar's masks) while a free, repetitive one speculates."""
+    from astrai.infer.config import SpeculativeConfig
+    eng = Engine.from_checkpoint(model_dir, device="cpu",
+                                 speculative=SpeculativeConfig(method="ngram"))
+    spec = StructuredOutputs(json=SCHEMA)
+    (out,) = eng.generate(["Describe:"], SamplingParams.greedy(60, structured_outputs=spec))
+    jsonschema.validate(json.loads(out.text), SCHEMA)
+    assert eng.stats().spec_draft_tokens == 0
+    eng.generate(["a b a b a b a b a b"], SamplingParams.greedy(24))  # the prompt repeats
+    assert eng.stats().spec_draft_tokens > 0
