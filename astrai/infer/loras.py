@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from astrai.errors import CheckpointError, ConfigError
-from astrai.model.adapter import ADAPTER_WEIGHTS, read_adapter_spec, read_adapter_weights
+from astrai.errors import ConfigError
+from astrai.model.adapter import check_fit, read_adapter_spec, read_adapter_weights
 from astrai.model.lora import BLOCK_PART, TARGETS, LoraSpec
 from astrai.model.lora_batch import LoraBank
 
@@ -77,12 +77,7 @@ def read_adapter(name: str, path: str | Path, layers: dict[str, nn.Module]) -> A
                       else (layer.out_features, spec.rank))
         if tuple(t.shape) != (rows, cols):
             shapes.append(k)
-    if missing or extra or shapes:
-        parts = [f"{what}: {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}"
-                 for what, names in (("missing", missing), ("unexpected", extra),
-                                     ("wrong shape", shapes)) if names]
-        raise CheckpointError(f"{Path(path) / ADAPTER_WEIGHTS}: does not fit this model "
-                              f"({'; '.join(parts)}); was it trained on another base?")
+    check_fit(path, missing, extra, shapes)
     tensors = {}
     for k in sorted(state):
         if ".lora_A." in k:

@@ -144,6 +144,18 @@ def read_adapter_weights(path: str | Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def check_fit(path: str | Path, missing: list[str], extra: list[str],
+              shapes: list[str]) -> None:
+    """Raise one CheckpointError naming every missing, unexpected or mis-shaped tensor of
+    an adapter that does not fit the model (nothing when all three lists are empty)."""
+    if missing or extra or shapes:
+        parts = [f"{what}: {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}"
+                 for what, names in (("missing", missing), ("unexpected", extra),
+                                     ("wrong shape", shapes)) if names]
+        raise CheckpointError(f"{Path(path) / ADAPTER_WEIGHTS}: does not fit this model "
+                              f"({'; '.join(parts)}); was it trained on another base?")
+
+
 def load_adapter(model: nn.Module, path: str | Path, *, seed: int = 0,
                  train_also: tuple[str, ...] = ()) -> LoraSpec:
     """Put the adapter of PEFT directory `path` on `model` (in place): apply_lora with the
@@ -156,12 +168,7 @@ def load_adapter(model: nn.Module, path: str | Path, *, seed: int = 0,
     missing = sorted(set(mine) - set(state))
     extra = sorted(set(state) - set(mine))
     shapes = sorted(k for k in set(mine) & set(state) if mine[k].shape != state[k].shape)
-    if missing or extra or shapes:
-        parts = [f"{what}: {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}"
-                 for what, names in (("missing", missing), ("unexpected", extra),
-                                     ("wrong shape", shapes)) if names]
-        raise CheckpointError(f"{path / ADAPTER_WEIGHTS}: does not fit this model "
-                              f"({'; '.join(parts)}); was it trained on another base?")
+    check_fit(path, missing, extra, shapes)
     with torch.no_grad():
         params = dict(model.named_parameters())
         for k, v in state.items():
