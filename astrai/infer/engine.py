@@ -47,6 +47,7 @@ from astrai.infer.request import Request, RequestOutput
 from astrai.infer.decode_step import DecodeStep
 from astrai.infer.runner import ModelRunner
 from astrai.infer.sampler import Pick, Sampler
+from astrai.infer.structured import GrammarCompiler
 from astrai.infer.scheduler import Chunk, Scheduler, StepBatch
 from astrai.infer.speculative.speculator import Speculator
 from astrai.infer.routing import Streams, drain
@@ -301,18 +302,20 @@ class Engine:
         if not any(c.draft for c in chunks):
             picks = self._sample(logits, batch.sampled, masks)
             return [[p] if isinstance(p, Pick) else p for p in picks]
-        return self._verify(logits, chunks)
+        return self._verify(logits, chunks, masks)
 
-    def _verify(self, logits: torch.Tensor, chunks: list[Chunk]) -> list[list[Pick] | Exception]:
-        """A step with proposals: the plain rows sample together, each speculating chunk's
-        1 + k rows are verified."""
+    def _verify(self, logits: torch.Tensor, chunks: list[Chunk],
+                masks: Future | None) -> list[list[Pick] | Exception]:
+        """A step with proposals: the plain rows sample together (with the grammar masks
+        begun before the forward: constrained rows never speculate, so they are all plain),
+        each speculating chunk's 1 + k rows are verified."""
         first, row = [], 0
         for c in chunks:
             first.append(row)
             row += 1 + len(c.draft)
         plain = [b for b, c in enumerate(chunks) if not c.draft]
         drawn = iter(self._sample(logits[[first[b] for b in plain]],
-                                  [chunks[b].req for b in plain]) if plain else [])
+                                  [chunks[b].req for b in plain], masks) if plain else [])
         out: list[list[Pick] | Exception] = []
         for b, c in enumerate(chunks):
             if not c.draft:
@@ -417,6 +420,12 @@ class Engine:
             s = self.scheduler
             self.on_step(StepInfo(t0, now - t0, len(batch.chunks), batch.num_tokens,
                                   batch.num_tokens - dec, dec, len(s.running), len(s.waiting)))
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Compiles structured-output constraints (cached per spec); a server compiles a
+        request's constraint here first, off its event loop."""
+        return self.intake.grammars
 
     def stats(self) -> EngineStats:
         with self.lock:

@@ -118,8 +118,9 @@ class Sampler:
                    masks: Future | None) -> torch.Tensor:
         """Tokens outside each constrained request's grammar set to -inf."""
         rows = [b for b, r in enumerate(reqs) if r.constraint is not None]
-        bitmask = (masks.result() if masks is not None else
-                   fill_bitmask([reqs[b].constraint for b in rows], logits.shape[1]))
+        bitmask = masks.result() if masks is not None else None
+        if bitmask is None or bitmask.shape[0] != len(rows):  # masks of other rows: redo
+            bitmask = fill_bitmask([reqs[b].constraint for b in rows], logits.shape[1])
         allowed = S.unpack_bitmask(bitmask.to(self.device, non_blocking=True), logits.shape[1])
         empty = (~allowed.any(dim=1)).nonzero().flatten().tolist()
         if empty:

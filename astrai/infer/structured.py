@@ -16,6 +16,7 @@ once. Work per compile is bounded by llguidance's parser limits and by `MAX_SPEC
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections import OrderedDict
@@ -152,7 +153,10 @@ class Constraint:
         return self.matcher.is_stopped()
 
 
-_EXECUTOR: list[Any] = []
+@functools.cache
+def _executor() -> Any:
+    """llguidance's thread pool for the masks of several rows (made on first use)."""
+    return _llguidance().LLExecutor()
 
 
 def fill_bitmask(constraints: list[Constraint], vocab_size: int) -> Any:
@@ -164,9 +168,7 @@ def fill_bitmask(constraints: list[Constraint], vocab_size: int) -> Any:
     if len(constraints) == 1:
         constraints[0].fill(bitmask, 0)
         return bitmask
-    if not _EXECUTOR:
-        _EXECUTOR.append(_llguidance().LLExecutor())
-    _EXECUTOR[0].unsafe_compute_mask_ptr([(c.matcher, i) for i, c in enumerate(constraints)],
+    _executor().unsafe_compute_mask_ptr([(c.matcher, i) for i, c in enumerate(constraints)],
                                          bitmask.data_ptr(), bitmask.shape[1] * 4,
                                          len(constraints))
     return bitmask

@@ -197,7 +197,7 @@ async def _compile(state: ServerState, job: Job) -> None:
     """The job's constraints compiled in a worker thread, within COMPILE_TIMEOUT (the
     thread, bounded by llguidance's parser limits, may finish later; its grammar is then
     cached)."""
-    grammars = state.loop.engine.intake.grammars
+    grammars = state.loop.engine.grammars
     work = asyncio.to_thread(compile_constraints, grammars,
                              [p.structured_outputs for p in job.params], job.constrained_by)
     try:

@@ -206,7 +206,7 @@ def read_schema(path: Path | None) -> Any:
 def check_schema(session: Any, params: Any, path: Path) -> None:
     from astrai.errors import ConfigError
     try:
-        session.engine.intake.grammars.compile(params.structured_outputs)
+        session.engine.grammars.compile(params.structured_outputs)
     except ConfigError as e:
         raise ConfigError(f"--json-schema {path}: {e}") from None
 

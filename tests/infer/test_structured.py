@@ -64,7 +64,7 @@ def test_greedy_constrained_tokens_are_the_masked_argmax_of_hf(engine, model_dir
     prompt = engine.tokenizer.encode("Describe an item:")
     (out,) = engine.generate([prompt], SamplingParams.greedy(60, structured_outputs=spec))
     V = hf.config.vocab_size
-    tok = engine.intake.grammars.lltokenizer()
+    tok = engine.grammars.lltokenizer()
     m = llg.LLMatcher(tok, grammar_text(spec))
     ids = list(prompt)
     for t in out.token_ids:  # an independent matcher and a full forward per position
@@ -134,7 +134,7 @@ def test_bad_specs_are_config_errors(kw):
 
 
 def test_the_same_spec_compiles_once(engine):
-    g = engine.intake.grammars
+    g = engine.grammars
     spec = StructuredOutputs(regex=r"\d{4}")
     a, b = g.compile(spec), g.compile(StructuredOutputs(regex=r"\d{4}"))
     assert a is not b and (spec.kind, spec.source) in g._cache
