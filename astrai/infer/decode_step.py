@@ -32,8 +32,8 @@ from astrai.kernels import library as kernel_lib
 from astrai.kernels.ops import paged_decode
 from astrai.model.context import ForwardContext
 
-DecodeMode = Literal["auto", "graphs", "static", "eager"]
-DECODE_MODES: tuple[str, ...] = ("auto", "graphs", "static", "eager")
+DecodeMode = Literal["auto", "graphs", "static", "eager", "native"]
+DECODE_MODES: tuple[str, ...] = ("auto", "graphs", "static", "eager", "native")
 
 
 def decode_buckets(max_batch: int) -> list[int]:
@@ -67,7 +67,7 @@ def resolve_decode_mode(mode: str, model: torch.nn.Module, pool: PagePool) -> st
     eager path serves everything)."""
     if mode not in DECODE_MODES:
         raise ValueError(f"decode mode '{mode}': choose one of {', '.join(DECODE_MODES)}")
-    if mode == "eager" or static_unsupported(model, pool) is not None:
+    if mode in ("eager", "native") or static_unsupported(model, pool) is not None:
         return "eager"
     on_cuda = pool.storage.k.device.type == "cuda"
     if mode == "auto":

@@ -45,6 +45,7 @@ from astrai.infer.metrics import EngineStats, StepCounters, StepInfo
 from astrai.infer.params import SamplingParams
 from astrai.infer.request import Request, RequestOutput
 from astrai.infer.decode_step import DecodeStep
+from astrai.infer.native_step import NativeDecodeStep
 from astrai.infer.runner import ModelRunner
 from astrai.infer.sampler import Pick, Sampler
 from astrai.infer.structured import GrammarCompiler
@@ -102,6 +103,9 @@ class Engine:
             decode = "eager"
         self.decode_step = DecodeStep(model, self.pool, self.runner.lm_head, decode,
                                       self.scheduler.max_running)
+        self.native_step = NativeDecodeStep.create(model, self.pool, self.runner.lm_head,
+                                                   self.cpu_kernels, decode)
+        """Decode and verify steps as one native call on a CPU (None: not here)."""
         self.sampler = Sampler(p.device, seed)
         self.speculator = self._speculator(speculative, draft_model, p)
         self.intake = Intake(tokenizer, cfg.vocab_size, self.max_context, sched.prompt_overflow)
@@ -293,7 +297,9 @@ class Engine:
                 self.speculator.propose(batch, self.pool, self.backend(),
                                         {r.id for r in self.scheduler.running})
             slots = self.loras.token_slots(batch)  # None: no adapter in the step
-            if slots is None and self.decode_step.accepts(batch):
+            if slots is None and self.native_step and self.native_step.accepts(batch):
+                logits = self.native_step.run(batch)  # every block in one call (CPU)
+            elif slots is None and self.decode_step.accepts(batch):
                 logits = self.decode_step.run(batch)  # static shapes (CUDA graphs on CUDA)
             else:  # adapters' rows: the eager ragged step, each token's update gathered
                 with self.loras.select(slots):
@@ -435,7 +441,8 @@ class Engine:
             return EngineStats(len(s.running), len(s.waiting), c.steps, c.prefill_tokens,
                                c.decode_tokens, c.generated_tokens, s.num_preemptions,
                                s.peak_running, name, self.pool.stats(),
-                               self.decode_step.mode, *self._spec_stats())
+                               "native" if self.native_step else self.decode_step.mode,
+                               *self._spec_stats())
 
     def _spec_stats(self) -> tuple[str | None, int, int, int]:
         sp = self.speculator

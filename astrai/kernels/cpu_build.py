@@ -30,6 +30,8 @@ from astrai.kernels.build import cache_root, csrc_dir
 log = logging.getLogger("astrai.kernels")
 
 SOURCE = "cpu/decode_gemv.cpp"
+HEADERS = ("cpu/decode_layers.h",)
+"""Files the source includes (their text is part of the build's cache key)."""
 ISAS = ("avx512", "avx2")
 """Code paths, best first."""
 _NEEDS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma"),
@@ -98,6 +100,8 @@ def find_cxx() -> str | None:
 def build_dir(isa: str) -> Path:
     """Cache folder of this source + flags + torch version."""
     h = hashlib.sha256((csrc_dir() / SOURCE).read_bytes())
+    for extra in HEADERS:
+        h.update((csrc_dir() / extra).read_bytes())
     h.update(repr((compile_flags(isa), torch.__version__)).encode())
     return cache_root() / f"cpu-{isa}-{h.hexdigest()[:16]}"
 

@@ -50,6 +50,7 @@ def _register_fakes(ns: str) -> None:
         torch.library.register_fake(f"{ns}::{op}_many", fake_many)
     torch.library.register_fake(f"{ns}::rms_norm", lambda x, w, eps: torch.empty_like(x))
     torch.library.register_fake(f"{ns}::paged_decode", lambda q, *rest: torch.empty_like(q))
+    torch.library.register_fake(f"{ns}::decode_layers", lambda x, *rest: torch.empty_like(x))
 
 
 @functools.cache
@@ -80,7 +81,8 @@ def decode_kernels(isa: str, int8_act: str | None = None) -> fast_path.DecodeKer
         float_gemv=ops.gemv, int8_gemv=ops.gemv_q8 if quantized else ops.gemv_int8,
         float_many=ops.gemv_many, int8_many=ops.gemv_q8_many if quantized else ops.gemv_int8_many,
         fp32_rows=(fp32_min, MAX_ROWS["fp32"]), bf16_rows=(1, MAX_ROWS["bf16"]),
-        int8_rows=(1, MAX_ROWS["int8"]), rms_norm=ops.rms_norm, paged_decode=ops.paged_decode)
+        int8_rows=(1, MAX_ROWS["int8"]), rms_norm=ops.rms_norm, paged_decode=ops.paged_decode,
+        decode_layers=ops.decode_layers, int8_quantized=quantized)
 
 
 @functools.cache

@@ -52,6 +52,11 @@ class DecodeKernels:
     paged_decode: Callable[..., Tensor] | None = None
     """Decode attention over the paged KV pool, astrai.kernels.ops.paged_decode's contract
     (q [B, H, D], k_buf, v_buf [S, K, D], req_to_token, req_pool_indices, seq_lens, scale)."""
+    decode_layers: Callable[..., Tensor] | None = None
+    """Every block of a Llama-family model for a few query rows, then the final norm
+    (csrc/cpu/decode_layers.h; astrai/infer/native_step.py calls it)."""
+    int8_quantized: bool = False
+    """int8 products quantize the activations (int8_gemv is the q8 dot)."""
     fp32_rows: tuple[int, int] = (1, 16)
     """(fewest, most) rows of a product with fp32 weights the kernel takes: outside, torch's
     GEMM is as fast or faster (astrai/kernels/cpu_linear.py measures the fewest)."""

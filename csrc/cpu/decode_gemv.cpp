@@ -16,6 +16,8 @@
 //                                    VNNI vpdpbusd where the CPU has it
 //   rms_norm(x, w, eps)              the norm before those products, one pass per row
 //   paged_decode(q, k_buf, v_buf, ...) one query per request against the paged KV pool
+//   decode_layers(x, weights, ...)  every block of a Llama-family decoder for a few query
+//                                    rows, then the final norm (decode_layers.h)
 //   *_many(x, [w...], ...)           the same against several matrices (q, k, v; gate, up) in
 //                                    one parallel region, the activations quantized once
 //
@@ -31,6 +33,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/linear.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
@@ -822,6 +825,8 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_buf, const at::
   return out;
 }
 
+#include "decode_layers.h"
+
 // What this build is: floats per vector (16: AVX-512, 8: AVX2), VNNI (1/0), the block QK,
 // AVX512-BF16 dots (1/0).
 std::vector<int64_t> info() { return {VL, kVnni ? 1 : 0, QK, kBf16Dot ? 1 : 0}; }
@@ -838,6 +843,9 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("paged_decode(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, "
         "Tensor req_pool_indices, Tensor seq_lens, float scale) -> Tensor");
+  m.def("decode_layers(Tensor x, Tensor?[] weights, int[] shape, float eps, Tensor cos, "
+        "Tensor sin, Tensor k_buf, Tensor v_buf, Tensor req_to_token, Tensor rows, Tensor lens, "
+        "Tensor slots, Tensor norm) -> Tensor");
   m.def("info() -> int[]", &info);
   m.impl("gemv", c10::DispatchKey::CPU, &gemv);
   m.impl("gemv_int8", c10::DispatchKey::CPU, &gemv_int8);
@@ -847,4 +855,5 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.impl("gemv_q8_many", c10::DispatchKey::CPU, &gemv_q8_many);
   m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
   m.impl("paged_decode", c10::DispatchKey::CPU, &paged_decode);
+  m.impl("decode_layers", c10::DispatchKey::CPU, &decode_layers);
 }

@@ -1,0 +1,133 @@
+"""The native decode step: every block of the model for a step's few query rows in one call
+of astrai's CPU kernels (csrc/cpu/decode_layers.h), then the LM head.
+
+On a CPU a decode step of a small model costs more in per-operator overhead — a Python call,
+a dispatch and an allocation for each norm, RoPE, K/V write, residual add and SwiGLU of each
+layer — than in reading its weights; the native step runs the whole stack of blocks as one
+operator over the same weights, K/V pool and kernels (figures in docs/engine.md "Native
+decode step"). It takes the steps in which every request brings one query token (a decode)
+or its token and k proposals (a speculative verify: k + 1 rows of consecutive positions,
+each attending causally over the pool, vLLM's way of verifying as a decode of several
+queries), up to the kernels' row limit; every other step — prefill, adapters' rows, more
+rows — runs the ragged eager path, as does a model it cannot serve (`unsupported`).
+
+The model's own tables give the RoPE factors (every rope scaling), its embedding the rows'
+inputs and `ModelRunner.lm_head` the logits, so only the blocks are native.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from astrai.infer.cache.pool import PagePool
+from astrai.infer.scheduler import StepBatch
+from astrai.model import fast_path
+
+LAYER_SLOTS = 21
+"""Weights per block in decode_layers' list (the Slot enum of decode_layers.h)."""
+
+
+def _linear(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(weight or int8 values, int8 scale or None, bias or None) of a plain or int8 layer."""
+    if type(m) is nn.Linear:
+        return m.weight, None, m.bias
+    return m.qweight, m.scale, m.bias
+
+
+def _layer_unsupported(m: nn.Module, dtype: torch.dtype) -> str | None:
+    if type(m) is nn.Linear:
+        return None if m.weight.dtype == dtype else f"{m.weight.dtype} weights"
+    if "qweight" in m._buffers and type(m).__name__ == "Int8Linear":
+        return None
+    return f"{type(m).__name__} layers (e.g. an unmerged adapter)"
+
+
+def unsupported(model: nn.Module, pool: PagePool, kernels: fast_path.DecodeKernels | None
+                ) -> str | None:
+    """Why the native step cannot run this model on this pool, or None."""
+    cfg = model.config
+    if kernels is None or getattr(kernels, "decode_layers", None) is None:
+        return "no CPU decode kernels"
+    dtype = next(model.parameters()).dtype
+    if dtype not in (torch.float32, torch.bfloat16) or pool.storage.k.dtype != dtype:
+        return f"{dtype} activations over a {pool.storage.k.dtype} KV pool"
+    if cfg.sliding_window is not None and cfg.sliding_window < pool.max_context:
+        return "sliding-window attention"
+    if getattr(cfg, "n_experts", 0):
+        return "mixture-of-experts layers"
+    for block in model.layers:
+        a, f = block.attn, block.mlp
+        for m in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, f.gate_proj, f.up_proj, f.down_proj):
+            why = _layer_unsupported(m, dtype)
+            if why is not None:
+                return why
+    return None
+
+
+def pack_weights(model: nn.Module) -> list[torch.Tensor | None]:
+    """The blocks' weights in decode_layers' order, LAYER_SLOTS per block."""
+    out: list[torch.Tensor | None] = []
+    for block in model.layers:
+        a, f = block.attn, block.mlp
+        (q, qs, qb), (k, ks, kb), (v, vs, vb) = map(_linear, (a.q_proj, a.k_proj, a.v_proj))
+        o, os_, _ = _linear(a.o_proj)
+        (g, gs, _), (u, us, _), (d, ds, _) = map(_linear, (f.gate_proj, f.up_proj, f.down_proj))
+        qn = a.q_norm.weight if a.q_norm is not None else None
+        kn = a.k_norm.weight if a.k_norm is not None else None
+        out += [block.attn_norm.weight, q, k, v, qs, ks, vs, qb, kb, vb, qn, kn, o, os_,
+                block.mlp_norm.weight, g, u, d, gs, us, ds]
+    return out
+
+
+class NativeDecodeStep:
+    """Runs decode and verify steps through decode_layers (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, pool: PagePool, lm_head,
+                 kernels: fast_path.DecodeKernels) -> None:
+        self.model, self.pool, self.lm_head, self.kernels = model, pool, lm_head, kernels
+        cfg = model.config
+        self.weights = pack_weights(model)
+        self.max_rows = min(hi for _, hi in (kernels.fp32_rows, kernels.bf16_rows,
+                                              kernels.int8_rows))
+        self.shape = [cfg.n_heads, cfg.kv_heads, cfg.hdim, *kernels.fp32_rows,
+                      *kernels.bf16_rows, int(kernels.int8_quantized)]
+        self.eps = float(cfg.norm_eps)
+
+    @classmethod
+    def create(cls, model: nn.Module, pool: PagePool, lm_head,
+               kernels: fast_path.DecodeKernels | None, mode: str) -> NativeDecodeStep | None:
+        """The step for `mode` auto or native where it can serve the model, else None."""
+        if mode not in ("auto", "native") or unsupported(model, pool, kernels) is not None:
+            return None
+        return cls(model, pool, lm_head, kernels)
+
+    def accepts(self, batch: StepBatch) -> bool:
+        """Every request samples after one token (and its proposals), within the row limit."""
+        return (batch.num_tokens <= self.max_rows
+                and all(c.n == 1 and c.sample for c in batch.chunks))
+
+    def _rows(self, batch: StepBatch) -> tuple[list[int], torch.Tensor]:
+        """The rows' token ids and [4, N] int64: positions, request rows, KV lengths, slots."""
+        P = self.pool.page_size
+        ids, cols = [], []
+        for c in batch.chunks:
+            req, p0 = c.req, c.start
+            ids.append(req.tokens[p0])
+            ids.extend(c.draft)
+            for p in range(p0, p0 + 1 + len(c.draft)):
+                cols.append((p, req.kv.row, p + 1, req.kv.pages[p // P] * P + p % P))
+        return ids, torch.tensor(cols, dtype=torch.int64).T.contiguous()
+
+    @torch.inference_mode()
+    def run(self, batch: StepBatch) -> torch.Tensor:
+        """fp32 logits [N, V] of every row, in chunk order (a verify: 1 + k rows)."""
+        m = self.model
+        ids, (pos, rows, lens, slots) = self._rows(batch)
+        x = F.embedding(torch.tensor(ids, dtype=torch.int64), m.embed_tokens.weight)
+        st = self.pool.storage
+        h = self.kernels.decode_layers(
+            x, self.weights, self.shape, self.eps, m.rope_cos[pos], m.rope_sin[pos], st.k, st.v,
+            self.pool.req_to_token.table, rows, lens.to(torch.int32), slots, m.norm.weight)
+        return self.lm_head(h).float()

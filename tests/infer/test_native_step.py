@@ -1,0 +1,142 @@
+"""The native decode step (astrai.infer.native_step, csrc/cpu/decode_layers.h): the tokens
+and logits of the eager ragged path and of full recomputation, across model families, int8
+and bf16 weights, prefix sharing, preemption and speculative verification (several query
+rows per request); the models it cannot serve fall back to the eager path."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from astrai.infer import CacheConfig, Engine, SamplingParams, SchedulerConfig
+from astrai.infer.config import SpeculativeConfig
+from astrai.infer.native_step import unsupported
+from astrai.kernels.cpu_linear import cpu_decode_kernels
+from astrai.model import build_model
+from astrai.model.lora import LoraSpec, apply_lora
+from astrai.model.quant import quantize_model
+
+from .conftest import naive_greedy, naive_logprobs, random_prompts, small_config
+
+pytestmark = pytest.mark.skipif(cpu_decode_kernels() is None,
+                                reason="astrai's CPU decode kernels are not available here")
+
+NEW = 10
+FAMILIES = {  # llama, qwen2 (q/k/v biases), qwen3 (QK-norm), tied embeddings, mistral's window
+    "llama": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True},
+    "tied": {"tie_embeddings": True}, "window-beyond-context": {"sliding_window": 4096},
+}
+
+
+def engine(model, decode="auto", page_size=4, tokens=1024, rows=8, radix=True,
+           max_context=None, speculative=None):
+    cache = CacheConfig(page_size=page_size, max_kv_tokens=tokens, max_requests=rows,
+                        radix=radix, max_context=max_context)
+    return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=2048),
+                  decode=decode, speculative=speculative)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_native_step_equals_full_recompute(family):
+    model = build_model(small_config(**FAMILIES[family]), seed=3).eval()
+    prompts = random_prompts((5, 17, 33, 1, 40, 9), seed=4)
+    eng = engine(model)
+    assert eng.stats().decode == "native"
+    outs = eng.generate(prompts, SamplingParams.greedy(NEW, logprobs=True))
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == naive_greedy(model, p, NEW)
+        torch.testing.assert_close(o.logprobs, naive_logprobs(model, p, o.token_ids),
+                                   atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["radix", "preemption", "page-size-1", "16-rows"])
+def test_native_step_equals_the_eager_path(model, case):
+    kw = {"radix": {}, "preemption": {"tokens": 64, "max_context": 64},
+          "page-size-1": {"page_size": 1}, "16-rows": {"rows": 20}}[case]
+    lengths = (5, 17, 33, 1, 40, 9) if case != "16-rows" else tuple(range(1, 21))
+    prompts = random_prompts(lengths, seed=5)
+    if case == "radix":
+        prompts = [prompts[2][:20] + p for p in prompts]
+    params = SamplingParams.greedy(NEW, logprobs=True)
+    native, eager = engine(model, **kw), engine(model, "eager", **kw)
+    a, b = native.generate(prompts, params), eager.generate(prompts, params)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-4, rtol=0)
+    if case == "preemption":
+        assert native.stats().num_preemptions > 0
+
+
+def test_verify_rows_equal_the_ragged_forward(model):
+    """Every native step of a speculating engine (decodes, and verifies of 1 + k rows per
+    request beside them) gives the logits the eager runner gives for the same batch."""
+    eng = engine(model, rows=4, speculative=SpeculativeConfig(method="ngram",
+                                                             num_speculative_tokens=5))
+    native_run, seen = eng.native_step.run, []
+
+    def both(batch):
+        ours = native_run(batch)
+        theirs = eng.runner.run(batch, eng.backend())  # rewrites the same K/V
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+        seen.append(max(len(c.draft) for c in batch.chunks))
+        return ours
+
+    eng.native_step.run = both
+    prompts = [p * 3 for p in random_prompts((8, 5, 11), seed=8)]
+    eng.generate(prompts, SamplingParams.greedy(16, ignore_eos=True))
+    assert max(seen) > 0 and min(seen) == 0  # verify steps and plain ones
+
+
+def test_speculative_greedy_equals_plain(model):
+    """Prompts that repeat themselves: ngram proposals are accepted, the verify steps run
+    native, and the tokens equal plain decoding's."""
+    base = random_prompts((12, 7), seed=9)
+    prompts = [p * 4 for p in base]
+    params = SamplingParams.greedy(24, ignore_eos=True)
+    spec = engine(model, speculative=SpeculativeConfig(method="ngram",
+                                                       num_speculative_tokens=4))
+    a = spec.generate(prompts, params)
+    b = engine(model, "eager").generate(prompts, params)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    st = spec.stats()
+    assert st.decode == "native" and st.spec_draft_tokens > 0
+
+
+def test_native_step_with_int8_weights(model):
+    q = quantize_model(copy.deepcopy(model), "int8")
+    prompts = random_prompts((7, 3, 12), seed=6)
+    params = SamplingParams.greedy(NEW)
+    eng = engine(q)
+    assert eng.stats().decode == "native"
+    a, b = eng.generate(prompts, params), engine(q, "eager").generate(prompts, params)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+def test_native_step_in_bf16():
+    """bf16 weights and KV: each step's log-probabilities within bf16 rounding of the eager
+    path's (the same ops, rounded at the same points; tiny shapes)."""
+    model = build_model(small_config(qk_norm=True, init_std=0.1), seed=4).eval().bfloat16()
+    prompts = random_prompts((6, 11), seed=10)
+    params = SamplingParams.greedy(6, logprobs=True)
+    eng = engine(model)
+    assert eng.stats().decode == "native"
+    a, b = eng.generate(prompts, params), engine(model, "eager").generate(prompts, params)
+    for x, y in zip(a, b):
+        assert x.token_ids[0] == y.token_ids[0]  # the prefill's token: no native step yet
+        n = next((i for i, (s, t) in enumerate(zip(x.token_ids, y.token_ids)) if s != t),
+                 len(x.token_ids))
+        torch.testing.assert_close(x.logprobs[:n], y.logprobs[:n], atol=0.05, rtol=0.05)
+
+
+def test_models_it_cannot_serve_fall_back(model, window_model):
+    k = cpu_decode_kernels()
+    eng = engine(model)
+    assert unsupported(model, eng.pool, None) == "no CPU decode kernels"
+    assert "sliding-window" in unsupported(window_model, engine(window_model).pool, k)
+    assert engine(window_model).stats().decode == "eager"
+    lora = apply_lora(copy.deepcopy(model), LoraSpec(rank=2, alpha=4.0))
+    assert "LoRALinear" in unsupported(lora, eng.pool, k)
+    assert engine(model, "eager").stats().decode == "eager"
+    assert engine(model, "static").stats().decode == "static"
