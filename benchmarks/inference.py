@@ -12,16 +12,21 @@ Workloads:
       each request asked for count);
   (c) shared prefix: 8 groups of 8 prompts sharing a 384-token system prompt: TTFT p50 with
       the radix cache against without it (all requests arrive at once);
-  (s) speculative decoding (not with --presets: its own models): one request continuing a
-      passage its prompt quotes, plain decoding against prompt lookup (ngram) and against
-      a draft model, greedy; tokens/s, their ratio and the acceptance rate. A random model
-      copies nothing, so two byte-level models are trained first (a few hundred AdamW steps
-      on the start of the bundled corpus, printed), the target and a smaller draft.
+  (s) speculative decoding (not with --presets: its own models): one request on the
+      `astrai quickstart` model continuing a passage its prompt quotes (100 tokens of
+      held-out text, "\n\n", the passage's first 24 tokens; 120 new tokens, greedy), plain
+      decoding against prompt lookup (ngram, k=4 and 8) and against a draft model (k=4):
+      tokens/s, their ratio, the acceptance rate, and how many generated tokens copy the
+      passage. The target is the quickstart recipe and the draft the same recipe (same
+      tokenizer and data) with a 1-layer model of the fallback's width, each trained
+      --spec-steps steps (854, the recipe's epoch; 300 with --quick; training time, steps
+      and validation loss printed), or reused with --spec-target / --spec-draft DIR.
 
 Both sides' tokens are compared and the count of identical outputs is printed with every
 figure. Each side runs --repeat times, interleaved, and its best time counts; CPU-time
-ratios are printed too, since on a shared machine wall time swings with other load. Weights are random with init_std=0.1 (no trained checkpoint is assumed
-to exist here); that makes greedy choices well separated, so token equality is a fair
+ratios are printed too, since on a shared machine wall time swings with other load. In
+(a)-(d) weights are random with init_std=0.1 (no trained checkpoint is assumed to exist
+here); that makes greedy choices well separated, so token equality is a fair
 check, and it changes no cost. EOS is ignored on both sides so lengths are exact.
 """
 
