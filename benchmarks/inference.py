@@ -12,16 +12,21 @@ Workloads:
       each request asked for count);
   (c) shared prefix: 8 groups of 8 prompts sharing a 384-token system prompt: TTFT p50 with
       the radix cache against without it (all requests arrive at once);
-  (s) speculative decoding (not with --presets: its own models): one request continuing a
-      passage its prompt quotes, plain decoding against prompt lookup (ngram) and against
-      a draft model, greedy; tokens/s, their ratio and the acceptance rate. A random model
-      copies nothing, so two byte-level models are trained first (a few hundred AdamW steps
-      on the start of the bundled corpus, printed), the target and a smaller draft.
+  (s) speculative decoding (not with --presets: its own models): one request on the
+      `astrai quickstart` model continuing a passage its prompt quotes (100 tokens of
+      held-out text, "\n\n", the passage's first 24 tokens; 120 new tokens, greedy), plain
+      decoding against prompt lookup (ngram, k=4 and 8) and against a draft model (k=4):
+      tokens/s, their ratio, the acceptance rate, and how many generated tokens copy the
+      passage. The target is the quickstart recipe and the draft the same recipe (same
+      tokenizer and data) with a 1-layer model of the fallback's width, each trained
+      --spec-steps steps (854, the recipe's epoch; 300 with --quick; training time, steps
+      and validation loss printed), or reused with --spec-target / --spec-draft DIR.
 
 Both sides' tokens are compared and the count of identical outputs is printed with every
 figure. Each side runs --repeat times, interleaved, and its best time counts; CPU-time
-ratios are printed too, since on a shared machine wall time swings with other load. Weights are random with init_std=0.1 (no trained checkpoint is assumed
-to exist here); that makes greedy choices well separated, so token equality is a fair
+ratios are printed too, since on a shared machine wall time swings with other load. In
+(a)-(d) weights are random with init_std=0.1 (no trained checkpoint is assumed to exist
+here); that makes greedy choices well separated, so token equality is a fair
 check, and it changes no cost. EOS is ignored on both sides so lengths are exact.
 """
 
@@ -37,7 +42,6 @@ import torch
 import torch.nn.functional as F
 from peers import hf_twin  # benchmarks/peers.py
 
-from astrai.data.assets import tiny_corpus_path
 from astrai.infer import CacheConfig, Engine, SamplingParams, SchedulerConfig
 from astrai.infer.config import SpeculativeConfig
 from astrai.model import build_model, get_preset
@@ -200,58 +204,107 @@ def bench_decode_modes(model, vocab, batch, new_tokens, repeat):
     return {m: v[0] for m, v in out.items()}, same
 
 
-SPEC_TARGET = {"dim": 128, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 384}
-SPEC_DRAFT = {"dim": 64, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 192}
+DRAFT_OVERRIDES = {"n_layers": 1, "dim": 128, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 384,
+                   "tie_embeddings": True, "qk_norm": True}
+"""The draft: the quickstart recipe's model cut to 1 layer of the fallback's width."""
+SPEC_PASSAGE_CHARS, SPEC_PASSAGE_TOKENS, SPEC_QUOTED, SPEC_NEW = 2000, 100, 24, 120
+"""The prompt: 100 tokens of held-out text from character 2000 of the first validation
+record, "\\n\\n", then the passage's first 24 tokens again; 120 new tokens (all within the
+quickstart model's 256-token context)."""
 
 
-def train_bytes(shape, ids, steps, lr, seed=0):
-    """A byte-level model (vocabulary 256) after `steps` AdamW steps on 4 random 384-byte
-    windows of `ids` each (the benchmark's sequences stay within 384); (model, last loss)."""
-    cfg = get_preset("tiny", vocab_size=256, max_seq_len=1024, tie_embeddings=True, **shape)
-    model = build_model(cfg, seed=seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    data, g = torch.tensor(ids), torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        starts = torch.randint(0, len(ids) - 385, (4,), generator=g)
-        b = torch.stack([data[s:s + 385] for s in starts])
-        loss = F.cross_entropy(model(b[:, :-1]).logits.flatten(0, 1), b[:, 1:].flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model.eval(), loss.item()
+TRAIN_THREADS = torch.get_num_threads()
+"""Training uses torch's default thread count (--threads is the decoding's)."""
 
 
-def bench_speculative(quick, repeat):
-    """(s) One request, greedy, continuing a passage quoted in its prompt: plain decoding,
-    prompt lookup (k=4) and a draft model (k=4); tokens must agree."""
-    ids = list(tiny_corpus_path().read_bytes()[:1024])
-    t0 = time.perf_counter()
-    steps = 600
-    target, loss_t = train_bytes(SPEC_TARGET, ids, steps, 2e-3)
-    draft, loss_d = train_bytes(SPEC_DRAFT, ids, steps, 3e-3, seed=1)
-    info = (f"trained in {time.perf_counter() - t0:.0f}s: target {SPEC_TARGET} loss "
-            f"{loss_t:.2f}, draft {SPEC_DRAFT} loss {loss_d:.2f}, {steps} steps each on the "
-            f"corpus' first {len(ids)} bytes")
-    passage = ids[:160]
-    prompt = passage + list(b"\n\nOnce more:\n") + passage[:32]
-    new = 128 if quick else 160
-    params = SamplingParams.greedy(new, ignore_eos=True)
-    k = 4
-    engines = {"plain": make_engine(target),
-               "ngram": make_engine(target, speculative=SpeculativeConfig(
-                   method="ngram", num_speculative_tokens=k)),
-               "draft": make_engine(target, speculative=SpeculativeConfig(
-                   method="draft", num_speculative_tokens=k), draft_model=draft)}
-    res = {}
-    for name, eng in engines.items():
+def quickstart_model(out, steps, overrides=None):
+    """(checkpoint dir, info) of `astrai quickstart` run into `out` with `steps` steps (the
+    recipe's model, or `overrides` on the tiny preset instead)."""
+    from astrai.quickstart.config import QuickstartConfig
+    from astrai.quickstart.pipeline import run_quickstart
+
+    extra = {} if overrides is None else {"model_overrides": overrides,
+                                          "fallback_overrides": None}
+    r = run_quickstart(QuickstartConfig(out=str(out), steps=steps, threads=TRAIN_THREADS,
+                                        **extra))
+    return r.checkpoint, (f"trained {r.steps} steps in {r.stage_s.get('train', 0):.0f}s "
+                          f"({r.threads} threads), {r.params / 1e6:.2f}M params, val loss "
+                          f"{r.val_loss:.2f}")
+
+
+def spec_prompt(tok):
+    """(prompt ids, the passage's continuation after the quoted start) for `tok`."""
+    import json
+
+    from astrai.quickstart.corpus import find_corpus
+
+    with open(find_corpus(None).val) as f:
+        text = json.loads(f.readline())["text"]
+    passage = tok.encode(text[SPEC_PASSAGE_CHARS:SPEC_PASSAGE_CHARS + 2000])
+    passage = passage[:SPEC_PASSAGE_TOKENS]
+    return passage + tok.encode("\n\n") + passage[:SPEC_QUOTED], passage[SPEC_QUOTED:]
+
+
+def _bpe(path):
+    """The vocabulary and merges of the tokenizer in checkpoint `path` (None if none)."""
+    import json
+
+    f = Path(path) / "tokenizer.json"
+    return json.loads(f.read_text())["model"] if f.is_file() else None
+
+
+def spec_models(args, tmp):
+    """(target, draft, tokenizer, info): the checkpoints given, or quickstart runs."""
+    from astrai.infer.loading import load_model, load_tokenizer
+
+    steps = 300 if args.quick else args.spec_steps
+    paths, info = {}, []
+    for role, given, overrides in (("target", args.spec_target, None),
+                                   ("draft", args.spec_draft, DRAFT_OVERRIDES)):
+        if given:
+            paths[role] = given
+            info.append(f"{role} {given}")
+        else:
+            paths[role], what = quickstart_model(Path(tmp) / role, steps, overrides)
+            info.append(f"{role} quickstart{' ' + str(overrides) if overrides else ''}: {what}")
+    tok = load_tokenizer(paths["target"])
+    if tok is None or _bpe(paths["target"]) != _bpe(paths["draft"]):
+        raise SystemExit("--spec-target / --spec-draft: the two checkpoints must hold the "
+                         "same tokenizer (both from `astrai quickstart` on the same corpus)")
+    target, draft = (load_model(paths[r], device="cpu") for r in ("target", "draft"))
+    return target, draft, tok, "; ".join(info)
+
+
+def bench_speculative(args):
+    """(s) One request, greedy, continuing a passage quoted in its prompt, on the quickstart
+    model: plain decoding, prompt lookup (k=4 and 8) and a smaller quickstart model as the
+    draft (k=4); tokens must agree."""
+    with tempfile.TemporaryDirectory() as tmp:
+        target, draft, tok, info = spec_models(args, tmp)
+        torch.set_num_threads(args.threads)
+        prompt, continuation = spec_prompt(tok)
+    params = SamplingParams.greedy(SPEC_NEW, ignore_eos=True)
+    engines = {"plain": make_engine(target)}
+    for k in (4, 8):
+        engines[f"ngram k={k}"] = make_engine(target, speculative=SpeculativeConfig(
+            method="ngram", num_speculative_tokens=k))
+    engines["draft k=4"] = make_engine(target, speculative=SpeculativeConfig(
+        method="draft", num_speculative_tokens=4), draft_model=draft)
+    for eng in engines.values():
         eng.generate(prompt, SamplingParams.greedy(8, ignore_eos=True))  # warm-up
-    runs = best_of(repeat, *[lambda e=e: e.generate(prompt, params)[0].token_ids
-                             for e in engines.values()])
+    runs = best_of(args.repeat, *[lambda e=e: e.generate(prompt, params)[0].token_ids
+                                  for e in engines.values()])
+    res = {}
     for (name, eng), (toks, wall, cpu) in zip(engines.items(), runs):
         st = eng.stats()
-        res[name] = {"tok_s": new / wall, "cpu_s": cpu, "tokens": toks,
+        res[name] = {"tok_s": len(toks) / wall, "cpu_s": cpu, "tokens": toks,
                      "accept": st.spec_acceptance_rate, "proposed": st.spec_draft_tokens}
-    return res, info
+    out = res["plain"]["tokens"]
+    copied = next((i for i, (a, b) in enumerate(zip(out, continuation)) if a != b),
+                  min(len(out), len(continuation)))
+    text = {"prompt_tokens": len(prompt), "new_tokens": len(out), "copied": copied,
+            "continuation": len(continuation), "output": tok.decode(out)}
+    return res, info, text
 
 
 def main() -> None:
@@ -265,12 +318,18 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="runs per side; the best counts")
     ap.add_argument("--device", default="cpu", help="(d) only: cpu or cuda")
     ap.add_argument("--dtype", default="float32", help="(d) only: float32 | bfloat16 | float16")
+    ap.add_argument("--spec-target", help="(s) only: a quickstart checkpoint as the target "
+                    "(default: train one, --spec-steps steps)")
+    ap.add_argument("--spec-draft", help="(s) only: a smaller quickstart checkpoint (same "
+                    "tokenizer) as the draft (default: train one, --spec-steps steps)")
+    ap.add_argument("--spec-steps", type=int, default=854, help="(s) only: training steps of "
+                    "each model trained (default 854, the recipe's epoch; 300 with --quick)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     only = set(args.only.split(","))
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, fp32, CPU")
     if "s" in only:
-        print_speculative(*bench_speculative(args.quick, args.repeat))
+        print_speculative(*bench_speculative(args))
         if not only - {"s"}:
             return
     for name in args.presets.split(","):
@@ -314,11 +373,18 @@ def main() -> None:
                   f"{r['wall_plain_s']:.1f}s); same tokens {r['same']}")
 
 
-def print_speculative(res, info):
+def print_speculative(res, info, text):
     plain = res["plain"]
     print(f"\n== speculative decoding ({info})")
-    for name in ("ngram", "draft"):
-        r = res[name]
+    print(f"prompt {text['prompt_tokens']} tokens (a {SPEC_PASSAGE_TOKENS}-token held-out "
+          f"passage, then its first {SPEC_QUOTED} again), {text['new_tokens']} new tokens "
+          f"greedy; the model copies {text['copied']} of the passage's next "
+          f"{text['continuation']} tokens before it departs from the quote")
+    print(f"plain output: {text['output']!r}")
+    print(f"(s) plain: {plain['tok_s']:.1f} tok/s")
+    for name, r in res.items():
+        if name == "plain":
+            continue
         same = r["tokens"] == plain["tokens"]
         print(f"(s) speculative {name}: {r['tok_s']:.1f} tok/s vs plain {plain['tok_s']:.1f} "
               f"tok/s -> {r['tok_s'] / plain['tok_s']:.2f}x (CPU time "

@@ -157,7 +157,7 @@ def parse_inference(out: str) -> list[Row]:
 
 def parse_speculative(out: str) -> list[Row]:
     rows = []
-    for m in re.finditer(r"\(s\) speculative (\w+): ([\d.]+) tok/s vs plain ([\d.]+) tok/s "
+    for m in re.finditer(r"\(s\) speculative (\w+(?: k=\d+)?): ([\d.]+) tok/s vs plain ([\d.]+) tok/s "
                          r"-> ([\d.]+)x .*?acceptance ([\d.]+)%", out):
         rows.append(Row("inference", f"one request, speculative {m[1]} vs plain decoding "
                         f"(acceptance {m[5]}%)", f"{m[2]} tok/s", f"{m[3]} tok/s", m[4],
