@@ -139,7 +139,8 @@ class Engine:
                 draft = load_model(config.model, device=str(p.device), dtype=p.dtype)
             proposer = DraftProposer(draft, self.cache_config, vocab_size=self.vocab_size,
                                      max_context=self.max_context, dtype=p.dtype,
-                                     device=p.device)
+                                     device=p.device, kernels=self.cpu_kernels,
+                                     native=self.native_step is not None)
         return Speculator(config, self.sampler, self.max_context,
                           self.scheduler_config.max_step_tokens, proposer)
 

@@ -39,7 +39,8 @@ class EngineStats:
     backend: str
     pool: PoolStats
     decode: str = "eager"
-    """How pure decode steps run: graphs | static | eager (astrai.infer.decode_step)."""
+    """How decode steps run: native | graphs | static | eager (astrai.infer.native_step,
+    astrai.infer.decode_step)."""
     speculative: str | None = None
     """Speculative decoding's method (ngram | draft), or None."""
     spec_drafts: int = 0

@@ -24,6 +24,11 @@ from torch import nn
 from astrai.infer.cache.pool import PagePool
 from astrai.infer.scheduler import StepBatch
 from astrai.model import fast_path
+from astrai.model.attention import Attention
+from astrai.model.block import DecoderBlock
+from astrai.model.mlp import SwiGLU
+from astrai.model.norm import RMSNorm
+from astrai.model.transformer import Transformer
 
 LAYER_SLOTS = 21
 """Weights per block in decode_layers' list (the Slot enum of decode_layers.h)."""
@@ -44,19 +49,34 @@ def _layer_unsupported(m: nn.Module, dtype: torch.dtype) -> str | None:
     return f"{type(m).__name__} layers (e.g. an unmerged adapter)"
 
 
+def _own_code(model: nn.Module) -> str | None:
+    """A subclass or a hook that changes what a forward computes (the engine runs the
+    model's own forward: docs/architecture.md), or None for astrai's stock modules."""
+    stock = (Transformer, DecoderBlock, Attention, SwiGLU, RMSNorm, nn.Linear, nn.Embedding,
+             nn.ModuleList)
+    for m in model.modules():
+        if type(m) not in stock and type(m).__name__ != "Int8Linear":
+            return f"{type(m).__name__} modules (their own forward)"
+        if m._forward_hooks or m._forward_pre_hooks:
+            return f"forward hooks on {type(m).__name__}"
+    return None
+
+
 def unsupported(model: nn.Module, pool: PagePool, kernels: fast_path.DecodeKernels | None
                 ) -> str | None:
     """Why the native step cannot run this model on this pool, or None."""
     cfg = model.config
     if kernels is None or getattr(kernels, "decode_layers", None) is None:
         return "no CPU decode kernels"
+    if getattr(cfg, "n_experts", 0):
+        return "mixture-of-experts layers"
+    if (why := _own_code(model)) is not None:
+        return why
     dtype = next(model.parameters()).dtype
     if dtype not in (torch.float32, torch.bfloat16) or pool.storage.k.dtype != dtype:
         return f"{dtype} activations over a {pool.storage.k.dtype} KV pool"
     if cfg.sliding_window is not None and cfg.sliding_window < pool.max_context:
         return "sliding-window attention"
-    if getattr(cfg, "n_experts", 0):
-        return "mixture-of-experts layers"
     for block in model.layers:
         a, f = block.attn, block.mlp
         for m in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, f.gate_proj, f.up_proj, f.down_proj):

@@ -138,5 +138,8 @@ def test_models_it_cannot_serve_fall_back(model, window_model):
     assert engine(window_model).stats().decode == "eager"
     lora = apply_lora(copy.deepcopy(model), LoraSpec(rank=2, alpha=4.0))
     assert "LoRALinear" in unsupported(lora, eng.pool, k)
+    hooked = copy.deepcopy(model)
+    hooked.layers[0].register_forward_hook(lambda *a: None)
+    assert "hooks" in unsupported(hooked, eng.pool, k)
     assert engine(model, "eager").stats().decode == "eager"
     assert engine(model, "static").stats().decode == "static"

@@ -7,7 +7,8 @@ the first of its k forwards; each forward feeds its previous proposal and draws 
 (greedy rows: its argmax; sampled rows: a draw from its own distribution q, which the
 acceptance rule then needs). A proposal the target rejected is forgotten: the draft's
 computed length falls back to the longest prefix it shares with the request's tokens, so
-the rejected tokens' slots are rewritten by the next catch-up.
+the rejected tokens' slots are rewritten by the next catch-up. Where the target's decode steps
+run native (astrai.infer.native_step), the draft's one-token forwards do too.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import torch
 from astrai.errors import ConfigError
 from astrai.infer.cache.pool import KVHandle, PagePool
 from astrai.infer.config import CacheConfig
+from astrai.infer.native_step import NativeDecodeStep
 from astrai.infer.request import Request
 from astrai.infer.runner import ModelRunner
 from astrai.infer.scheduler import Chunk, StepBatch
+from astrai.model import fast_path
 from astrai.model.context import AttentionBackend
 
 Draw = Callable[[torch.Tensor, list[Request], int], tuple[list[int], list[torch.Tensor | None]]]
@@ -43,7 +46,8 @@ class DraftSeq:
 
 class DraftProposer:
     def __init__(self, model: torch.nn.Module, cache_config: CacheConfig, *, vocab_size: int,
-                 max_context: int, dtype: torch.dtype, device: torch.device) -> None:
+                 max_context: int, dtype: torch.dtype, device: torch.device,
+                 kernels: fast_path.DecodeKernels | None = None, native: bool = False) -> None:
         cfg = model.config
         if cfg.vocab_size != vocab_size:
             raise ConfigError(f"speculative model: vocab_size {cfg.vocab_size} differs from "
@@ -57,6 +61,8 @@ class DraftProposer:
                              head_dim=cfg.hdim, max_context=max_context,
                              dtype=cache_config.torch_dtype(dtype), device=device)
         self.runner = ModelRunner(self.model, self.pool)
+        self.native = NativeDecodeStep.create(self.model, self.pool, self.runner.lm_head,
+                                              kernels, "auto" if native else "eager")
         self.seqs: dict[str, DraftSeq] = {}
 
     def release(self, live: set[str]) -> None:
@@ -101,7 +107,11 @@ class DraftProposer:
                     reqs.append((r, s))
             if not chunks:
                 break
-            logits = self.runner.run(StepBatch(chunks), backend)
+            step = StepBatch(chunks)
+            if self.native is not None and self.native.accepts(step):
+                logits = self.native.run(step)
+            else:
+                logits = self.runner.run(step, backend)
             tokens, qs = draw(logits, [r for r, _ in reqs], j)
             for (r, s), tok, q in zip(reqs, tokens, qs):
                 s.num_computed = len(s.tokens)
