@@ -18,7 +18,6 @@ inputs and `ModelRunner.lm_head` the logits, so only the blocks are native.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from astrai.infer.cache.pool import PagePool
@@ -128,26 +127,26 @@ class NativeDecodeStep:
         return (batch.num_tokens <= self.max_rows
                 and all(c.n == 1 and c.sample for c in batch.chunks))
 
-    def _rows(self, batch: StepBatch) -> tuple[list[int], torch.Tensor]:
-        """The rows' token ids and [4, N] int64: positions, request rows, KV lengths, slots."""
+    def _rows(self, batch: StepBatch) -> torch.Tensor:
+        """[5, N] int64: each row's token id, position, request row, KV length and slot."""
         P = self.pool.page_size
-        ids, cols = [], []
+        ids, pos, rows, lens, slots = [], [], [], [], []
         for c in batch.chunks:
             req, p0 = c.req, c.start
             ids.append(req.tokens[p0])
             ids.extend(c.draft)
             for p in range(p0, p0 + 1 + len(c.draft)):
-                cols.append((p, req.kv.row, p + 1, req.kv.pages[p // P] * P + p % P))
-        return ids, torch.tensor(cols, dtype=torch.int64).T.contiguous()
+                pos.append(p)
+                rows.append(req.kv.row)
+                lens.append(p + 1)
+                slots.append(req.kv.pages[p // P] * P + p % P)
+        return torch.tensor([ids, pos, rows, lens, slots], dtype=torch.int64)
 
     @torch.inference_mode()
     def run(self, batch: StepBatch) -> torch.Tensor:
         """fp32 logits [N, V] of every row, in chunk order (a verify: 1 + k rows)."""
-        m = self.model
-        ids, (pos, rows, lens, slots) = self._rows(batch)
-        x = F.embedding(torch.tensor(ids, dtype=torch.int64), m.embed_tokens.weight)
-        st = self.pool.storage
+        m, st = self.model, self.pool.storage
         h = self.kernels.decode_layers(
-            x, self.weights, self.shape, self.eps, m.rope_cos[pos], m.rope_sin[pos], st.k, st.v,
-            self.pool.req_to_token.table, rows, lens.to(torch.int32), slots, m.norm.weight)
+            self._rows(batch), m.embed_tokens.weight, self.weights, self.shape, self.eps,
+            m.rope_cos, m.rope_sin, st.k, st.v, self.pool.req_to_token.table, m.norm.weight)
         return self.lm_head(h).float()

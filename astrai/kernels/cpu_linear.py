@@ -50,7 +50,8 @@ def _register_fakes(ns: str) -> None:
         torch.library.register_fake(f"{ns}::{op}_many", fake_many)
     torch.library.register_fake(f"{ns}::rms_norm", lambda x, w, eps: torch.empty_like(x))
     torch.library.register_fake(f"{ns}::paged_decode", lambda q, *rest: torch.empty_like(q))
-    torch.library.register_fake(f"{ns}::decode_layers", lambda x, *rest: torch.empty_like(x))
+    torch.library.register_fake(f"{ns}::decode_layers", lambda rows, embed, *rest: embed.new_empty(
+        rows.shape[1], embed.shape[1]))
 
 
 @functools.cache

@@ -843,9 +843,9 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("paged_decode(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, "
         "Tensor req_pool_indices, Tensor seq_lens, float scale) -> Tensor");
-  m.def("decode_layers(Tensor x, Tensor?[] weights, int[] shape, float eps, Tensor cos, "
-        "Tensor sin, Tensor k_buf, Tensor v_buf, Tensor req_to_token, Tensor rows, Tensor lens, "
-        "Tensor slots, Tensor norm) -> Tensor");
+  m.def("decode_layers(Tensor rows, Tensor embed, Tensor?[] weights, int[] shape, float eps, "
+        "Tensor cos, Tensor sin, Tensor k_buf, Tensor v_buf, Tensor req_to_token, Tensor norm) "
+        "-> Tensor");
   m.def("info() -> int[]", &info);
   m.impl("gemv", c10::DispatchKey::CPU, &gemv);
   m.impl("gemv_int8", c10::DispatchKey::CPU, &gemv_int8);

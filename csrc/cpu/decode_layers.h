@@ -158,35 +158,47 @@ void run_layers(at::Tensor& x, const c10::List<Opt>& w, const at::Tensor& k_buf,
   }
 }
 
-at::Tensor decode_layers(const at::Tensor& x0, const c10::List<Opt>& weights,
-                         at::IntArrayRef shape, double eps, const at::Tensor& cos,
-                         const at::Tensor& sin, const at::Tensor& k_buf, const at::Tensor& v_buf,
-                         const at::Tensor& req_to_token, const at::Tensor& rows,
-                         const at::Tensor& lens, const at::Tensor& slots,
+// rows [5, N] int64: token ids, positions, request rows, KV lengths, slots; embed [V, C] the
+// input embedding (rows looked up here); cos / sin [max_len, D/2] fp32, the model's tables.
+at::Tensor decode_layers(const at::Tensor& rows5, const at::Tensor& embed,
+                         const c10::List<Opt>& weights, at::IntArrayRef shape, double eps,
+                         const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_buf,
+                         const at::Tensor& v_buf, const at::Tensor& req_to_token,
                          const at::Tensor& norm) {
   TORCH_CHECK(shape.size() == 8, "decode_layers: shape [H, K, D, f32_lo, f32_hi, bf16_lo, bf16_hi, q8]");
-  TORCH_CHECK(x0.dim() == 2 && !x0.is_cuda() && x0.scalar_type() == k_buf.scalar_type() &&
-                  (x0.scalar_type() == at::kFloat || x0.scalar_type() == at::kBFloat16),
-              "decode_layers: x [N, C] fp32 or bf16 on the CPU, of the KV pool's dtype");
+  TORCH_CHECK(embed.dim() == 2 && !embed.is_cuda() && embed.scalar_type() == k_buf.scalar_type() &&
+                  (embed.scalar_type() == at::kFloat || embed.scalar_type() == at::kBFloat16),
+              "decode_layers: embed [V, C] fp32 or bf16 on the CPU, of the KV pool's dtype");
   TORCH_CHECK(k_buf.dim() == 4 && k_buf.is_contiguous() && v_buf.is_contiguous() &&
                   v_buf.sizes() == k_buf.sizes() &&
                   static_cast<int64_t>(weights.size()) == k_buf.size(0) * kSlots,
               "decode_layers: k_buf / v_buf [L, S, K, D] contiguous and ", kSlots,
               " weights (or None) per layer");
-  const int64_t N = x0.size(0);
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous() &&
-                  cos.numel() == N * shape[2] / 2 && rows.numel() == N && lens.numel() == N &&
-                  slots.numel() == N && rows.is_contiguous() && slots.is_contiguous() &&
-                  lens.is_contiguous() && rows.scalar_type() == at::kLong &&
-                  slots.scalar_type() == at::kLong && lens.scalar_type() == at::kInt &&
+  TORCH_CHECK(rows5.dim() == 2 && rows5.size(0) == 5 && rows5.scalar_type() == at::kLong &&
+                  rows5.is_contiguous() && cos.scalar_type() == at::kFloat &&
+                  cos.is_contiguous() && sin.is_contiguous() && cos.size(1) == shape[2] / 2 &&
                   req_to_token.scalar_type() == at::kInt && req_to_token.is_contiguous(),
-              "decode_layers: cos / sin [N, D/2] fp32, rows / slots [N] int64, lens [N] int32 (contiguous), "
+              "decode_layers: rows [5, N] int64 contiguous, cos / sin [max_len, D/2] fp32, "
               "req_to_token int32 contiguous");
-  const Step s{N, x0.size(1), shape[0], shape[1], shape[2], static_cast<float>(eps),
-               cos.data_ptr<float>(), sin.data_ptr<float>(), req_to_token.data_ptr<int32_t>(),
-               req_to_token.size(1), rows.data_ptr<int64_t>(), slots.data_ptr<int64_t>(),
-               lens.data_ptr<int32_t>(), {shape[3], shape[4], shape[5], shape[6], shape[7] != 0}};
-  at::Tensor x = x0.contiguous().clone();
+  const int64_t N = rows5.size(1), C = embed.size(1), h2 = shape[2] / 2;
+  const int64_t *ids = rows5.data_ptr<int64_t>(), *pos = ids + N;
+  const at::Tensor ec = embed.contiguous();
+  at::Tensor x = at::empty({N, C}, ec.options());
+  std::vector<float> cs(N * h2), sn(N * h2);
+  std::vector<int32_t> lens(N);
+  for (int64_t n = 0; n < N; ++n) {
+    TORCH_CHECK(ids[n] >= 0 && ids[n] < embed.size(0) && pos[n] >= 0 && pos[n] < cos.size(0),
+                "decode_layers: token id or position out of range");
+    std::memcpy(static_cast<char*>(x.data_ptr()) + n * C * ec.element_size(),
+                static_cast<const char*>(ec.data_ptr()) + ids[n] * C * ec.element_size(),
+                C * ec.element_size());
+    std::memcpy(cs.data() + n * h2, cos.data_ptr<float>() + pos[n] * h2, h2 * sizeof(float));
+    std::memcpy(sn.data() + n * h2, sin.data_ptr<float>() + pos[n] * h2, h2 * sizeof(float));
+    lens[n] = static_cast<int32_t>(ids[3 * N + n]);
+  }
+  const Step s{N, C, shape[0], shape[1], shape[2], static_cast<float>(eps), cs.data(), sn.data(),
+               req_to_token.data_ptr<int32_t>(), req_to_token.size(1), ids + 2 * N, ids + 4 * N,
+               lens.data(), {shape[3], shape[4], shape[5], shape[6], shape[7] != 0}};
   if (x.scalar_type() == at::kFloat) run_layers<float>(x, weights, k_buf, v_buf, s);
   else run_layers<c10::BFloat16>(x, weights, k_buf, v_buf, s);
   return rms_norm(x, norm, eps);
