@@ -27,6 +27,7 @@ from astrai.model.attention import Attention
 from astrai.model.block import DecoderBlock
 from astrai.model.mlp import SwiGLU
 from astrai.model.norm import RMSNorm
+from astrai.model.quant import Int8Linear
 from astrai.model.transformer import Transformer
 
 LAYER_SLOTS = 21
@@ -43,7 +44,7 @@ def _linear(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tens
 def _layer_unsupported(m: nn.Module, dtype: torch.dtype) -> str | None:
     if type(m) is nn.Linear:
         return None if m.weight.dtype == dtype else f"{m.weight.dtype} weights"
-    if "qweight" in m._buffers and type(m).__name__ == "Int8Linear":
+    if type(m) is Int8Linear:
         return None
     return f"{type(m).__name__} layers (e.g. an unmerged adapter)"
 
@@ -52,9 +53,9 @@ def _own_code(model: nn.Module) -> str | None:
     """A subclass or a hook that changes what a forward computes (the engine runs the
     model's own forward: docs/architecture.md), or None for astrai's stock modules."""
     stock = (Transformer, DecoderBlock, Attention, SwiGLU, RMSNorm, nn.Linear, nn.Embedding,
-             nn.ModuleList)
+             nn.ModuleList, Int8Linear)
     for m in model.modules():
-        if type(m) not in stock and type(m).__name__ != "Int8Linear":
+        if type(m) not in stock:
             return f"{type(m).__name__} modules (their own forward)"
         if m._forward_hooks or m._forward_pre_hooks:
             return f"forward hooks on {type(m).__name__}"
@@ -97,6 +98,7 @@ def pack_weights(model: nn.Module) -> list[torch.Tensor | None]:
         kn = a.k_norm.weight if a.k_norm is not None else None
         out += [block.attn_norm.weight, q, k, v, qs, ks, vs, qb, kb, vb, qn, kn, o, os_,
                 block.mlp_norm.weight, g, u, d, gs, us, ds]
+    assert len(out) == LAYER_SLOTS * len(model.layers)
     return out
 
 
