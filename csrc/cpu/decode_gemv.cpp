@@ -751,12 +751,76 @@ inline float dot(const float* a, const T* b, int64_t n) {
   return s;
 }
 
-template <typename T>  // y += a · x
-inline void axpy(float a, const T* x, float* y, int64_t n) {
-  const vf av = vset1(a);
-  int64_t i = 0;
-  for (; i + VL <= n; i += VL) vstore(y + i, vfma(av, wload(x + i), vload(y + i)));
-  for (; i < n; ++i) y[i] += a * to_f(x[i]);
+// Scores of one query head against four keys at once (four independent FMA chains: one key
+// at a time waits on each chain's latency). q fp32 [D], pre-scaled.
+template <typename T>
+inline void dot4(const float* q, const T* const* k, int64_t D, float* s, int64_t ld) {
+  vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+  int64_t d = 0;
+  for (; d + VL <= D; d += VL) {
+    const vf x = vload(q + d);
+    a0 = vfma(x, wload(k[0] + d), a0);
+    a1 = vfma(x, wload(k[1] + d), a1);
+    a2 = vfma(x, wload(k[2] + d), a2);
+    a3 = vfma(x, wload(k[3] + d), a3);
+  }
+  float r[4] = {vsum(a0), vsum(a1), vsum(a2), vsum(a3)};
+  for (; d < D; ++d)
+    for (int u = 0; u < 4; ++u) r[u] += q[d] * to_f(k[u][d]);
+  for (int u = 0; u < 4; ++u) s[u * ld] = r[u];
+}
+
+// out[0:NV·VL] = Σ_j p[j] · v_j[off : off + NV·VL], the accumulators in registers.
+template <typename T, int NV>
+inline void weigh_block(const float* p, const T* vb, const int32_t* slots, int64_t L,
+                        int64_t row, int64_t off, float* out) {
+  vf a[NV];
+  for (int u = 0; u < NV; ++u) a[u] = vzero();
+  for (int64_t j = 0; j < L; ++j) {
+    const vf pj = vset1(p[j]);
+    const T* vr = vb + static_cast<int64_t>(slots[j]) * row + off;
+    for (int u = 0; u < NV; ++u) a[u] = vfma(pj, wload(vr + u * VL), a[u]);
+  }
+  for (int u = 0; u < NV; ++u) vstore(out + u * VL, a[u]);
+}
+
+// out [D] = Σ_j p[j] · v_j, v_j the value row of slot j at offset `off` (its kv head).
+template <typename T>
+void weigh_values(const float* p, const T* vb, const int32_t* slots, int64_t L, int64_t row,
+                  int64_t off, int64_t D, float* out) {
+  int64_t d = 0;
+  for (; d + 4 * VL <= D; d += 4 * VL) weigh_block<T, 4>(p, vb, slots, L, row, off + d, out + d);
+  for (; d + VL <= D; d += VL) weigh_block<T, 1>(p, vb, slots, L, row, off + d, out + d);
+  for (; d < D; ++d) {
+    float a = 0.f;
+    for (int64_t j = 0; j < L; ++j) a += p[j] * to_f(vb[static_cast<int64_t>(slots[j]) * row + off + d]);
+    out[d] = a;
+  }
+}
+
+// One piece of decode attention: the nh = nkv · G query heads qf [nh, D] (fp32, pre-scaled)
+// of kv heads h0 .. h0 + nkv over the L slots `slots`; sc [nh, L] scratch; acc [nh, D] out.
+template <typename T>
+void attend_piece(const float* qf, const T* kb, const T* vb, const int32_t* slots, int64_t L,
+                  int64_t Kh, int64_t h0, int64_t nkv, int64_t G, int64_t D, float* sc,
+                  float* acc) {
+  const int64_t row = Kh * D;
+  for (int64_t kh = 0; kh < nkv; ++kh) {
+    const int64_t off = (h0 + kh) * D;
+    int64_t j = 0;
+    for (; j + 4 <= L; j += 4) {
+      const T* k[4];
+      for (int u = 0; u < 4; ++u) k[u] = kb + static_cast<int64_t>(slots[j + u]) * row + off;
+      for (int64_t g = 0; g < G; ++g) dot4(qf + (kh * G + g) * D, k, D, sc + (kh * G + g) * L + j, 1);
+    }
+    for (; j < L; ++j)
+      for (int64_t g = 0; g < G; ++g)
+        sc[(kh * G + g) * L + j] = dot(qf + (kh * G + g) * D, kb + static_cast<int64_t>(slots[j]) * row + off, D);
+  }
+  for (int64_t i = 0; i < nkv * G; ++i) {
+    softmax(sc + i * L, L);
+    weigh_values(sc + i * L, vb, slots, L, row, (h0 + i / G) * D, D, acc + i * D);
+  }
 }
 
 template <typename T>
@@ -772,23 +836,13 @@ void paged_decode_rows(const T* q, const T* kb, const T* vb, const int32_t* r2t,
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t b = p / pieces, h0 = (p % pieces) * per, h1 = std::min(Kh, h0 + per);
       const int64_t nh = (h1 - h0) * G, L = lens[b];  // query heads of the piece
-      const int32_t* slots = r2t + rows[b] * ldr;
       qf.resize(nh * D);
-      acc.assign(nh * D, 0.f);
+      acc.resize(nh * D);
       sc.resize(nh * L);
       for (int64_t i = 0; i < nh * D; ++i)
         qf[i] = static_cast<float>(q[(b * H + h0 * G) * D + i]) * scale;
-      for (int64_t j = 0; j < L; ++j) {
-        const T* kr = kb + (static_cast<int64_t>(slots[j]) * Kh + h0) * D;
-        for (int64_t kh = 0, i = 0; kh < h1 - h0; ++kh)
-          for (int64_t g = 0; g < G; ++g, ++i) sc[i * L + j] = dot(qf.data() + i * D, kr + kh * D, D);
-      }
-      for (int64_t i = 0; i < nh; ++i) softmax(sc.data() + i * L, L);
-      for (int64_t j = 0; j < L; ++j) {
-        const T* vr = vb + (static_cast<int64_t>(slots[j]) * Kh + h0) * D;
-        for (int64_t kh = 0, i = 0; kh < h1 - h0; ++kh)
-          for (int64_t g = 0; g < G; ++g, ++i) axpy(sc[i * L + j], vr + kh * D, acc.data() + i * D, D);
-      }
+      attend_piece(qf.data(), kb, vb, r2t + rows[b] * ldr, L, Kh, h0, h1 - h0, G, D, sc.data(),
+                   acc.data());
       for (int64_t i = 0; i < nh * D; ++i)
         out[(b * H + h0 * G) * D + i] = static_cast<T>(acc[i]);
     }
