@@ -103,7 +103,7 @@ class Engine:
             decode = "eager"
         self.decode_step = DecodeStep(model, self.pool, self.runner.lm_head, decode,
                                       self.scheduler.max_running)
-        self.native_step = NativeDecodeStep.create(model, self.pool, self.runner.lm_head,
+        self.native_step = NativeDecodeStep.create(model, self.pool, self.runner.head_operands,
                                                    self.cpu_kernels, decode)
         """Decode and verify steps as one native call on a CPU (None: not here)."""
         self.sampler = Sampler(p.device, seed)

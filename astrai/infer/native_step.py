@@ -11,11 +11,13 @@ each attending causally over the pool, vLLM's way of verifying as a decode of se
 queries), up to the kernels' row limit; every other step — prefill, adapters' rows, more
 rows — runs the ragged eager path, as does a model it cannot serve (`unsupported`).
 
-The model's own tables give the RoPE factors (every rope scaling), its embedding the rows'
-inputs and `ModelRunner.lm_head` the logits, so only the blocks are native.
+The model's own tables give the RoPE factors (every rope scaling) and its embedding the
+rows' inputs; the LM head (`ModelRunner.head_operands`) runs in the same call.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -105,9 +107,10 @@ def pack_weights(model: nn.Module) -> list[torch.Tensor | None]:
 class NativeDecodeStep:
     """Runs decode and verify steps through decode_layers (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, pool: PagePool, lm_head,
+    def __init__(self, model: nn.Module, pool: PagePool,
+                 head: Callable[[], list[torch.Tensor | None]],
                  kernels: fast_path.DecodeKernels) -> None:
-        self.model, self.pool, self.lm_head, self.kernels = model, pool, lm_head, kernels
+        self.model, self.pool, self.head, self.kernels = model, pool, head, kernels
         cfg = model.config
         self.weights = pack_weights(model)
         self.max_rows = min(hi for _, hi in (kernels.fp32_rows, kernels.bf16_rows,
@@ -117,12 +120,14 @@ class NativeDecodeStep:
         self.eps = float(cfg.norm_eps)
 
     @classmethod
-    def create(cls, model: nn.Module, pool: PagePool, lm_head,
+    def create(cls, model: nn.Module, pool: PagePool,
+               head: Callable[[], list[torch.Tensor | None]],
                kernels: fast_path.DecodeKernels | None, mode: str) -> NativeDecodeStep | None:
-        """The step for `mode` auto or native where it can serve the model, else None."""
+        """The step for `mode` auto or native where it can serve the model, else None;
+        `head` gives the LM head's operands (ModelRunner.head_operands)."""
         if mode not in ("auto", "native") or unsupported(model, pool, kernels) is not None:
             return None
-        return cls(model, pool, lm_head, kernels)
+        return cls(model, pool, head, kernels)
 
     def accepts(self, batch: StepBatch) -> bool:
         """Every request samples after one token (and its proposals), within the row limit."""
@@ -148,7 +153,7 @@ class NativeDecodeStep:
     def run(self, batch: StepBatch) -> torch.Tensor:
         """fp32 logits [N, V] of every row, in chunk order (a verify: 1 + k rows)."""
         m, st = self.model, self.pool.storage
-        h = self.kernels.decode_layers(
+        return self.kernels.decode_layers(
             self._rows(batch), m.embed_tokens.weight, self.weights, self.shape, self.eps,
-            m.rope_cos, m.rope_sin, st.k, st.v, self.pool.req_to_token.table, m.norm.weight)
-        return self.lm_head(h).float()
+            m.rope_cos, m.rope_sin, st.k, st.v, self.pool.req_to_token.table, m.norm.weight,
+            self.head())

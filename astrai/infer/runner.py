@@ -59,8 +59,7 @@ class ModelRunner:
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
         """h [B_s, C] -> logits [B_s, V]. On CPU a one- or two-row product against the
         [V, C] head is faster against a [C, V] copy (figures in docs/engine.md
-        "Performance"), and decoding a lone request is mostly that product; the copy is
-        refreshed whenever the weight changes (in-place updates bump _version). An active CPU
+        "Performance"), and decoding a lone request is mostly that product. An active CPU
         decode kernel (model/fast_path.py) that takes the product reads the weight as it is."""
         lm = getattr(self.model, "lm_head", None)
         if lm is not None and type(lm) is not torch.nn.Linear:  # int8 (model/quant.py)
@@ -70,8 +69,25 @@ class ModelRunner:
         if (h.device.type != "cpu" or h.shape[0] > 2 or bias is not None
                 or fast_path.takes(h, w)):  # a CPU decode kernel reads [V, C] as it is
             return fast_path.linear(h, w, bias)
+        return h @ self._transposed(w)
+
+    def head_operands(self) -> list[torch.Tensor | None]:
+        """The LM head as the native decode step takes it: [weight [V, C] (int8 values for an
+        int8 head), int8 scale, bias, the [C, V] copy of an fp32 weight on the CPU (its one
+        row's product streams that way) or None]."""
+        lm = getattr(self.model, "lm_head", None)
+        if lm is not None and type(lm) is not torch.nn.Linear:  # int8 (model/quant.py)
+            return [lm.qweight, lm.scale, lm.bias, None]
+        w = lm.weight if lm is not None else self.model.output_weight()
+        bias = lm.bias if lm is not None else None
+        fp32_cpu = w.dtype == torch.float32 and w.device.type == "cpu"
+        return [w, None, bias, self._transposed(w) if fp32_cpu else None]
+
+    def _transposed(self, w: torch.Tensor) -> torch.Tensor:
+        """The [C, V] copy of the head weight, refreshed whenever the weight changes
+        (in-place updates bump _version)."""
         key = (id(w), w.data_ptr(), w._version, w.dtype)
         if key != self._head_key:
             self._head_t = w.detach().t().contiguous()  # (C, V)
             self._head_key = key
-        return h @ self._head_t
+        return self._head_t

@@ -71,6 +71,9 @@ class Sampler:
         from `start_masks(reqs, V)` (None: computed here when needed)."""
         _B, V = logits.shape
         ps = [r.params for r in reqs]
+        if all(p.temperature == 0.0 and not (p.logprobs or p.top_logprobs or p.has_penalties)
+               for p in ps) and all(r.constraint is None for r in reqs):
+            return [Pick(t) for t in S.first_argmax(logits).tolist()]  # plain greedy rows
         if any(r.constraint is not None for r in reqs):
             logits = self._constrain(logits, reqs, masks)
         raw = logits  # log-probabilities are the masked distribution's
@@ -86,7 +89,7 @@ class Sampler:
             )
         greedy = [p.is_greedy for p in ps]
         if all(greedy):
-            tokens = logits.argmax(dim=-1)
+            tokens = S.first_argmax(logits)
         else:
             tokens = self._draw(logits, reqs, greedy)
         picks = [Pick(t) for t in tokens.tolist()]
@@ -176,5 +179,5 @@ class Sampler:
         sampled = S.exponential_race(probs, noise)
         if any(greedy):
             g = torch.tensor(greedy, device=self.device)
-            sampled = torch.where(g, logits.argmax(dim=-1), sampled)
+            sampled = torch.where(g, S.first_argmax(logits), sampled)
         return sampled

@@ -77,11 +77,18 @@ def min_p_mask(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < thresh, NEG_INF)
 
 
+def first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """The index of each row's first maximum, [B, V] -> [B], as argmax gives it; torch's
+    max reduction returns the same index (documented: the first maximal value) and on a
+    CPU takes half the time of argmax's, a few percent of a small model's decode step."""
+    return x.max(dim=-1).indices
+
+
 def exponential_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """Sample rows of probs [B, V] with Exp(1) noise [B, V]: argmax p / E is distributed
     as Categorical(p) (the exponential-race / Gumbel-max trick), so the randomness lives in
     `noise`, which a per-request generator can own."""
-    return (probs / noise).argmax(dim=-1)
+    return first_argmax(probs / noise)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -45,13 +45,18 @@ def _register_fakes(ns: str) -> None:
     def fake_many(x, ws, *rest):
         return [x.new_empty(*x.shape[:-1], w.shape[0]) for w in ws]
 
+    def fake_layers(rows, embed, *rest):
+        head = rest[-1]
+        if head:  # fp32 logits [N, V]
+            return embed.new_empty(rows.shape[1], head[0].shape[0], dtype=torch.float32)
+        return embed.new_empty(rows.shape[1], embed.shape[1])
+
     for op in ("gemv", "gemv_int8", "gemv_q8"):
         torch.library.register_fake(f"{ns}::{op}", fake)
         torch.library.register_fake(f"{ns}::{op}_many", fake_many)
     torch.library.register_fake(f"{ns}::rms_norm", lambda x, w, eps: torch.empty_like(x))
     torch.library.register_fake(f"{ns}::paged_decode", lambda q, *rest: torch.empty_like(q))
-    torch.library.register_fake(f"{ns}::decode_layers", lambda rows, embed, *rest: embed.new_empty(
-        rows.shape[1], embed.shape[1]))
+    torch.library.register_fake(f"{ns}::decode_layers", fake_layers)
 
 
 @functools.cache

@@ -17,7 +17,8 @@
 //   rms_norm(x, w, eps)              the norm before those products, one pass per row
 //   paged_decode(q, k_buf, v_buf, ...) one query per request against the paged KV pool
 //   decode_layers(x, weights, ...)  every block of a Llama-family decoder for a few query
-//                                    rows, then the final norm (decode_layers.h)
+//                                    rows, then the final norm and the LM head
+//                                    (decode_layers.h)
 //   *_many(x, [w...], ...)           the same against several matrices (q, k, v; gate, up) in
 //                                    one parallel region, the activations quantized once
 //
@@ -47,6 +48,13 @@
 #ifndef ASTRAI_CPU_NS
 #define ASTRAI_CPU_NS astrai_cpu
 #endif
+
+// The Fortran sgemv of the BLAS torch links (MKL in the x86 wheels), where it exports one: the
+// native decode step calls it for a lone fp32 row (decode_layers.h `blas_gemv`). Weak: absent,
+// the step keeps at::linear.
+extern "C" void sgemv_(const char* trans, const int* m, const int* n, const float* alpha,
+                       const float* a, const int* lda, const float* x, const int* incx,
+                       const float* beta, float* y, const int* incy) __attribute__((weak));
 
 namespace {
 
@@ -898,7 +906,8 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.def("paged_decode(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, "
         "Tensor req_pool_indices, Tensor seq_lens, float scale) -> Tensor");
   m.def("decode_layers(Tensor rows, Tensor embed, Tensor?[] weights, int[] shape, float eps, "
-        "Tensor cos, Tensor sin, Tensor k_buf, Tensor v_buf, Tensor req_to_token, Tensor norm) "
+        "Tensor cos, Tensor sin, Tensor k_buf, Tensor v_buf, Tensor req_to_token, Tensor norm, "
+        "Tensor?[] head) "
         "-> Tensor");
   m.def("info() -> int[]", &info);
   m.impl("gemv", c10::DispatchKey::CPU, &gemv);

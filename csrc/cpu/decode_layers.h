@@ -25,6 +25,53 @@ struct RowRange {
   bool q8;  // int8 weights: activations quantized per block (gemv_q8) or fp32 (gemv_int8)
 };
 
+// y [N] = W · x for one fp32 row x [K] through the BLAS's sgemv: W [N, K] (`wt` false) or
+// its transpose [K, N] (`wt` true; a long LM head streams faster that way). One fp32 row is
+// the BLAS's to take (RowRange) and at::linear's dispatch, checks and allocation cost ~2 µs a
+// product, a tenth of a small model's step. The integers are passed as 64-bit values: read as
+// LP64 or ILP64 ints, a little-endian BLAS sees the same numbers.
+void sgemv_call(const float* w, int64_t N, int64_t K, bool wt, const float* x, float* y) {
+  const int64_t m = wt ? N : K, n = wt ? K : N, one = 1;
+  const float alpha = 1.f, beta = 0.f;
+  auto i = [](const int64_t& v) { return reinterpret_cast<const int*>(&v); };
+  sgemv_(wt ? "N" : "T", i(m), i(n), &alpha, w, i(m), x, i(one), &beta, y, i(one));
+}
+
+// Whether sgemv_ is there and computes what the loop does (once per process).
+bool blas_usable() {
+  static const bool ok = [] {
+    if (sgemv_ == nullptr) return false;
+    const int64_t N = 5, K = 3;
+    float w[N * K], wt[K * N], x[K] = {1.f, -2.f, 0.5f}, y[N], yt[N];
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t k = 0; k < K; ++k) w[r * K + k] = wt[k * N + r] = 0.25f * (r + 1) - 0.5f * k;
+    sgemv_call(w, N, K, false, x, y);
+    sgemv_call(wt, N, K, true, x, yt);
+    for (int64_t r = 0; r < N; ++r) {
+      float ref = 0.f;
+      for (int64_t k = 0; k < K; ++k) ref += w[r * K + k] * x[k];
+      if (std::abs(y[r] - ref) > 1e-5f || std::abs(yt[r] - ref) > 1e-5f) return false;
+    }
+    return true;
+  }();
+  return ok;
+}
+
+// x [1, K] fp32 against fp32 W [N, K] (or its transpose [K, N], `wt`) + bias -> [1, N].
+at::Tensor blas_gemv(const at::Tensor& x, const at::Tensor& w, const Opt& bias, bool wt) {
+  const int64_t N = w.size(wt ? 1 : 0), K = x.size(1);
+  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
+  at::Tensor y = at::empty({1, N}, x.options());
+  sgemv_call(wc.data_ptr<float>(), N, K, wt, xc.data_ptr<float>(), y.data_ptr<float>());
+  if (bias.has_value()) y.add_(*bias);
+  return y;
+}
+
+bool blas_takes(const at::Tensor& x, const at::Tensor& w) {
+  return x.size(0) == 1 && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
+         w.dim() == 2 && blas_usable();
+}
+
 std::vector<at::Tensor> products(const at::Tensor& x, const std::vector<at::Tensor>& ws,
                                  const std::vector<Opt>& scales, const std::vector<Opt>& biases,
                                  const RowRange& rr) {
@@ -42,7 +89,9 @@ std::vector<at::Tensor> products(const at::Tensor& x, const std::vector<at::Tens
                                        : (M >= rr.bf16_lo && M <= rr.bf16_hi));
   if (kernel) return gemv_many(x, ws, b);
   std::vector<at::Tensor> out;
-  for (size_t i = 0; i < ws.size(); ++i) out.push_back(at::linear(x, ws[i], biases[i]));
+  for (size_t i = 0; i < ws.size(); ++i)
+    out.push_back(blas_takes(x, ws[i]) ? blas_gemv(x, ws[i], biases[i], false)
+                                       : at::linear(x, ws[i], biases[i]));
   return out;
 }
 
@@ -158,13 +207,23 @@ void run_layers(at::Tensor& x, const c10::List<Opt>& w, const at::Tensor& k_buf,
   }
 }
 
+// fp32 logits [N, V] of the normed rows h [N, C]; head = [weight [V, C] (fp32, bf16 or int8),
+// int8 scale, bias, the fp32 weight's transpose [C, V] or None] (ModelRunner.head_operands).
+at::Tensor logits(const at::Tensor& h, const c10::List<Opt>& head, const RowRange& rr) {
+  TORCH_CHECK(head.size() == 4 && head.get(0).has_value(),
+              "decode_layers: head [weight, scale, bias, transposed weight] (or empty)");
+  const Opt wt = head.get(3), bias = head.get(2);
+  if (wt.has_value() && blas_takes(h, *wt)) return blas_gemv(h, *wt, bias, true);
+  return products(h, {*head.get(0)}, {head.get(1)}, {bias}, rr)[0].to(at::kFloat);
+}
+
 // rows [5, N] int64: token ids, positions, request rows, KV lengths, slots; embed [V, C] the
 // input embedding (rows looked up here); cos / sin [max_len, D/2] fp32, the model's tables.
 at::Tensor decode_layers(const at::Tensor& rows5, const at::Tensor& embed,
                          const c10::List<Opt>& weights, at::IntArrayRef shape, double eps,
                          const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_buf,
                          const at::Tensor& v_buf, const at::Tensor& req_to_token,
-                         const at::Tensor& norm) {
+                         const at::Tensor& norm, const c10::List<Opt>& head) {
   TORCH_CHECK(shape.size() == 8, "decode_layers: shape [H, K, D, f32_lo, f32_hi, bf16_lo, bf16_hi, q8]");
   TORCH_CHECK(embed.dim() == 2 && !embed.is_cuda() && embed.scalar_type() == k_buf.scalar_type() &&
                   (embed.scalar_type() == at::kFloat || embed.scalar_type() == at::kBFloat16),
@@ -201,5 +260,6 @@ at::Tensor decode_layers(const at::Tensor& rows5, const at::Tensor& embed,
                lens.data(), {shape[3], shape[4], shape[5], shape[6], shape[7] != 0}};
   if (x.scalar_type() == at::kFloat) run_layers<float>(x, weights, k_buf, v_buf, s);
   else run_layers<c10::BFloat16>(x, weights, k_buf, v_buf, s);
-  return rms_norm(x, norm, eps);
+  const at::Tensor h = rms_norm(x, norm, eps);
+  return head.size() == 0 ? h : logits(h, head, s.rr);
 }

@@ -61,7 +61,7 @@ class DraftProposer:
                              head_dim=cfg.hdim, max_context=max_context,
                              dtype=cache_config.torch_dtype(dtype), device=device)
         self.runner = ModelRunner(self.model, self.pool)
-        self.native = NativeDecodeStep.create(self.model, self.pool, self.runner.lm_head,
+        self.native = NativeDecodeStep.create(self.model, self.pool, self.runner.head_operands,
                                               kernels, "auto" if native else "eager")
         self.seqs: dict[str, DraftSeq] = {}
 
