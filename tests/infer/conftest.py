@@ -14,6 +14,7 @@ from torch import nn
 
 from astrai.data.assets import tiny_corpus_path
 from astrai.data.testing import tiny_tokenizer
+from astrai.infer import CacheConfig, Engine, SamplingParams, SchedulerConfig
 from astrai.model import build_model, get_preset
 from astrai.model.checkpoint import save_checkpoint
 from astrai.model.hf_export import export_hf
@@ -60,6 +61,57 @@ def naive_logprobs(model, prompt, output):
     logp = model(ids).logits[0].float().log_softmax(-1)
     P = len(prompt)
     return [float(logp[P - 1 + i, t]) for i, t in enumerate(output)]
+
+
+def paged_engine(model, decode="auto", page_size=4, tokens=1024, rows=8, radix=True,
+                 max_context=None, speculative=None):
+    cache = CacheConfig(page_size=page_size, max_kv_tokens=tokens, max_requests=rows,
+                        radix=radix, max_context=max_context)
+    return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=2048),
+                  decode=decode, speculative=speculative)
+
+
+def assert_same_outputs(a, b, atol=1e-4):
+    """Equal tokens; log-probabilities within `atol`."""
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x.logprobs, y.logprobs, atol=atol, rtol=0)
+
+
+def assert_equals_full_recompute(model, decode, new=10):
+    """Six requests of mixed lengths decoded in `decode` mode give the tokens and
+    log-probabilities of recomputing every sequence from scratch; returns the engine."""
+    prompts = random_prompts((5, 17, 33, 1, 40, 9), seed=4)
+    eng = paged_engine(model, decode)
+    outs = eng.generate(prompts, SamplingParams.greedy(new, logprobs=True))
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == naive_greedy(model, p, new)
+        torch.testing.assert_close(o.logprobs, naive_logprobs(model, p, o.token_ids),
+                                   atol=1e-4, rtol=0)
+    return eng
+
+
+EAGER_CASES = {"radix": {}, "preemption": {"tokens": 64, "max_context": 64},
+               "page-size-1": {"page_size": 1}, "many-rows": {"rows": 40}}
+
+
+def assert_equals_the_eager_path(model, decode, case, new=10):
+    """One of EAGER_CASES decoded in `decode` mode and eagerly: the same outputs, and the
+    case's own condition met (pages shared, requests preempted); returns the engine."""
+    kw = EAGER_CASES[case]
+    lengths = tuple(range(1, 34)) if case == "many-rows" else (5, 17, 33, 1, 40, 9)
+    prompts = random_prompts(lengths, seed=5)
+    if case == "radix":  # shared prefixes: pages come from the cache
+        prompts = [prompts[2][:20] + p for p in prompts]
+    params = SamplingParams.greedy(new, logprobs=True)
+    eng = paged_engine(model, decode, **kw)
+    assert_same_outputs(eng.generate(prompts, params),
+                        paged_engine(model, "eager", **kw).generate(prompts, params))
+    if case == "preemption":
+        assert eng.stats().num_preemptions > 0
+    if case == "radix":
+        assert eng.stats().pool.prefix_hit_rate > 0
+    return eng
 
 
 @pytest.fixture(scope="package", autouse=True)

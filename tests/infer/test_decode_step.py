@@ -9,26 +9,28 @@ import copy
 import pytest
 import torch
 
-from astrai.infer import CacheConfig, Engine, SamplingParams, SchedulerConfig
+from astrai.infer import CacheConfig, Engine, SamplingParams
 from astrai.infer.decode_step import decode_buckets
 from astrai.kernels.cpu_linear import cpu_decode_kernels
 from astrai.model import build_model
 from astrai.model.quant import quantize_model
 
-from .conftest import naive_greedy, naive_logprobs, random_prompts, small_config
+from .conftest import (
+    EAGER_CASES,
+    assert_equals_full_recompute,
+    assert_equals_the_eager_path,
+    random_prompts,
+    small_config,
+)
+from .conftest import (
+    paged_engine as engine,
+)
 
 NEW = 10
 FAMILIES = {  # the switches that distinguish llama, qwen2, qwen3 and a tied-embedding model
     "llama": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True},
     "tied": {"tie_embeddings": True},
 }
-
-
-def engine(model, decode, page_size=4, tokens=1024, rows=8, radix=True, max_context=None):
-    cache = CacheConfig(page_size=page_size, max_kv_tokens=tokens, max_requests=rows,
-                        radix=radix, max_context=max_context)
-    return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=2048),
-                  decode=decode)
 
 
 def test_buckets():
@@ -40,38 +42,16 @@ def test_buckets():
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_static_step_equals_full_recompute(family):
-    """Batches of 6, 5, ... requests (buckets 8 and 4: padding rows on every step) give the
-    tokens and log-probabilities of recomputing every sequence from scratch."""
+    """Batches of 6, 5, ... requests (buckets 8 and 4: padding rows on every step)."""
     model = build_model(small_config(**FAMILIES[family]), seed=3).eval()
-    prompts = random_prompts((5, 17, 33, 1, 40, 9), seed=4)
-    eng = engine(model, "static")
+    eng = assert_equals_full_recompute(model, "static")
     assert eng.stats().decode == "static"
-    outs = eng.generate(prompts, SamplingParams.greedy(NEW, logprobs=True))
-    for p, o in zip(prompts, outs):
-        assert o.token_ids == naive_greedy(model, p, NEW)
-        torch.testing.assert_close(o.logprobs, naive_logprobs(model, p, o.token_ids),
-                                   atol=1e-4, rtol=0)
     assert eng.stats().pool.utilization == 0.0
 
 
-@pytest.mark.parametrize("case", ["radix", "preemption", "page-size-1", "mixed-lengths"])
+@pytest.mark.parametrize("case", list(EAGER_CASES))
 def test_static_step_equals_the_eager_path(model, case):
-    kw = {"radix": {}, "preemption": {"tokens": 64, "max_context": 64},
-          "page-size-1": {"page_size": 1}, "mixed-lengths": {"rows": 40}}[case]
-    lengths = (5, 17, 33, 1, 40, 9) if case != "mixed-lengths" else tuple(range(1, 34))
-    prompts = random_prompts(lengths, seed=5)
-    if case == "radix":  # shared prefixes: pages come from the cache
-        prompts = [prompts[2][:20] + p for p in prompts]
-    params = SamplingParams.greedy(NEW, logprobs=True)
-    static, eager = engine(model, "static", **kw), engine(model, "eager", **kw)
-    a, b = static.generate(prompts, params), eager.generate(prompts, params)
-    assert [o.token_ids for o in a] == [o.token_ids for o in b]
-    for x, y in zip(a, b):
-        torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-4, rtol=0)
-    if case == "preemption":
-        assert static.stats().num_preemptions > 0
-    if case == "radix":
-        assert static.stats().pool.prefix_hit_rate > 0
+    assert assert_equals_the_eager_path(model, "static", case).stats().decode == "static"
 
 
 def test_static_step_with_int8_weights(model):

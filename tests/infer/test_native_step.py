@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 
-from astrai.infer import CacheConfig, Engine, SamplingParams, SchedulerConfig
+from astrai.infer import SamplingParams
 from astrai.infer.config import SpeculativeConfig
 from astrai.infer.native_step import unsupported
 from astrai.kernels.cpu_linear import cpu_decode_kernels
@@ -18,7 +18,16 @@ from astrai.model import build_model
 from astrai.model.lora import LoraSpec, apply_lora
 from astrai.model.quant import quantize_model
 
-from .conftest import naive_greedy, naive_logprobs, random_prompts, small_config
+from .conftest import (
+    EAGER_CASES,
+    assert_equals_full_recompute,
+    assert_equals_the_eager_path,
+    random_prompts,
+    small_config,
+)
+from .conftest import (
+    paged_engine as engine,
+)
 
 pytestmark = pytest.mark.skipif(cpu_decode_kernels() is None,
                                 reason="astrai's CPU decode kernels are not available here")
@@ -30,43 +39,15 @@ FAMILIES = {  # llama, qwen2 (q/k/v biases), qwen3 (QK-norm), tied embeddings, m
 }
 
 
-def engine(model, decode="auto", page_size=4, tokens=1024, rows=8, radix=True,
-           max_context=None, speculative=None):
-    cache = CacheConfig(page_size=page_size, max_kv_tokens=tokens, max_requests=rows,
-                        radix=radix, max_context=max_context)
-    return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=2048),
-                  decode=decode, speculative=speculative)
-
-
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_native_step_equals_full_recompute(family):
     model = build_model(small_config(**FAMILIES[family]), seed=3).eval()
-    prompts = random_prompts((5, 17, 33, 1, 40, 9), seed=4)
-    eng = engine(model)
-    assert eng.stats().decode == "native"
-    outs = eng.generate(prompts, SamplingParams.greedy(NEW, logprobs=True))
-    for p, o in zip(prompts, outs):
-        assert o.token_ids == naive_greedy(model, p, NEW)
-        torch.testing.assert_close(o.logprobs, naive_logprobs(model, p, o.token_ids),
-                                   atol=1e-4, rtol=0)
+    assert assert_equals_full_recompute(model, "auto").stats().decode == "native"
 
 
-@pytest.mark.parametrize("case", ["radix", "preemption", "page-size-1", "16-rows"])
+@pytest.mark.parametrize("case", list(EAGER_CASES))
 def test_native_step_equals_the_eager_path(model, case):
-    kw = {"radix": {}, "preemption": {"tokens": 64, "max_context": 64},
-          "page-size-1": {"page_size": 1}, "16-rows": {"rows": 20}}[case]
-    lengths = (5, 17, 33, 1, 40, 9) if case != "16-rows" else tuple(range(1, 21))
-    prompts = random_prompts(lengths, seed=5)
-    if case == "radix":
-        prompts = [prompts[2][:20] + p for p in prompts]
-    params = SamplingParams.greedy(NEW, logprobs=True)
-    native, eager = engine(model, **kw), engine(model, "eager", **kw)
-    a, b = native.generate(prompts, params), eager.generate(prompts, params)
-    assert [o.token_ids for o in a] == [o.token_ids for o in b]
-    for x, y in zip(a, b):
-        torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-4, rtol=0)
-    if case == "preemption":
-        assert native.stats().num_preemptions > 0
+    assert assert_equals_the_eager_path(model, "auto", case).stats().decode == "native"
 
 
 def test_verify_rows_equal_the_ragged_forward(model):
