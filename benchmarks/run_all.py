@@ -403,7 +403,7 @@ BENCHES = [
           "transformers serve --continuous-batching (HTTP)"),
     Bench("quickstart", "quickstart.py", [], parse_quickstart,
           "HF transformers (Llama / Qwen3), same recipe"),
-    Bench("kernels", "kernels.py", ["--quick"], lambda out: [], "torch SDPA / flash-attn",
+    Bench("kernels", "cuda_kernels.py", ["--quick"], lambda out: [], "torch SDPA / flash-attn",
           cuda=True),
 ]
 

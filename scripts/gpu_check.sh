@@ -77,7 +77,7 @@ step "pytest (other rooms) -m gpu" 60 tests.log $PY -m pytest tests -m gpu -q -r
   -p no:cacheprovider --ignore=tests/kernels
 
 # 3. Kernel benchmarks (ratios against torch and, when importable, flash-attn).
-step "benchmarks/kernels.py" 100 bench.log $PY benchmarks/kernels.py --json "$OUT/bench.json"
+step "benchmarks/cuda_kernels.py" 100 bench.log $PY benchmarks/cuda_kernels.py --json "$OUT/bench.json"
 
 # 4. End to end: serving the small preset with the cuda backend against torch_native.
 step "serve-bench cuda vs native" 60 e2e.log $ASTRAI serve-bench small --device cuda \

@@ -184,7 +184,18 @@ def test_list_names_every_script():
     scripts = {b.script for b in RA.BENCHES}
     for s in scripts:
         assert (ROOT / "benchmarks" / s).is_file(), s
-    assert {"preprocess.py", "train_throughput.py", "inference.py", "kernels.py"} <= scripts
+    assert {"preprocess.py", "train_throughput.py", "inference.py", "cuda_kernels.py"} <= scripts
+
+
+def test_no_script_shadows_a_module_a_benchmark_imports():
+    """`python benchmarks/X.py` puts benchmarks/ first on sys.path: a script named like an
+    installed module (HF's `kernels`, which transformers imports when present) breaks every
+    benchmark that imports transformers."""
+    taken = {"kernels", "transformers", "torch", "peft", "trl", "gguf", "llama_cpp",
+             "ctranslate2", "tokenizers", "datasets", "lm_eval", "openai", "safetensors"}
+    taken |= set(sys.stdlib_module_names)
+    clashes = [f.name for f in (ROOT / "benchmarks").glob("*.py") if f.stem in taken]
+    assert not clashes
 
 
 LORA = """small rank 8 all-linear, batch 4 x 256, 1 threads, 4 timed steps per run

@@ -1,6 +1,6 @@
 """astrai's CUDA kernels against their peers, measured in one run on one GPU.
 
-    python benchmarks/kernels.py [--quick] [--json OUT.json]
+    python benchmarks/cuda_kernels.py [--quick] [--json OUT.json]
 
 * decode attention: achieved GB/s (K/V bytes read) against the card's measured copy
   bandwidth, and time ratios against the torch reference, torch SDPA on K/V gathered through
@@ -219,7 +219,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("benchmarks/kernels.py needs a CUDA GPU; nothing measured.")
+        print("benchmarks/cuda_kernels.py needs a CUDA GPU; nothing measured.")
         return 0
     from astrai.kernels.library import get_library
 
