@@ -26,8 +26,8 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from numbers import Integral
 from pathlib import Path
 from typing import Any
@@ -39,19 +39,20 @@ from astrai.infer import output
 from astrai.infer.backends.registry import BackendChain, requested_backend, select_backend
 from astrai.infer.cache.pool import PagePool
 from astrai.infer.config import CacheConfig, SchedulerConfig, SpeculativeConfig
+from astrai.infer.decode_step import DecodeStep
+from astrai.infer.hugepages import place_weights
 from astrai.infer.intake import Intake, Prompt
 from astrai.infer.loras import LoraSet
 from astrai.infer.metrics import EngineStats, StepCounters, StepInfo
+from astrai.infer.native_step import NativeDecodeStep
 from astrai.infer.params import SamplingParams
 from astrai.infer.request import Request, RequestOutput
-from astrai.infer.decode_step import DecodeStep
-from astrai.infer.native_step import NativeDecodeStep
+from astrai.infer.routing import Streams, drain
 from astrai.infer.runner import ModelRunner
 from astrai.infer.sampler import Pick, Sampler
-from astrai.infer.structured import GrammarCompiler
 from astrai.infer.scheduler import Chunk, Scheduler, StepBatch
 from astrai.infer.speculative.speculator import Speculator
-from astrai.infer.routing import Streams, drain
+from astrai.infer.structured import GrammarCompiler
 from astrai.kernels.cpu_linear import cpu_decode_kernels
 from astrai.model import fast_path
 from astrai.model.context import AttentionBackend
@@ -98,6 +99,8 @@ class Engine:
         self.scheduler = Scheduler(self.pool, sched, self.max_context, self.loras)
         self.cpu_kernels = cpu_decode_kernels() if p.device.type == "cpu" else None
         """astrai's CPU decode GEMVs for the steps' few-row products (None: torch's)."""
+        if self.cpu_kernels is not None:  # decode streams the weights: huge pages
+            place_weights(model)
         self.runner = ModelRunner(model, self.pool)
         if decode == "auto" and backend is not None:
             decode = "eager"

@@ -108,7 +108,7 @@ class NativeDecodeStep:
     """Runs decode and verify steps through decode_layers (see the module docstring)."""
 
     def __init__(self, model: nn.Module, pool: PagePool,
-                 head: Callable[[], list[torch.Tensor | None]],
+                 head: Callable[[fast_path.DecodeKernels], list[torch.Tensor | None]],
                  kernels: fast_path.DecodeKernels) -> None:
         self.model, self.pool, self.head, self.kernels = model, pool, head, kernels
         cfg = model.config
@@ -121,7 +121,7 @@ class NativeDecodeStep:
 
     @classmethod
     def create(cls, model: nn.Module, pool: PagePool,
-               head: Callable[[], list[torch.Tensor | None]],
+               head: Callable[[fast_path.DecodeKernels], list[torch.Tensor | None]],
                kernels: fast_path.DecodeKernels | None, mode: str) -> NativeDecodeStep | None:
         """The step for `mode` auto or native where it can serve the model, else None;
         `head` gives the LM head's operands (ModelRunner.head_operands)."""
@@ -156,4 +156,4 @@ class NativeDecodeStep:
         return self.kernels.decode_layers(
             self._rows(batch), m.embed_tokens.weight, self.weights, self.shape, self.eps,
             m.rope_cos, m.rope_sin, st.k, st.v, self.pool.req_to_token.table, m.norm.weight,
-            self.head())
+            self.head(self.kernels))

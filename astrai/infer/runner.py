@@ -71,17 +71,21 @@ class ModelRunner:
             return fast_path.linear(h, w, bias)
         return h @ self._transposed(w)
 
-    def head_operands(self) -> list[torch.Tensor | None]:
+    def head_operands(self, kernels: fast_path.DecodeKernels | None = None
+                      ) -> list[torch.Tensor | None]:
         """The LM head as the native decode step takes it: [weight [V, C] (int8 values for an
-        int8 head), int8 scale, bias, the [C, V] copy of an fp32 weight on the CPU (its one
-        row's product streams that way) or None]."""
+        int8 head), int8 scale, bias, the [C, V] copy of an fp32 weight on the CPU or None].
+        The copy is made only where one fp32 row stays off `kernels` (torch's GEMV measured
+        faster, cpu_linear.torch_gemv_is_faster): the BLAS's sgemv streams it faster than
+        the [V, C] weight; elsewhere the kernel reads [V, C] as it is."""
         lm = getattr(self.model, "lm_head", None)
         if lm is not None and type(lm) is not torch.nn.Linear:  # int8 (model/quant.py)
             return [lm.qweight, lm.scale, lm.bias, None]
         w = lm.weight if lm is not None else self.model.output_weight()
         bias = lm.bias if lm is not None else None
-        fp32_cpu = w.dtype == torch.float32 and w.device.type == "cpu"
-        return [w, None, bias, self._transposed(w) if fp32_cpu else None]
+        blas_row = kernels is None or kernels.fp32_rows[0] > 1
+        copy = w.dtype == torch.float32 and w.device.type == "cpu" and blas_row
+        return [w, None, bias, self._transposed(w) if copy else None]
 
     def _transposed(self, w: torch.Tensor) -> torch.Tensor:
         """The [C, V] copy of the head weight, refreshed whenever the weight changes
