@@ -116,6 +116,22 @@ def engine(model: torch.nn.Module, rows: int = 4) -> Engine:
     return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=1024))
 
 
+def engine_without_kernels(model: torch.nn.Module) -> Engine:
+    """The engine as `engine` builds it, with astrai's CPU kernels off (read at Engine()):
+    no native step, every product on torch."""
+    before = os.environ.get("ASTRAI_CPU_KERNELS")
+    os.environ["ASTRAI_CPU_KERNELS"] = "0"
+    try:
+        eng = engine(model, rows=BATCH)
+    finally:
+        if before is None:
+            os.environ.pop("ASTRAI_CPU_KERNELS")
+        else:
+            os.environ["ASTRAI_CPU_KERNELS"] = before
+    assert eng.cpu_kernels is None and eng.stats().decode == "eager"
+    return eng
+
+
 def decode_run(eng: Engine, prompt: list[int], new: int) -> tuple[list[int], float]:
     """(tokens, decode tokens/s): 1 / the median gap between streamed tokens."""
     rid = eng.add_request(prompt, SamplingParams.greedy(new, ignore_eos=True))
@@ -226,13 +242,12 @@ def run_astrai(models, prompt, prompts, new, repeat) -> dict[str, dict]:
     out = {}
     plain = {f"{k}-torch": m for k, m in models.items() if k in ("fp32", "int8")}
     for name, m in {**models, **plain}.items():
-        eng = engine(m, rows=BATCH)
-        if name.endswith("-torch"):
-            eng.cpu_kernels = None
+        torch_only = name.endswith("-torch")
+        eng = engine_without_kernels(m) if torch_only else engine(m, rows=BATCH)
         decode_run(eng, prompt, 8)  # warm-up
         runs = [decode_run(eng, prompt, new) for _ in range(repeat)]
         out[name] = {"tokens": runs[-1][0], "tok_s": max(r[1] for r in runs)}
-        if not name.endswith("-torch"):
+        if not torch_only:
             out[name]["batch_tok_s"] = batch_run(eng, prompts, new)
     return out
 
