@@ -104,6 +104,14 @@ def pack_weights(model: nn.Module) -> list[torch.Tensor | None]:
     return out
 
 
+def max_rows(q_weight: torch.Tensor, kernels: fast_path.DecodeKernels) -> int:
+    """The most rows a step takes: the kernels' row limit for the blocks' weight format
+    (int8 values, bf16 or fp32), beyond which their products would go to torch's GEMM."""
+    if q_weight.dtype == torch.int8:
+        return kernels.int8_rows[1]
+    return (kernels.bf16_rows if q_weight.dtype == torch.bfloat16 else kernels.fp32_rows)[1]
+
+
 class NativeDecodeStep:
     """Runs decode and verify steps through decode_layers (see the module docstring)."""
 
@@ -113,8 +121,7 @@ class NativeDecodeStep:
         self.model, self.pool, self.head, self.kernels = model, pool, head, kernels
         cfg = model.config
         self.weights = pack_weights(model)
-        self.max_rows = min(hi for _, hi in (kernels.fp32_rows, kernels.bf16_rows,
-                                              kernels.int8_rows))
+        self.max_rows = max_rows(self.weights[1], kernels)
         self.shape = [cfg.n_heads, cfg.kv_heads, cfg.hdim, *kernels.fp32_rows,
                       *kernels.bf16_rows, int(kernels.int8_quantized)]
         self.eps = float(cfg.norm_eps)
