@@ -63,7 +63,8 @@ def movable(t: torch.Tensor) -> bool:
 
 def place_weights(model: nn.Module) -> int:
     """Move `model`'s large parameters and buffers into huge pages (module docstring);
-    returns the bytes moved (0 where huge pages are off or unavailable)."""
+    returns the bytes moved (0 where huge pages are off or unavailable). Idempotent: a moved
+    tensor is a view into its larger mapping, so a second engine on the model moves nothing."""
     if thp_mode() not in ("always", "madvise") or not hasattr(mmap, "MADV_HUGEPAGE"):
         return 0
     moved = 0

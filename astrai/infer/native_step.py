@@ -121,7 +121,7 @@ class NativeDecodeStep:
         self.model, self.pool, self.head, self.kernels = model, pool, head, kernels
         cfg = model.config
         self.weights = pack_weights(model)
-        self.max_rows = max_rows(self.weights[1], kernels)
+        self.max_rows = max_rows(self.weights[1], kernels)  # slot 1: block 0's q weight
         self.shape = [cfg.n_heads, cfg.kv_heads, cfg.hdim, *kernels.fp32_rows,
                       *kernels.bf16_rows, int(kernels.int8_quantized)]
         self.eps = float(cfg.norm_eps)

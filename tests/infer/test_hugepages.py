@@ -47,6 +47,7 @@ def test_weights_move_and_keep_their_parameters():
     assert lin.weight is param and torch.equal(param, values)
     assert param.data_ptr() % HUGE_PAGE == 0 and param.requires_grad
     assert model[1].shared is model.shared and model.shared.data_ptr() % HUGE_PAGE == 0
+    assert place_weights(model) == 0  # a moved tensor is a view of its mapping: stays
 
 
 @needs_thp
