@@ -72,6 +72,9 @@ def test_ngram_equals_the_naive_loop():
     assert propose_ngram([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 2, 3) == [7, 1]  # the latest
     assert propose_ngram([4, 5, 6, 7, 5, 5, 5], 3, 1) == [6, 7, 5]  # a full continuation
     assert propose_ngram([5, 6, 7], 3, 4) == []
+    # 256's bytes (00 01 00 00) lie across the boundary of 2**24 and 0: not a match
+    assert propose_ngram([2**24, 0, 7, 256], 2, 1) == naive_ngram([2**24, 0, 7, 256], 2, 1, 1) == []
+    assert propose_ngram([2**24, 0, 256, 3, 256], 1, 1) == [3]
 
 
 def test_greedy_accept():

@@ -1,7 +1,7 @@
 """The CPU decode kernels (csrc/cpu/decode_gemv.cpp) against their torch references, on every
 code path this CPU runs (AVX-512 and AVX2 on an AVX-512 machine), and the dispatch that
 sends a decode step's work to them: GEMVs of odd sizes, tails that are no multiple of a
-vector or a block, 1..8 activation rows, fp32 / bf16 / int8 weights, biases, several
+vector or a block, 1..16 activation rows, fp32 / bf16 / int8 weights, biases, several
 matrices per call; the RMSNorm; paged decode attention (GQA, fp32 and bf16); the fallback
 to torch where the kernels cannot be had. One build per code path and
 session (cached across sessions); skipped without a C++ compiler or on a CPU without AVX2."""
@@ -29,9 +29,11 @@ pytestmark = pytest.mark.skipif(
     reason="needs an x86 CPU with AVX2+FMA and a C++ compiler")
 
 SHAPES = [(1, 1, 1), (1, 5, 3), (2, 16, 5), (3, 77, 13), (1, 64, 128), (8, 131, 67),
-          (5, 1000, 9), (4, 129, 31), (7, 300, 33), (6, 2304, 20)]
+          (5, 1000, 9), (4, 129, 31), (7, 300, 33), (6, 2304, 20), (9, 96, 7), (13, 40, 6),
+          (16, 33, 5)]
 """(M, K, N): K and N around and off the multiples of 8/16 (vectors), 64/128 (int8 blocks),
-and 4 (the kernel's row tile)."""
+and 4 (the kernel's row tile); M past one group of activation rows (4 or 8: 9 rows are two
+groups, 5 + 4)."""
 
 
 @pytest.fixture(scope="module", params=HERE)
