@@ -1,7 +1,7 @@
 // Shared helpers for astrai's CUDA kernels: element types, vector loads, warp reductions.
 //
 // The kernels are plain CUDA C++ (no torch headers: the CPU torch wheel lacks the generated
-// c10 CUDA headers, see issue 10) with `extern "C"` launchers over raw pointers and a stream.
+// c10 CUDA headers) with `extern "C"` launchers over raw pointers and a stream.
 // Compiled with -DASTRAI_EMU by a host C++ compiler, the same sources run on the CPU under
 // csrc/emu/cuda_emu.h, which is how CI checks the kernels' indexing and math without a GPU.
 #pragma once
