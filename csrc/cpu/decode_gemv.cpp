@@ -304,32 +304,37 @@ void gemv_float_weights(const float* x, int64_t M, int64_t K, const std::vector<
 // instruction, accumulated in fp32 (torch's bf16 GEMM keeps the same fp32 accumulator).
 #if defined(__AVX512BF16__)
 constexpr bool kBf16Dot = true;
-// One weight row against MBv activation rows: sums[m * RT] for m < MBv.
-template <int MBv>
-inline void bf16_row(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* w, int64_t K,
-                     float* sums) {
-  __m512 acc[MBv];
-  for (int m = 0; m < MBv; ++m) acc[m] = _mm512_setzero_ps();
+template <int MBv, int R>
+inline void bf16_tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* w, int64_t ldw,
+                      int64_t K, float* sums) {
+  __m512 acc[MBv][R];
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
-    if (PF) _mm_prefetch(reinterpret_cast<const char*>(w + k) + PF, PF_HINT);
-    const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + k);
-    for (int m = 0; m < MBv; ++m)
-      acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_loadu_si512(x + m * ldx + k), wv);
+    __m512bh xv[MBv];
+    for (int m = 0; m < MBv; ++m) xv[m] = (__m512bh)_mm512_loadu_si512(x + m * ldx + k);
+    for (int r = 0; r < R; ++r) {
+      if (PF && k % 32 == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + k) + PF, PF_HINT);
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + r * ldw + k);
+      for (int m = 0; m < MBv; ++m) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv[m], wv);
+    }
   }
-  for (int m = 0; m < MBv; ++m) {
-    float s = _mm512_reduce_add_ps(acc[m]);
-    for (int64_t t = k; t < K; ++t)
-      s += static_cast<float>(x[m * ldx + t]) * static_cast<float>(w[t]);
-    sums[m * RT] = s;
-  }
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r) {
+      float s = _mm512_reduce_add_ps(acc[m][r]);
+      for (int64_t t = k; t < K; ++t)
+        s += static_cast<float>(x[m * ldx + t]) * static_cast<float>(w[r * ldw + t]);
+      sums[m * RT + r] = s;
+    }
 }
 
 // R rows one after another (a sequential stream, as dot_tile reads them).
 template <int MBv>
 inline void bf16_rows(int R, const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* w,
                       int64_t ldw, int64_t K, float* sums) {
-  for (int r = 0; r < R; ++r) bf16_row<MBv>(x, ldx, w + r * ldw, K, sums + r);
+  for (int r = 0; r < R; ++r) bf16_tile<MBv, 1>(x, ldx, w + r * ldw, ldw, K, sums + r);
 }
 
 void gemv_bf16_dot(const c10::BFloat16* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
@@ -503,9 +508,9 @@ inline void q8_tile(const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw
 constexpr int MBQ = 2;
 #endif
 
-// R rows one after another (a sequential stream, as dot_tile reads them). q8_tile keeps its
-// row count R though only R = 1 is used: its one-row rewrite ran 10% slower at 2-4 rows
-// (GCC 12, AMD EPYC Zen 4).
+// R rows one after another (a sequential stream, as dot_tile reads them). q8_tile and
+// bf16_tile keep a row count R though only R = 1 is used: a one-row rewrite of q8_tile ran
+// 10% slower at 2-4 rows (GCC 12, AMD EPYC Zen 4).
 template <int MBv>
 inline void q8_rows(int R, const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw,
                     int64_t K, float* sums) {
