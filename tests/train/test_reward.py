@@ -70,7 +70,7 @@ def test_reward_strategy_loss_metrics_and_learning():
     assert after["reward_loss"] < out["metrics"]["reward_loss"] - 0.1
     assert after["reward_accuracy"] == 1.0
     ev = strat.eval_summary(strat.evaluate_batch(batch, None))
-    assert ev["val_accuracy"] == 1.0 and ev["val_loss"] == pytest.approx(after["reward_loss"],
+    assert ev["val_accuracy"] == 1.0 and float(ev["val_loss"]) == pytest.approx(float(after["reward_loss"]),
                                                                          rel=1e-5)
     with pytest.raises(TypeError, match="RewardModel"):
         RewardStrategy(tiny_model())

@@ -90,10 +90,10 @@ def test_moe_aux_loss_added_and_logged_weighted_and_unweighted():
     batch = collate(pretrain_samples(2, 8))
     coef = 0.5
     out = STRATEGIES.get("seq")(m, moe_aux_loss_coef=coef)(batch)
-    ce = out["metrics"]["seq_loss"]
-    aux = out["metrics"]["moe_aux_loss"]
+    ce = float(out["metrics"]["seq_loss"])
+    aux = float(out["metrics"]["moe_aux_loss"])
     assert aux == pytest.approx(float(m(batch["input_ids"]).aux_loss.detach()))
-    assert out["metrics"]["moe_aux_loss_weighted"] == pytest.approx(coef * aux)
+    assert float(out["metrics"]["moe_aux_loss_weighted"]) == pytest.approx(coef * aux)
     assert float(out["loss"].detach()) == pytest.approx(ce + coef * aux, rel=1e-5)
     assert math.isfinite(aux) and aux > 0
 
