@@ -72,7 +72,6 @@ def test_single_checkpoint_flags_round_to_nearest_only(runs, mode, lr):
     ckpts, _ = runs[(mode, lr)]
     rep = inspect_weights([ckpts[-1]], muon_step=next_step)
     scan = rep.scans[0]
-    assert scan.update.mode == mode and not scan.update.assumed
     if mode == "nearest":
         assert rep.verdict == "suspected" and rep.exit_code == 1
         text = " ".join(f.message for f in rep.findings)
@@ -82,6 +81,7 @@ def test_single_checkpoint_flags_round_to_nearest_only(runs, mode, lr):
     else:
         assert rep.verdict == "healthy", [f.message for f in rep.findings]
         assert rep.exit_code == 0
+    assert scan.update.mode == mode and not scan.update.assumed
 
 
 @pytest.mark.parametrize("lr", LRS)
@@ -93,14 +93,15 @@ def test_two_checkpoints_flag_round_to_nearest_only(runs, mode, lr):
     ckpts, _ = runs[(mode, lr)]
     rep = inspect_weights(ckpts, muon_step=next_step)
     st = rep.stuck
-    assert st.modelled
     stuck_findings = [f for f in rep.findings if f.checkpoint is None]
     if mode == "nearest":
-        assert stuck_findings and "unbiased rounding" in stuck_findings[0].message
+        assert rep.verdict == "suspected" and stuck_findings
+        assert "unbiased rounding" in stuck_findings[0].message
         assert st.stuck > 2 * st.expected
     else:
-        assert not stuck_findings
+        assert not stuck_findings, stuck_findings[0].message
         assert rep.verdict == "healthy", [f.message for f in rep.findings]
+    assert st.modelled
     if mode == "stochastic":
         assert st.expected > 50 and 0.5 * st.expected < st.stuck < 1.5 * st.expected
     if mode == "kahan":
@@ -180,3 +181,31 @@ def test_stochastic_rounding_stays_within_the_model_and_nearest_does_not():
     # (1 - r)^n <= exp(-n r): the model bounds the chance of never moving from above
     assert 0.8 * expected - 4 * sd < sr_same <= expected + 4 * sd
     assert int((rn == w0).sum()) == n > 1.5 * expected + 4 * sd
+
+
+def test_cli_report_names_the_mode_explains_the_terms_and_exits_by_verdict(runs):
+    import json
+
+    from typer.testing import CliRunner
+
+    from astrai_cli.main import app
+
+    runner = CliRunner()
+    nearest, stochastic = runs[("nearest", 1e-3)][0], runs[("stochastic", 1e-3)][0]
+    res = runner.invoke(app, ["inspect-weights", str(nearest[-1])])
+    assert res.exit_code == 1, res.output
+    out = " ".join(res.output.split())  # rich may wrap
+    assert "Weights: bf16 written round-to-nearest" in out
+    for term in ("ulp (unit in the last place):", "binade:", "dead zone:", "alarming:"):
+        assert term in out
+    assert "≥ 25% of next updates under half an ulp" in out
+    res = runner.invoke(app, ["inspect-weights", *map(str, stochastic)])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "stochastic rounding moves them on average (unbiased): not lost" in out
+    assert "an unbiased rounding would leave about" in out
+    res = runner.invoke(app, ["inspect-weights", "--json", *map(str, nearest)])
+    data = json.loads(res.output)
+    assert data["checkpoints"][0]["update_mode"]["mode"] == "nearest"
+    assert data["stuck"]["modelled"] and data["stuck"]["expected"] > 0
+    assert data["verdict"] == "suspected"
