@@ -211,12 +211,14 @@ class LockInGuard:
     def on_error(self, ctx, error: BaseException) -> None: ...
 
     def state_dict(self) -> dict[str, Any]:
-        return {"locked": self._locked, "bad": self._bad, "warned": sorted(self._warned_groups)}
+        return {"locked": self._locked, "bad": self._bad, "warned": sorted(self._warned_groups),
+                "past_warmup": self._past_warmup}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._locked = int(state.get("locked", 0))
         self._bad = int(state.get("bad", 0))
         self._warned_groups = set(state.get("warned", []))
+        self._past_warmup = bool(state.get("past_warmup", False))
 
     # -- work ----------------------------------------------------------------------------
     def _check(self, ctx, step: int, control) -> None:

@@ -2,13 +2,17 @@
 
 Under stochastic rounding an entry whose update u is under its grid step g (its ulp) moves
 by one step with probability |u| / g and otherwise stays ("Revisiting BFloat16 Training",
-Zamirai et al. 2020; Gupta et al. 2015). Over n steps of such updates it stays put with
-probability prod(1 - |u_t| / g) <= exp(-sum |u_t| / g): the model takes
-p = exp(-lambda), lambda = n * |u| / g, with |u| the mean of the next updates the two
-checkpoints' optimizer states predict (astrai.inspect.next_update) and n the steps between
-them. Entries are counted as independent: the number left unchanged has mean sum(p) and
-binomial variance sum(p (1 - p)). Round-to-nearest instead keeps every entry whose updates
-stay under half a step, whatever n: far more than the model expects, which is the signal.
+Zamirai et al. 2020; Gupta et al. 2015). Over n steps of one sign it never moves with
+probability prod(1 - |u_t| / g) <= exp(-sum |u_t| / g). An update that changes sign can
+also walk the entry away and back, so the model counts up- and down-moves apart: each
+checkpoint's optimizer state predicts the entry's next update (astrai.inspect.next_update);
+half of the n steps between two checkpoints are taken at each end's update, its positive
+part adding n/2 |u| / g to the mean of the down-moves, its negative part to the up-moves;
+the counts are Poisson and the entry is unchanged when they are equal, the Skellam mass
+at zero (exp(-n |u| / g) when both ends agree in sign). Entries are counted as
+independent: the number left unchanged has mean sum(p) and binomial variance
+sum(p (1 - p)). Round-to-nearest instead keeps every entry whose updates stay under half
+a step, whatever n: far more than the model expects, which is the signal.
 
 A Kahan run keeps what each write rounds away in `kahan_comp` (optimizer.pt): its entries
 are compared as w + kahan_comp, the value the optimizer steps.

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from astrai.inspect.config import InspectConfig
-from astrai.inspect.patterns import fmt_value
+from astrai.inspect.patterns import fmt_value, gain_summaries
 from astrai.inspect.scan import CheckpointScan
 from astrai.inspect.stuck import StuckReport
 from astrai.inspect.update_mode import UpdateMode
@@ -96,13 +96,21 @@ def _nearest_findings(scan: CheckpointScan, cfg: InspectConfig) -> list[Finding]
             f"away ({_how(mode)}; alarming from {100 * cfg.rounds_away_max:g}%): those "
             f"weights do not learn; {advice(v)}")))
     if scan.step:
-        for g in scan.gains:
+        for g in gain_summaries(_trained_gains(scan)):
             if g.entries and g.exact_one >= cfg.frozen_gain_share * g.entries:
                 out.append(Finding("suspected", scan.path, (
                     f"{g.kind}: {g.exact_one:,} of {g.entries:,} gains still exactly 1.0, "
                     f"their init value, at step {scan.step} ({_how(mode)}): no update "
-                    "reached half an ulp (2^-9 just below 1.0)")))
+                    "reached half an ulp (2^-9 downwards from 1.0, 2^-8 upwards)")))
     return out
+
+
+def _trained_gains(scan: CheckpointScan) -> list:
+    """The checkpoint's norm gains that were trained: those its optimizer state names when
+    it has one (a LoRA run's frozen base gains stay at 1.0 by design), else all."""
+    trained = {t.name for t in scan.visibility.tensors} if scan.visibility else None
+    return [st for st in scan.tensors if st.param.role == "gain" and
+            (not trained or st.name in trained)]
 
 
 def advice(v) -> str:
@@ -129,7 +137,7 @@ def _stuck_findings(stuck: StuckReport, cfg: InspectConfig) -> list[Finding]:
                       for t in worst)
     what = (f"{stuck.stuck:,} entries bit-identical across {len(stuck.paths)} checkpoints "
             f"where an unbiased rounding leaves about {stuck.expected:,.0f} "
-            f"(± {stuck.variance ** 0.5:,.0f}) unchanged" if stuck.expected else
+            f"(± {stuck.variance ** 0.5:,.0f}) unchanged" if stuck.modelled else
             f"{stuck.stuck:,} entries of moving matrices bit-identical across "
             f"{len(stuck.paths)} checkpoints")
     return [Finding("suspected", None, f"{what}: {names}")]

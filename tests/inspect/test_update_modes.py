@@ -209,3 +209,41 @@ def test_cli_report_names_the_mode_explains_the_terms_and_exits_by_verdict(runs)
     assert data["checkpoints"][0]["update_mode"]["mode"] == "nearest"
     assert data["stuck"]["modelled"] and data["stuck"]["expected"] > 0
     assert data["verdict"] == "suspected"
+
+
+def test_mode_from_meta_or_assumed_and_frozen_base_gains_are_not_flagged(tmp_path):
+    """A bf16 checkpoint at step 10 whose norm gains are all still 1.0: suspect when it was
+    written round-to-nearest (meta.json) or has no record (assumed, and said so); not with
+    stochastic rounding; not when its optimizer state shows the gains were never trained
+    (a LoRA-style run whose base is frozen)."""
+    from astrai.inspect.testing import fresh_state, tiny_config, write_checkpoint
+
+    cfg = tiny_config()
+    state = fresh_state(cfg, seed=0, dtype=torch.bfloat16)
+
+    def verdict(name, meta, optimizer=None):
+        path = write_checkpoint(tmp_path / name, state, cfg, meta={"step": 10, **meta})
+        if optimizer is not None:
+            torch.save(optimizer, path / "optimizer.pt")
+        rep = inspect_weights([path])
+        gains = [f for f in rep.findings if "gains still exactly 1.0" in f.message]
+        return rep.scans[0].update, gains
+
+    prec = lambda upd: {"train_config": {"precision": {"mode": "bf16-true",
+                                                        "bf16_update": upd}}}
+    mode, gains = verdict("nearest", prec("nearest"))
+    assert (mode.mode, mode.assumed) == ("nearest", False) and len(gains) == 3
+    mode, gains = verdict("auto", prec("auto"))
+    assert mode.mode == "stochastic" and gains == []
+    mode, gains = verdict("none", {})
+    assert mode.assumed and gains and "assumed" in gains[0].message
+    head = state["lm_head.weight"]
+    trained_head_only = {
+        "param_names": ["lm_head.weight"],
+        "param_groups": [{"params": [0], "lr": 0.1, "betas": (0.9, 0.999), "eps": 1e-8,
+                          "weight_decay": 0.0}],
+        "state": {0: {"step": torch.tensor(10.0), "exp_avg": torch.ones(head.shape),
+                      "exp_avg_sq": torch.ones(head.shape)}},
+    }
+    mode, gains = verdict("lora", prec("nearest"), trained_head_only)
+    assert mode.mode == "nearest" and gains == []
