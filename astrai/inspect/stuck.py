@@ -79,7 +79,7 @@ class StuckReport:
 
     @property
     def stuck(self) -> int:
-        """Stuck entries in moving matrices (the figure the verdict uses)."""
+        """Stuck entries of the counted tensors (the figure the verdict uses)."""
         return sum(t.stuck for t in self.tensors if t.counted)
 
     @property
@@ -94,8 +94,10 @@ class StuckReport:
 
     @property
     def modelled(self) -> bool:
-        """Every counted tensor has its expectation (optimizer state and steps were read)."""
-        return all(t.expected is not None for t in self.tensors if t.counted)
+        """Every counted tensor has its expectation (optimizer state and steps were read),
+        and there is one."""
+        counted = [t for t in self.tensors if t.counted]
+        return bool(counted) and all(t.expected is not None for t in counted)
 
     def excess(self, factor: float, z: float) -> float:
         """Stuck entries beyond what an unbiased rounding explains: stuck minus
@@ -104,6 +106,8 @@ class StuckReport:
 
     @property
     def moving_entries(self) -> int:
+        """Entries of the counted tensors (moving matrices without the model; every
+        optimizer-trained tensor with it). The JSON keeps the name."""
         return sum(t.numel for t in self.tensors if t.counted)
 
     @property
