@@ -237,9 +237,8 @@ class GuardOptions(Section):
     histograms: bool = False
     """The guard also logs per-layer log10 |g| histograms during those steps."""
     visible_warn: float = Field(0.1, ge=0.0, le=1.0)
-    """Round-to-nearest bf16: warn once per parameter group when a check step past warmup
-    changes less than this share of its sampled weights (update_visible/<group> in
-    metrics.jsonl); 0 = never. Stochastic rounding and Kahan never warn."""
+    """Round-to-nearest bf16: warn once per group when a step past warmup changes less
+    than this share of its sampled weights (update_visible/<group>); 0 = never."""
 
 
 def check_lora_targets(lora: LoraOptions) -> None:
