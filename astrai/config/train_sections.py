@@ -237,8 +237,8 @@ class GuardOptions(Section):
     histograms: bool = False
     """The guard also logs per-layer log10 |g| histograms during those steps."""
     visible_warn: float = Field(0.1, ge=0.0, le=1.0)
-    """Warn once per parameter group when a check step changes less than this share of its
-    sampled bf16 weights (update_visible/<group> in metrics.jsonl); 0 = never."""
+    """Round-to-nearest bf16: warn once per group when a step past warmup changes less
+    than this share of its sampled weights (update_visible/<group>); 0 = never."""
 
 
 def check_lora_targets(lora: LoraOptions) -> None:

@@ -4,8 +4,10 @@ The verdict (docs/inspect-weights.md):
   found      — a matrix holds a locked value, or any tensor holds non-finite entries or
                entries with |w| > overflow;
   suspected  — nothing found, but a token row's norm is extreme, a matrix is dominated by one
-               non-zero value, or (given two or more checkpoints) matrix entries stayed
-               bit-identical while the rest of their tensor moved;
+               non-zero value; in a bf16 run written round-to-nearest, too many next updates
+               round away or the norm gains never left 1.0; or (given two or more
+               checkpoints) more entries stayed bit-identical than an unbiased rounding
+               explains;
   healthy    — none of these. 1-D gains never trip the verdict by their locked values.
 """
 
@@ -36,6 +38,16 @@ class InspectConfig(TypedConfig):
     stuck_min_count: int = Field(16, ge=1)
     """Given several checkpoints, this many bit-identical entries in moving matrices make the
     verdict 'suspected'."""
+    stuck_excess: float = Field(1.5, ge=1)
+    """Given several checkpoints with optimizer state, stuck entries must exceed this many
+    times the count an unbiased rounding leaves unchanged (plus 4 binomial standard
+    deviations) to count."""
+    rounds_away_max: float = Field(0.25, gt=0, le=1)
+    """A bf16 checkpoint written round-to-nearest is suspect when at least this share of its
+    next updates is under half an ulp (they are lost)."""
+    frozen_gain_share: float = Field(0.9, gt=0, le=1)
+    """...or when, past step 0, at least this share of a kind of norm gains is still exactly
+    1.0, their init value."""
     stuck_min_moved: float = Field(0.5, ge=0, le=1)
     """A tensor is 'moving' when at least this fraction of its entries changed between the
     checkpoints; only moving tensors have stuck entries."""

@@ -33,7 +33,12 @@ from astrai.inspect.names import clean_name as _clean_name
 from astrai.inspect.names import parse_name
 from astrai.inspect.scan import CheckpointScan, summarize
 from astrai.inspect.tensor import analyze_tensor
-from astrai.inspect.update_watch import UpdateWatch, lr_for_visible
+from astrai.inspect.update_watch import (
+    UpdateWatch,
+    lr_for_visible,
+    peak_lr,
+    rounds_away_share,
+)
 from astrai.inspect.verdict import Finding, findings, verdict
 from astrai.typed_config import TypedConfig
 
@@ -161,6 +166,7 @@ class LockInGuard:
     _lr: float | None = None  # the latest step's lr (for the dead zone)
     _watch: UpdateWatch | None = None
     _warned_groups: set[str] = field(default_factory=set)
+    _past_warmup: bool = False  # some group's lr has reached its schedule's peak
 
     # -- hooks ---------------------------------------------------------------------------
     def on_train_begin(self, ctx) -> None:
@@ -205,12 +211,14 @@ class LockInGuard:
     def on_error(self, ctx, error: BaseException) -> None: ...
 
     def state_dict(self) -> dict[str, Any]:
-        return {"locked": self._locked, "bad": self._bad, "warned": sorted(self._warned_groups)}
+        return {"locked": self._locked, "bad": self._bad, "warned": sorted(self._warned_groups),
+                "past_warmup": self._past_warmup}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._locked = int(state.get("locked", 0))
         self._bad = int(state.get("bad", 0))
         self._warned_groups = set(state.get("warned", []))
+        self._past_warmup = bool(state.get("past_warmup", False))
 
     # -- work ----------------------------------------------------------------------------
     def _check(self, ctx, step: int, control) -> None:
@@ -230,16 +238,35 @@ class LockInGuard:
         self._locked, self._bad = max(self._locked, locked), max(self._bad, bad)
 
     def _visible(self, ctx, step: int, control, fractions: dict[str, float]) -> None:
-        """Log the visible-update fractions; warn once per group below visible_warn."""
+        """Log the visible-update fractions; for weights written round-to-nearest, warn once
+        per group whose updates are lost: a share of its sampled next updates at least
+        rounds_away_max under half an ulp at the schedule's peak lr, or a step past warmup
+        that changed less than visible_warn. Stochastic rounding and Kahan carry small
+        updates (a small changed share per step is how they move), so they never warn."""
         self._emit(ctx, control, step,
                    {f"update_visible/{k}": round(v, 6) for k, v in fractions.items()})
         optimizer = getattr(ctx, "optimizer", None)
+        if _write_mode(optimizer) != "nearest":
+            return
+        limit = self.config.thresholds.rounds_away_max
         for group, frac in fractions.items():
-            if frac >= self.config.visible_warn or group in self._warned_groups:
+            peak, now = peak_lr(optimizer, group)
+            share = rounds_away_share(optimizer, group, peak) if peak else None
+            if share is not None:
+                self._emit(ctx, control, step, {f"rounds_away_at_peak/{group}": round(share, 6)})
+            past_warmup = peak is not None and now is not None and now >= peak * (1 - 1e-6)
+            self._past_warmup = self._past_warmup or past_warmup
+            lost = (share is not None and share >= limit) or (
+                self._past_warmup and frac < self.config.visible_warn)
+            if not lost or group in self._warned_groups:
                 continue
             self._warned_groups.add(group)
-            _warn(ctx, f"step {step}: only {100 * frac:.3g}% of the bf16 weights of group "
-                       f"'{group}' changed at this step: {_fix(optimizer, group)}")
+            at_peak = (f"; at the schedule's peak lr {peak:g}, {100 * share:.3g}% of its next "
+                       "updates round away" if share is not None else "")
+            lr_now = f" (lr {now:.2g})" if now else ""
+            _warn(ctx, f"step {step}: bf16 weights of group '{group}' are written "
+                       f"round-to-nearest and lose their updates: {100 * frac:.3g}% changed "
+                       f"at this step{lr_now}{at_peak}: {_fix(optimizer, group, peak)}")
 
     def _emit(self, ctx, control, step: int, rec: dict[str, Any]) -> None:
         add = getattr(control, "add_metric", None)
@@ -255,15 +282,21 @@ class LockInGuard:
             logger.info("bf16 guard %s", full)
 
 
-def _fix(optimizer: Any, group: str) -> str:
-    """The warning's advice: the cures that apply to this optimizer and group."""
-    lr = lr_for_visible(optimizer, group)
-    mode = getattr(getattr(optimizer, "writer", None), "mode", "nearest")
-    fixes = ["--bf16-update stochastic"] if mode != "stochastic" else []
-    fixes.append("--precision bf16-mixed (fp32 master weights)")
-    if lr is not None:
-        fixes.append(f"a learning rate of at least {lr:.2g} (where half the updates reach "
-                     "half an ulp)")
+def _write_mode(optimizer: Any) -> str:
+    """How the optimizer writes bf16 weights (astrai.train.bf16_update's WeightWriter);
+    nearest for optimizers without one (torch's own round to nearest)."""
+    return getattr(getattr(optimizer, "writer", None), "mode", "nearest")
+
+
+def _fix(optimizer: Any, group: str, peak: float | None) -> str:
+    """The warning's advice: the cures, and a higher learning rate only when the schedule's
+    peak is below the lr at which half the group's updates reach half an ulp."""
+    fixes = ["--bf16-update stochastic (or kahan)", "--precision bf16-mixed (fp32 master "
+             "weights)"]
+    need = lr_for_visible(optimizer, group)
+    if need is not None and peak is not None and need > peak:
+        fixes.append(f"a peak learning rate of at least {need:.2g} (where half the updates "
+                     f"reach half an ulp; the schedule peaks at {peak:g})")
     return ("updates below half an ulp round away (docs/bf16-lockin.md); use "
             + ", or ".join(fixes))
 

@@ -39,6 +39,8 @@ class TensorVisibility:
     lr: float
     lr_to_move: float | None
     """The lr at which half the entries' updates would reach half an ulp."""
+    peak_lr: float | None = None
+    """The schedule's peak lr of the tensor's group (its `initial_lr`), when saved."""
 
     @property
     def fraction(self) -> float:
@@ -78,44 +80,66 @@ def read_optimizer_state(path: Path) -> dict[str, Any] | None:
     return state if isinstance(state, dict) else None
 
 
+def states_by_name(opt: dict[str, Any]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """name -> (per-parameter state, its param group) of optimizer state `opt`, through its
+    `param_names` ({} when it has none)."""
+    names = opt.get("param_names") or []
+    out = {}
+    for group in opt.get("param_groups", []):
+        for idx in group.get("params", []):
+            st = opt.get("state", {}).get(idx)
+            if st is not None and idx < len(names):
+                out[names[idx]] = (st, group)
+    return out
+
+
 def next_update_visibility(source: WeightSource, opt: dict[str, Any],
                            muon_step: MuonStep | None = None) -> Visibility:
     """Visibility of every optimizer-trained tensor of `source` that optimizer state `opt`
     names (its `param_names`)."""
-    names = opt.get("param_names")
-    if not names:
+    if not opt.get("param_names"):
         return Visibility([], f"{OPTIMIZER_FILE} holds no parameter names (written by an "
                               "older astrai): no next-update figures")
     out, skipped = [], set()
-    for group in opt.get("param_groups", []):
-        for idx in group.get("params", []):
-            name, st = names[idx], opt.get("state", {}).get(idx)
-            if st is None or name not in source.tensors:
-                continue
-            tv = _tensor(source, name, st, group, muon_step)
-            if tv is None:
-                skipped.add(name)
-            else:
-                out.append(tv)
+    for name, (st, group) in states_by_name(opt).items():
+        if name not in source.tensors:
+            continue
+        tv = _tensor(source, name, st, group, muon_step)
+        if tv is None:
+            skipped.add(name)
+        else:
+            out.append(tv)
     note = (f"{len(skipped)} Muon matrices left out (no Muon step given)" if skipped else None)
     return Visibility(out, note)
+
+
+def entry_update(w: torch.Tensor, st: dict[str, Any], group: dict[str, Any],
+                 muon_step: MuonStep | None = None) -> tuple[torch.Tensor, str] | None:
+    """(the next update of every entry of `w` (fp32, what w loses), adamw | muon) from its
+    optimizer state; None for a Muon matrix without `muon_step` or an unknown state."""
+    lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
+    if "momentum_buffer" in st:
+        if muon_step is None:
+            return None
+        step = muon_step(st["momentum_buffer"].float(), group)
+        return step.add_(w.float(), alpha=lr * wd), "muon"
+    if "exp_avg" in st:
+        return adam_step(w, st["exp_avg"], st["exp_avg_sq"], float(st["step"]), lr=lr,
+                         betas=tuple(group["betas"]), eps=float(group["eps"]),
+                         weight_decay=wd), "adamw"
+    return None
 
 
 def _tensor(source: WeightSource, name: str, st: dict[str, Any], group: dict[str, Any],
             muon_step: MuonStep | None) -> TensorVisibility | None:
     info = source.tensors[name]
     w = source.read_rows(name, 0, info.rows).reshape(info.shape)
-    lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
-    if "momentum_buffer" in st:
-        if muon_step is None:
-            return None
-        step = muon_step(st["momentum_buffer"].float(), group)
-        u, kind = step.add_(w.float(), alpha=lr * wd), "muon"
-    elif "exp_avg" in st:
-        u = adam_step(w, st["exp_avg"], st["exp_avg_sq"], float(st["step"]), lr=lr,
-                      betas=tuple(group["betas"]), eps=float(group["eps"]), weight_decay=wd)
-        kind = "adamw"
-    else:
+    found = entry_update(w, st, group, muon_step)
+    if found is None:
         return None
+    u, kind = found
+    lr = float(group["lr"])
     below = int(rounds_away(w, u).sum())
-    return TensorVisibility(name, kind, w.numel(), below, lr, lr_to_move(w, u, lr))
+    peak = group.get("initial_lr")
+    return TensorVisibility(name, kind, w.numel(), below, lr, lr_to_move(w, u, lr),
+                            float(peak) if isinstance(peak, (int, float)) else None)

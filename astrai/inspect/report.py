@@ -21,6 +21,7 @@ from astrai.inspect.scan import CheckpointScan, Progress, scan_checkpoint, tenso
 from astrai.inspect.source import open_source
 from astrai.inspect.stuck import StuckReport, diff_checkpoints
 from astrai.inspect.tensor import TensorStats
+from astrai.inspect.update_mode import detect_mode
 from astrai.inspect.verdict import LABELS, Finding, findings, verdict
 
 
@@ -74,11 +75,13 @@ def inspect_weights(paths: list[str | Path], config: InspectConfig | None = None
             return inspect_weights(merged, cfg, progress)
     sources = [open_source(p) for p in paths]
     scans = [scan_checkpoint(s, cfg, progress) for s in sources]
-    for src, scan in zip(sources, scans):
-        opt = read_optimizer_state(src.path)
+    optimizers = [read_optimizer_state(src.path) for src in sources]
+    for src, scan, opt in zip(sources, scans, optimizers):
+        scan.update = detect_mode([i.dtype for i in src.tensors.values()], src.meta, opt)
         if opt is not None:
             scan.visibility = next_update_visibility(src, opt, muon_step)
-    stuck = diff_checkpoints(sources, cfg, progress) if len(sources) > 1 else None
+    stuck = (diff_checkpoints(sources, cfg, progress, optimizers, muon_step)
+             if len(sources) > 1 else None)
     found = findings(scans, stuck, cfg)
     return InspectReport(cfg, scans, stuck, found, verdict(found))
 
@@ -167,6 +170,8 @@ def _scan_dict(s: CheckpointScan, cfg: InspectConfig) -> dict[str, Any]:
         "tensors": [_tensor_dict(st, s.lr and tensor_lr(st, s.lr, s.muon_lr))
                     for st in s.tensors],
         "next_update": _visibility_dict(s.visibility) if s.visibility else None,
+        "update_mode": ({"mode": s.update.mode, "source": s.update.source}
+                        if s.update else None),
     }
 
 
@@ -177,7 +182,7 @@ def _visibility_dict(v: Visibility) -> dict[str, Any]:
         "tensors": [{
             "name": t.name, "optimizer": t.optimizer, "entries": t.entries,
             "below_half_ulp": t.below, "fraction": t.fraction, "lr": t.lr,
-            "lr_to_move": _num(t.lr_to_move),
+            "lr_to_move": _num(t.lr_to_move), "peak_lr": t.peak_lr,
         } for t in v.tensors],
     }
 
@@ -187,10 +192,11 @@ def _stuck_dict(r: StuckReport) -> dict[str, Any]:
         "paths": r.paths, "stuck": r.stuck, "moving_entries": r.moving_entries,
         "fraction": r.stuck / r.moving_entries if r.moving_entries else 0.0,
         "unchanged": r.unchanged, "mismatched": r.mismatched,
+        "expected": r.expected, "expected_sd": r.variance ** 0.5, "modelled": r.modelled,
         "tensors": [{
             "name": t.name, "role": t.param.role, "numel": t.numel, "stuck": t.stuck,
             "moved_fraction": t.moved_fraction, "status": t.status, "counted": t.counted,
             "rows": t.rows.to_json(), "cols": t.cols.to_json(), "full_rows": t.full_rows,
-            "mean_abs": _num(t.mean_abs),
+            "mean_abs": _num(t.mean_abs), "expected": t.expected, "compared": t.compared,
         } for t in r.tensors],
     }

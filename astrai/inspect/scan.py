@@ -18,6 +18,7 @@ from astrai.inspect.patterns import (
 from astrai.inspect.source import WeightSource, find_muon_lr
 from astrai.inspect.tensor import TensorStats, analyze_tensor
 from astrai.inspect.next_update import Visibility
+from astrai.inspect.update_mode import UpdateMode
 
 Progress = Callable[[str, int, int], None]
 """progress(tensor name, index, total) — the CLI draws it on stderr; the library never prints."""
@@ -66,6 +67,9 @@ class CheckpointScan:
     """First the run's lr (when known), then the configured ladder."""
     visibility: Visibility | None = None
     """Next-update visibility from the checkpoint's optimizer state (None: it has none)."""
+    update: UpdateMode | None = None
+    """How the run wrote the weights (nearest, stochastic, kahan, fp32); None for live
+    parameters, whose guard reads it from the optimizer."""
 
     @property
     def n_params(self) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from astrai.inspect.visibility import adam_step, lr_to_move
+from astrai.inspect.visibility import adam_step, lr_to_move, rounds_away
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -78,17 +78,18 @@ class UpdateWatch:
         return idx
 
 
-def lr_for_visible(optimizer: Any, group_name: str, per_tensor: int = 4096) -> float | None:
-    """For an AdamW group, the lr at which half of a sample of its entries' next updates
-    reach half an ulp (from the moments: astrai.inspect.visibility); None for other groups
-    or without state."""
+def group_updates(optimizer: Any, group_name: str, per_tensor: int = 4096
+                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """For an AdamW group, (a sample of its low-precision weights, their next updates per
+    unit of lr) from the moments (astrai.inspect.visibility); None for other groups, groups
+    without low-precision weights, or without state."""
     for i, group in enumerate(getattr(optimizer, "param_groups", [])):
         if str(group.get("name", f"group_{i}")) != group_name or "betas" not in group:
             continue
         ws, us = [], []
         for p in group["params"]:
             st = optimizer.state.get(p, {})
-            if "exp_avg" not in st or "momentum_buffer" in st:
+            if "exp_avg" not in st or "momentum_buffer" in st or p.dtype not in LOW_PRECISION:
                 continue
             w = _local(p.detach()).reshape(-1)[:per_tensor]
             m = _local(st["exp_avg"]).reshape(-1)[:per_tensor]
@@ -96,6 +97,35 @@ def lr_for_visible(optimizer: Any, group_name: str, per_tensor: int = 4096) -> f
             ws.append(w)
             us.append(adam_step(w, m, v, float(st["step"]), lr=1.0, betas=group["betas"],
                                 eps=group["eps"], weight_decay=group["weight_decay"]))
-        if ws:  # the update per unit of lr, so lr_to_move at lr 1 is the lr itself
-            return lr_to_move(torch.cat(ws), torch.cat(us), 1.0)
+        if ws:
+            return torch.cat(ws), torch.cat(us)
     return None
+
+
+def lr_for_visible(optimizer: Any, group_name: str, per_tensor: int = 4096) -> float | None:
+    """For an AdamW group, the lr at which half of a sample of its low-precision entries'
+    next updates reach half an ulp; None for other groups or without state."""
+    found = group_updates(optimizer, group_name, per_tensor)
+    # the update per unit of lr, so lr_to_move at lr 1 is the lr itself
+    return lr_to_move(*found, 1.0) if found is not None else None
+
+
+def rounds_away_share(optimizer: Any, group_name: str, lr: float,
+                      per_tensor: int = 4096) -> float | None:
+    """For an AdamW group, the share of a sample of its low-precision entries whose next
+    update at learning rate `lr`, written to nearest, leaves them unchanged."""
+    found = group_updates(optimizer, group_name, per_tensor)
+    if found is None:
+        return None
+    w, u = found
+    return float(rounds_away(w, u * lr).float().mean())
+
+
+def peak_lr(optimizer: Any, group_name: str) -> tuple[float | None, float | None]:
+    """(the schedule's peak lr, the current lr) of a group: its `initial_lr` (which the
+    schedule scales, astrai.train.schedule) and `lr`."""
+    for i, group in enumerate(getattr(optimizer, "param_groups", [])):
+        if str(group.get("name", f"group_{i}")) == group_name:
+            lr = group.get("lr")
+            return group.get("initial_lr", lr), lr
+    return None, None

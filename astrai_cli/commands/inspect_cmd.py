@@ -43,6 +43,8 @@ def render_report(report, console: Console, show_tensors: bool) -> None:
         head += f", lr {scan.lr:g} from {scan.lr_source}" if scan.lr else ", lr unknown"
         head += f", Muon lr {scan.muon_lr:g} on the hidden matrices)" if scan.muon_lr else ")"
         console.print(head)
+        if scan.update is not None:
+            console.print(f"Weights: {_MODES[scan.update.mode]} ({scan.update.source})")
 
         table = Table(title="Affected parameters", title_justify="left")
         for col, just in (("parameter", "left"), ("layers", "left"), ("value", "right"),
@@ -122,7 +124,7 @@ def render_report(report, console: Console, show_tensors: bool) -> None:
                       f"{100 * z.matrix_fraction:.2f}%")
         console.print(t)
         if scan.visibility is not None:
-            _visibility_table(scan.visibility, console)
+            _visibility_table(scan.visibility, console, scan.update)
         if show_tensors:
             _tensor_table(scan, console)
         console.print()
@@ -131,8 +133,11 @@ def render_report(report, console: Console, show_tensors: bool) -> None:
         _stuck_table(report.stuck, cfg, console)
 
     console.print(f"Verdict: [{_STYLE[report.verdict]}]{report.label}[/]")
+    several = len(report.scans) > 1
     for f in report.findings:
-        console.print(f"  [{_STYLE[f.level]}]{f.level}[/] {f.message}", markup=True)
+        where = f"{Path(f.checkpoint).name}: " if several and f.checkpoint else ""
+        console.print(f"  [{_STYLE[f.level]}]{f.level}[/] {where}{f.message}", markup=True)
+    _terms(cfg, console)
     console.print(
         f"[dim]thresholds: locked = value recurring ≥ {cfg.lock_min_count}x, "
         f"≥ {cfg.lock_min_z:g} robust std out, ≥ {cfg.lock_excess:g}x the expected count; "
@@ -141,7 +146,32 @@ def render_report(report, console: Console, show_tensors: bool) -> None:
     )
 
 
-def _visibility_table(v, console: Console) -> None:
+_MODES = {
+    "fp32": "fp32, nothing rounds",
+    "nearest": "bf16 written round-to-nearest: updates under half an ulp are lost",
+    "stochastic": "bf16 written with stochastic rounding: unbiased, small updates move "
+                  "the weight on average",
+    "kahan": "bf16 with Kahan compensation: what a write rounds away is kept and added back",
+}
+
+
+def _terms(cfg, console: Console) -> None:
+    """What the report's words mean, and which figures are alarming (docs/inspect-weights.md)."""
+    console.print(
+        "[dim]ulp (unit in the last place): the gap from a stored value to the next one; "
+        "bf16 keeps 8 significant bits, so at 1.0 it is 2^-7 = 0.0078 (fp32: 2^-23).\n"
+        "binade: the values between two powers of two, [2^e, 2^(e+1)); all share one ulp.\n"
+        "dead zone: the binades where an update of size lr is under half an ulp; written "
+        "round-to-nearest, such a weight cannot move.\n"
+        f"alarming: any locked, overflowed or non-finite weight; with round-to-nearest bf16, "
+        f"≥ {100 * cfg.rounds_away_max:g}% of next updates under half an ulp, or ≥ "
+        f"{100 * cfg.frozen_gain_share:g}% of a kind of norm gains still exactly 1.0 after "
+        f"training; across checkpoints, stuck entries over {cfg.stuck_excess:g}x what an "
+        "unbiased rounding leaves unchanged. Under stochastic rounding, Kahan or fp32 "
+        "master weights, a high share under half an ulp is expected and harmless.[/]")
+
+
+def _visibility_table(v, console: Console, mode=None) -> None:
     """Next update below half an ulp, per kind of tensor (all layers together)."""
     from astrai.inspect.names import parse_name
 
@@ -156,9 +186,12 @@ def _visibility_table(v, console: Console) -> None:
         r[1] += t.below
         if t.lr_to_move:
             r[2].append(t.lr_to_move)
-    t = Table(title="Next update below half an ulp (from the optimizer state: the write "
-                    "would leave the weight unchanged)", title_justify="left",
-              caption=v.note, caption_justify="left")
+    carried = {"stochastic": "stochastic rounding moves them on average (unbiased): not "
+                             "lost", "kahan": "the Kahan compensation keeps them: not lost"}
+    note = "; ".join(x for x in (v.note, carried.get(getattr(mode, "mode", ""))) if x)
+    t = Table(title="Next update below half an ulp (from the optimizer state: written to "
+                    "nearest, it would leave the weight unchanged)", title_justify="left",
+              caption=note or None, caption_justify="left")
     for c in ("tensor", "optimizer", "entries", "below half ulp", "lr to move half"):
         t.add_column(c, justify="left" if c in ("tensor", "optimizer") else "right",
                      overflow="fold")
@@ -186,25 +219,39 @@ def _tensor_table(scan, console: Console) -> None:
 
 
 def _stuck_table(stuck, cfg, console: Console) -> None:
+    what = "entries" if stuck.modelled else "entries of moving matrices"
     console.print(
-        f"[bold]Stuck across {len(stuck.paths)} checkpoints[/]: {stuck.stuck:,} entries of "
-        f"moving matrices bit-identical ({_pct(stuck.stuck, stuck.moving_entries)} of "
-        f"{stuck.moving_entries:,})"
+        f"[bold]Stuck across {len(stuck.paths)} checkpoints[/]: {stuck.stuck:,} {what} "
+        f"bit-identical ({_pct(stuck.stuck, stuck.moving_entries)} of "
+        f"{stuck.moving_entries:,})" + (
+            f"; an unbiased rounding would leave about {stuck.expected:,.0f} "
+            f"(± {stuck.variance ** 0.5:,.0f}) unchanged, given each entry's updates against "
+            "its ulp (optimizer.pt)" if stuck.modelled else
+            "; no optimizer state and steps: the raw count decides")
     )
-    rows = sorted((s for s in stuck.tensors if s.stuck and s.status != "unchanged"),
-                  key=lambda s: (not s.counted, -s.stuck))[: cfg.top]
+    rows = sorted((s for s in stuck.tensors if s.stuck and (s.counted or
+                                                             s.status != "unchanged")),
+                  key=lambda s: (not s.counted, -(s.stuck - (s.expected or 0))))[: cfg.top]
     if rows:
         t = Table(title_justify="left")
-        for c in ("tensor", "status", "stuck", "moved", "rows", "cols", "mean |w|"):
-            t.add_column(c, justify="right" if c in ("stuck", "moved", "mean |w|") else "left")
+        for c in ("tensor", "status", "stuck", "expected", "moved", "rows", "cols",
+                  "mean |w|"):
+            t.add_column(c, justify="right" if c in ("stuck", "expected", "moved", "mean |w|")
+                         else "left")
         for s in rows:
             status = s.status if s.counted else f"{s.status} (not counted)"
-            t.add_row(s.name, status, f"{s.stuck:,}", f"{100 * s.moved_fraction:.2f}%",
+            t.add_row(s.name, status, f"{s.stuck:,}",
+                      f"{s.expected:,.0f}" if s.expected is not None else "—",
+                      f"{100 * s.moved_fraction:.2f}%",
                       s.rows.format(3), s.cols.format(3), _g(s.mean_abs))
         console.print(t)
-    if stuck.unchanged:
-        head = ", ".join(stuck.unchanged[:6]) + (" …" if len(stuck.unchanged) > 6 else "")
-        console.print(f"Unchanged tensors ({len(stuck.unchanged)}): {head}")
+    for counted, why in ((True, "trained, per the optimizer state: counted above"),
+                         (False, "frozen or untrained: not counted")):
+        names = [t.name for t in stuck.tensors if t.status == "unchanged" and
+                 t.counted == counted]
+        if names:
+            head = ", ".join(names[:6]) + (" …" if len(names) > 6 else "")
+            console.print(f"Unchanged tensors ({len(names)}, {why}): {head}")
     if stuck.mismatched:
         console.print(f"Not compared (missing or reshaped): {', '.join(stuck.mismatched[:6])}")
     console.print()
@@ -299,6 +346,14 @@ def register(app: typer.Typer) -> None:
         stuck_min_moved: Annotated[float | None, typer.Option(
             "--stuck-min-moved", help="Fraction of a tensor that must change for it to count "
                                       "as moving \\[default: 0.5].")] = None,
+        stuck_excess: Annotated[float | None, typer.Option(
+            "--stuck-excess", help="With optimizer state, stuck entries must exceed this × "
+                                   "what an unbiased rounding leaves unchanged (+4 sd) "
+                                   "\\[default: 1.5].")] = None,
+        rounds_away_max: Annotated[float | None, typer.Option(
+            "--rounds-away-max", help="Round-to-nearest bf16: this share of next updates "
+                                      "under half an ulp is suspect \\[default: 0.25].")
+        ] = None,
         top: Annotated[int | None, typer.Option(
             "--top", help="Offenders to list \\[default: 10].")] = None,
         tensors: Annotated[bool, typer.Option(
@@ -357,6 +412,7 @@ def register(app: typer.Typer) -> None:
             lr=lr, overflow=overflow, lock_min_count=lock_min_count, lock_min_z=lock_z,
             lock_excess=lock_excess, row_norm_factor=row_norm_factor,
             stuck_min_count=stuck_min_count, stuck_min_moved=stuck_min_moved, top=top,
+            stuck_excess=stuck_excess, rounds_away_max=rounds_away_max,
         )
         from astrai.train.muon import next_step
 

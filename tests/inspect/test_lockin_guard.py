@@ -127,7 +127,11 @@ def test_guard_lifecycle_with_fake_context():
     assert len(logger.warnings) == 1  # nothing grew since step 4: no new warning
     steps = [r["step"] for r in guard.records if "lockin/locked" in r]
     assert steps == [0, 2, 4, 5]
-    assert guard.state_dict() == {"locked": 3 * 128 + 240 + 64, "bad": 160 + 3, "warned": []}
+    assert guard.state_dict() == {"locked": 3 * 128 + 240 + 64, "bad": 160 + 3, "warned": [],
+                                  "past_warmup": False}
+    resumed = LockInGuard()
+    resumed.load_state_dict({**guard.state_dict(), "past_warmup": True})
+    assert resumed.state_dict()["past_warmup"] is True  # a resume past warmup stays past it
 
 
 def test_guard_works_with_trainer_style_state_and_python_logging(caplog):

@@ -23,11 +23,13 @@ class Clock:
 
 
 class ScriptedEngine:
-    """Each step takes 1 s and gives every running request one token; a request finishes
-    after max_tokens tokens, or is aborted after `abort_after` tokens."""
+    """Each step takes 1 s (or `durations[i]` s for step i) and gives every running request
+    one token; a request finishes after max_tokens tokens, or is aborted after `abort_after`
+    tokens."""
 
-    def __init__(self, clock, abort_after=None):
+    def __init__(self, clock, abort_after=None, durations=None):
         self.clock = clock
+        self.durations = list(durations or [])
         self.running = {}
         self.on_step = None
         self.abort_after = abort_after
@@ -49,7 +51,8 @@ class ScriptedEngine:
         self.running.pop(rid, None)
 
     def step(self):
-        self.clock.t += 1.0
+        dt = self.durations.pop(0) if self.durations else 1.0
+        self.clock.t += dt
         now = self.clock.t
         outs = []
         for rid, r in list(self.running.items()):
@@ -62,7 +65,7 @@ class ScriptedEngine:
             outs.append(SimpleNamespace(request_id=rid, finished=done, metrics=metrics,
                                         finish_reason=reason if done else None))
         if self.on_step is not None:
-            self.on_step(SimpleNamespace(duration=1.0))  # utilization sampled after the step
+            self.on_step(SimpleNamespace(duration=dt))  # utilization sampled after the step
         for o in outs:
             if o.finished:
                 del self.running[o.request_id]
@@ -120,6 +123,18 @@ def test_pool_sampling_and_engine_counters():
     assert res.engine["prefix_cache_query_tokens"] == 6
     assert res.engine["prefix_cache_hit_rate"] == pytest.approx(3 / 6)
     assert res.engine["num_preemptions"] == 0
+
+
+def test_kv_utilization_mean_is_weighted_by_step_duration():
+    """Steps of 1, 3, 0.5 and 2 s: utilization 0.5, 0.5, 0.25 (then idle until the third
+    arrival at 5 s), 0.25. Weighted by duration the mean is
+    (0.5*1 + 0.5*3 + 0.25*0.5 + 0.25*2) / 6.5 = 21/52; a plain mean of the steps would
+    say 0.375, which is the pool's state for less of the run's time."""
+    res, _, _ = run(durations=[1.0, 3.0, 0.5, 2.0])
+    assert [r.end for r in res.records] == [4.0, 4.5, 7.0]
+    assert res.num_steps == 4
+    assert res.kv_utilization_mean == pytest.approx(21 / 52)
+    assert res.kv_utilization_peak == pytest.approx(0.5)
 
 
 def test_aborted_requests_are_failures():
