@@ -136,5 +136,7 @@ def test_quantize_int8_scores_the_int8_model(ckpt, held, one_thread, monkeypatch
 
     monkeypatch.setattr(loading, "load_model", by_hand)
     int8 = evaluate_perplexity(ckpt, held, device="cpu").bpb
+    # measured: int8 5.21700 against fp32 5.21712 bpb (2.4e-5 apart, relative); the same
+    # computation twice agrees to the last bit, a different batching to ~1e-7
     assert got == pytest.approx(int8, rel=1e-6, abs=0)
-    assert abs(int8 - fp32) > 1e-4 * fp32  # measured: see the commit; fp32 noise ~1e-7
+    assert abs(int8 - fp32) > 5e-6 * fp32
