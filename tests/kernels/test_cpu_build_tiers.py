@@ -57,6 +57,7 @@ def builds(tmp_path_factory):
         p.communicate()
 
 
+@pytest.mark.slow  # four compiles of the torch headers: ~8 s of CPU each, run side by side
 @needs_cxx
 @pytest.mark.parametrize("tier", list(CPUS))
 def test_every_code_path_compiles(builds, tier):
