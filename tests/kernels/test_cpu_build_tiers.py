@@ -125,3 +125,34 @@ def test_no_compiler_is_a_warning_not_a_debug_line(monkeypatch, caplog):
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "no C++ compiler (set CXX or install g++)" in warnings[0]
     assert "torch serves decode" in warnings[0]
+
+
+def test_chat_prints_the_fallback_warning_once(tmp_path):
+    """Where a user sees it: `astrai chat` in a fresh process with no compiler and an empty
+    kernel cache answers on torch and prints the reason once on stderr (Python's last-resort
+    handler shows warnings of a logger nobody configured)."""
+    import os
+    import sys
+
+    from astrai.data.testing import tiny_tokenizer
+    from astrai.model import ModelConfig, build_model
+    from astrai.model.checkpoint import save_checkpoint
+
+    tok = tiny_tokenizer(tmp_path / "tok")
+    cfg = ModelConfig(vocab_size=tok.vocab_size, dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                      ffn_dim=64, max_seq_len=64)
+    ckpt = save_checkpoint(tmp_path / "ckpt", build_model(cfg, seed=0), cfg,
+                           tokenizer_dir=tok.path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NO_COLOR": "1", "TERM": "dumb",
+           "CXX": str(tmp_path / "no-compiler"), "ASTRAI_KERNELS_CACHE": str(tmp_path / "cache"),
+           "ASTRAI_CPU_KERNELS": "1", "ASTRAI_BUILD_KERNELS": "1"}
+    env.pop("ASTRAI_CPU_ISA", None)
+    r = subprocess.run([sys.executable, "-m", "astrai_cli.main", "chat", str(ckpt), "--device",
+                        "cpu", "--prompt", "Hello", "--max-tokens", "3"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "CPU decode kernels" in ln]
+    if cpu_build.best_isa() is None:  # no AVX2: torch by design, a debug line only
+        assert lines == []
+    else:
+        assert len(lines) == 1 and "no C++ compiler (set CXX or install g++)" in lines[0]
