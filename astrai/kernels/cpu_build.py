@@ -179,13 +179,16 @@ def load_first(isa: str) -> tuple[str, frozenset[str], list[str]]:
     -m flags follow, one line per tier that failed before it). Raises CpuKernelUnavailable
     naming every tier's failure when none does."""
     failures: list[str] = []
+    reasons: set[str] = set()
     for tier, flags in tiers(isa):
         try:
             load(tier, flags)
             return tier, flags, failures
         except CpuKernelUnavailable as e:
             failures.append(f"{lib_name(tier, flags)}: {e}")
-    raise CpuKernelUnavailable("; ".join(failures))
+            reasons.add(str(e))
+    # one reason for every tier (no compiler, ASTRAI_BUILD_KERNELS=0) is said once
+    raise CpuKernelUnavailable(reasons.pop() if len(reasons) == 1 else "; ".join(failures))
 
 
 def cpu_status(build: bool = False) -> dict:
@@ -203,7 +206,9 @@ def cpu_status(build: bool = False) -> dict:
         flags, failures = cpu_flags(), []
         if build:
             isa, flags, failures = load_first(isa)
-        out["isa"] = isa
+        out["isa"] = isa  # the extensions the build uses (none after a retry without them)
+        out["vnni"] = isa == "avx512" and "avx512_vnni" in flags
+        out["bf16"] = isa == "avx512" and "avx512_bf16" in flags
         lib = build_dir(isa, flags) / f"{lib_name(isa, flags)}.so"
         out["library"] = str(lib)
         out["built"] = lib.is_file()
