@@ -82,16 +82,17 @@ def int8_dot(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     xq, t = quantize_activations(x, block)  # (M, nb, B), (M, nb)
     M, nb, B = xq.shape
     N, K = q.shape
-    qb = F.pad(q.float(), (0, nb * B - K)).view(N, nb, B).permute(1, 2, 0)  # (nb, B, N)
+    qf = q.float() if nb * B == K else F.pad(q.float(), (0, nb * B - K))  # (N, nb·B)
+    qb = qf.view(N, nb, B).transpose(0, 1)  # (nb, N, B): strided rows, no copy for the BLAS
     out = torch.empty(M, N, dtype=torch.float32, device=x.device)
     step = max(1, DOT_ELEMENTS // max(1, nb * N))
     for m0 in range(0, M, step):
-        dots = torch.bmm(xq[m0:m0 + step].transpose(0, 1), qb)  # (nb, r, N), exact
-        tb = t[m0:m0 + step]  # (r, nb)
-        acc = dots[0] * tb[:, :1]
+        dots = torch.bmm(qb, xq[m0:m0 + step].permute(1, 2, 0))  # (nb, N, r), exact
+        tb = t[m0:m0 + step].T  # (nb, r)
+        acc = dots[0] * tb[0]
         for b in range(1, nb):
-            acc += dots[b] * tb[:, b:b + 1]
-        out[m0:m0 + step] = acc
+            acc += dots[b] * tb[b]
+        out[m0:m0 + step] = acc.T
     return out * scale.float()
 
 
