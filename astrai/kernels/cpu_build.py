@@ -23,8 +23,8 @@ import functools
 import hashlib
 import logging
 import os
-import time
 import shutil
+import time
 from pathlib import Path
 
 import torch

@@ -18,6 +18,7 @@ from astrai.infer.loading import dtype_warning, load_model
 from astrai.kernels import cpu_linear
 from astrai.model import build_model
 from astrai.model.quant import Int8Linear, quantize_model
+
 from .conftest import random_prompts, small_config
 
 
@@ -110,7 +111,7 @@ def test_load_model_quantizes_after_merging_and_refuses_unknown_formats(trained)
 
 
 def test_bf16_on_a_cpu_without_bf16_instructions_warns(monkeypatch):
-    import astrai.device as device
+    from astrai import device
 
     monkeypatch.setattr(device, "cpu_has_bf16", lambda: False)
     note = dtype_warning("cpu", "bfloat16")

@@ -149,7 +149,7 @@ def test_chat_prints_the_fallback_warning_once(tmp_path):
     env.pop("ASTRAI_CPU_ISA", None)
     r = subprocess.run([sys.executable, "-m", "astrai_cli.main", "chat", str(ckpt), "--device",
                         "cpu", "--prompt", "Hello", "--max-tokens", "3"], env=env,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if "CPU decode kernels" in ln]
     if cpu_build.best_isa() is None:  # no AVX2: torch by design, a debug line only
