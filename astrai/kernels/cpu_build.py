@@ -5,12 +5,16 @@ The code path is picked at compile time by the -m flags, which follow the CPU's 
 has avx512_vnni / avx512_bf16, for the int8 and bf16 dots) or `avx2` (avx2 + fma). ASTRAI_CPU_ISA=avx512|avx2|none
 forces a path (a lower one than the CPU's, or none: the torch fallback).
 
+A build that fails is retried one tier down (`tiers`): AVX-512 with the CPU's extensions,
+AVX-512 without them (an older compiler may not know -mavx512bf16), then AVX2; torch serves
+decode only when every tier fails (astrai/kernels/cpu_linear.py warns once, naming why).
+
 torch.utils.cpp_extension builds it (`-O3`, OpenMP for at::parallel_for; ~8 s on two cores:
 only torch/library.h and ATen's core headers) into `cache_root()/cpu-<isa>-<hash>/`, one
 folder per hash of (source, flags, torch version), and loads it as torch ops in the
 namespace `astrai_cpu_<isa>`; a cached build loads without a compiler.
-ASTRAI_BUILD_KERNELS=0 never compiles (a cached build still loads). A machine without a C++ compiler, or a failed build, gives
-CpuKernelUnavailable; the caller falls back to torch (one debug line).
+ASTRAI_BUILD_KERNELS=0 never compiles (a cached build still loads). A machine without a C++
+compiler, or a failed build, gives CpuKernelUnavailable.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ import functools
 import hashlib
 import logging
 import os
-import time
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -39,6 +43,8 @@ _NEEDS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma
 _FLAGS = {"avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma",
                      "-mf16c"],
           "avx2": ["-mavx2", "-mfma", "-mf16c"]}
+_EXTRAS = {"avx512": (("avx512_vnni", "-mavx512vnni"), ("avx512_bf16", "-mavx512bf16"))}
+"""CPU flags a path uses where the CPU has them, and their -m flag."""
 BASE_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")
 
 
@@ -82,13 +88,23 @@ def requested_isa() -> str | None:
 
 
 def compile_flags(isa: str, flags: frozenset[str] | None = None) -> list[str]:
-    """-O3 and the -m flags of `isa` (+ VNNI where the CPU has it, on the avx512 path)."""
+    """-O3 and the -m flags of `isa` (+ VNNI / BF16 where the CPU has them, on the avx512
+    path)."""
     flags = cpu_flags() if flags is None else flags
     out = [*BASE_FLAGS, *_FLAGS[isa], f"-DASTRAI_CPU_NS=astrai_cpu_{isa}"]
-    if isa == "avx512" and "avx512_vnni" in flags:
-        out.append("-mavx512vnni")
-    if isa == "avx512" and "avx512_bf16" in flags:
-        out.append("-mavx512bf16")
+    return out + [m for flag, m in _EXTRAS.get(isa, ()) if flag in flags]
+
+
+def tiers(isa: str, flags: frozenset[str] | None = None) -> list[tuple[str, frozenset[str]]]:
+    """The builds to try from `isa` down, best first, as (path, CPU flags its -m flags
+    follow): `isa` with the CPU's extensions, `isa` without them, then each lower path."""
+    flags = cpu_flags() if flags is None else flags
+    out = []
+    for lower in ISAS[ISAS.index(isa):]:
+        extras = frozenset(f for f, _ in _EXTRAS.get(lower, ()))
+        out.append((lower, flags))
+        if flags & extras:
+            out.append((lower, flags - extras))
     return out
 
 
@@ -97,27 +113,44 @@ def find_cxx() -> str | None:
     return shutil.which(os.environ.get("CXX", "c++"))
 
 
-def build_dir(isa: str) -> Path:
+def build_dir(isa: str, flags: frozenset[str] | None = None) -> Path:
     """Cache folder of this source + flags + torch version."""
     h = hashlib.sha256((csrc_dir() / SOURCE).read_bytes())
     for extra in HEADERS:
         h.update((csrc_dir() / extra).read_bytes())
-    h.update(repr((compile_flags(isa), torch.__version__)).encode())
+    h.update(repr((compile_flags(isa, flags), torch.__version__)).encode())
     return cache_root() / f"cpu-{isa}-{h.hexdigest()[:16]}"
 
 
+def lib_name(isa: str, flags: frozenset[str] | None = None) -> str:
+    """The library's name: the path and its extensions (astrai_cpu_avx512_vnni_bf16). One
+    name per set of flags, so a retry without the extensions is a build of its own name."""
+    flags = cpu_flags() if flags is None else flags
+    return "_".join([f"astrai_cpu_{isa}", *(f.split("_")[1] for f, _ in _EXTRAS.get(isa, ())
+                                             if f in flags)])
+
+
+def first_error(text: str) -> str:
+    """The compiler's first error line in a build failure's text (else its first line), for
+    a one-line log."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    hit = next((ln for ln in lines if "error:" in ln), lines[0] if lines else "unknown error")
+    return hit[:300]
+
+
 @functools.cache
-def load(isa: str) -> object:
-    """Build (or reuse) and load the `isa` variant; returns its op namespace
-    (torch.ops.astrai_cpu_<isa>). A cached build loads without a compiler; with
-    ASTRAI_BUILD_KERNELS=0 nothing is compiled. Raises CpuKernelUnavailable."""
+def load(isa: str, flags: frozenset[str] | None = None) -> object:
+    """Build (or reuse) and load the `isa` variant (its -m flags following `flags`, default
+    this CPU's); returns its op namespace (torch.ops.astrai_cpu_<isa>). A cached build loads
+    without a compiler; with ASTRAI_BUILD_KERNELS=0 nothing is compiled. Raises
+    CpuKernelUnavailable."""
     if isa not in ISAS:
         raise CpuKernelUnavailable(f"unknown CPU code path {isa!r}")
     src = csrc_dir() / SOURCE
     if not src.is_file():
         raise CpuKernelUnavailable(f"{src}: source missing")
-    out = build_dir(isa)
-    lib = out / f"astrai_cpu_{isa}.so"
+    out, name = build_dir(isa, flags), lib_name(isa, flags)
+    lib = out / f"{name}.so"
     if lib.is_file():
         torch.ops.load_library(str(lib))
         return getattr(torch.ops, f"astrai_cpu_{isa}")
@@ -131,18 +164,37 @@ def load(isa: str) -> object:
     log.info("building astrai's CPU decode kernels (%s, first use; cached in %s)", isa, out)
     start = time.perf_counter()
     try:
-        cpp_extension.load(name=f"astrai_cpu_{isa}", sources=[str(src)],
-                           extra_cflags=compile_flags(isa), extra_ldflags=["-fopenmp"],
+        cpp_extension.load(name=name, sources=[str(src)],
+                           extra_cflags=compile_flags(isa, flags), extra_ldflags=["-fopenmp"],
                            build_directory=str(out), is_python_module=False, verbose=False)
     except Exception as e:  # a compiler or linker error, ninja missing, ...
-        raise CpuKernelUnavailable(f"building {src.name} failed: {e}") from e
+        raise CpuKernelUnavailable(f"building {src.name} for {isa} failed: "
+                                   f"{first_error(str(e))}") from e
     log.info("built the CPU decode kernels in %.1f s", time.perf_counter() - start)
     return getattr(torch.ops, f"astrai_cpu_{isa}")
 
 
+def load_first(isa: str) -> tuple[str, frozenset[str], list[str]]:
+    """Load the first of `tiers(isa)` that builds (or is cached): (its path, the CPU flags its
+    -m flags follow, one line per tier that failed before it). Raises CpuKernelUnavailable
+    naming every tier's failure when none does."""
+    failures: list[str] = []
+    reasons: set[str] = set()
+    for tier, flags in tiers(isa):
+        try:
+            load(tier, flags)
+            return tier, flags, failures
+        except CpuKernelUnavailable as e:
+            failures.append(f"{lib_name(tier, flags)}: {e}")
+            reasons.add(str(e))
+    # one reason for every tier (no compiler, ASTRAI_BUILD_KERNELS=0) is said once
+    raise CpuKernelUnavailable(reasons.pop() if len(reasons) == 1 else "; ".join(failures))
+
+
 def cpu_status(build: bool = False) -> dict:
     """The CPU decode kernels here, for `astrai kernels`: the code path, the library (built
-    or not), and why they cannot be had; with `build`, built first (never raises)."""
+    or not), and why they cannot be had; with `build`, built first, a failed tier retried
+    one down (never raises)."""
     out = {"isa": None, "vnni": "avx512_vnni" in cpu_flags(),
            "bf16": "avx512_bf16" in cpu_flags(), "compiler": find_cxx(), "library": None,
            "built": False, "reason": None}
@@ -151,13 +203,18 @@ def cpu_status(build: bool = False) -> dict:
         if isa is None:
             raise CpuKernelUnavailable("this CPU has no AVX2+FMA (or ASTRAI_CPU_ISA=none): "
                                        "torch serves decode")
-        out["isa"] = isa
-        lib = build_dir(isa) / f"astrai_cpu_{isa}.so"
-        out["library"] = str(lib)
+        flags, failures = cpu_flags(), []
         if build:
-            load(isa)
+            isa, flags, failures = load_first(isa)
+        out["isa"] = isa  # the extensions the build uses (none after a retry without them)
+        out["vnni"] = isa == "avx512" and "avx512_vnni" in flags
+        out["bf16"] = isa == "avx512" and "avx512_bf16" in flags
+        lib = build_dir(isa, flags) / f"{lib_name(isa, flags)}.so"
+        out["library"] = str(lib)
         out["built"] = lib.is_file()
-        if not out["built"]:
+        if failures:
+            out["reason"] = "fell back to " + lib_name(isa, flags) + ": " + "; ".join(failures)
+        elif not out["built"]:
             out["reason"] = "not built yet: the engine builds it on first use on a CPU " \
                             "(or `astrai kernels --build`)"
     except CpuKernelUnavailable as e:

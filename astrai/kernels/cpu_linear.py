@@ -9,13 +9,17 @@ wraps its ops for astrai/model/fast_path.py, through which every linear layer of
 blocks, the int8 layers and the engine's LM head go: while they are active, a product of at
 most 16 rows on a CPU (a decode step) runs the kernel, and everything else torch; with fp32
 weights one row stays on torch where its GEMV is measured faster (MKL on an Intel CPU).
-Without a compiler, on a CPU without AVX2+FMA, with ASTRAI_CPU_KERNELS=0 or when the build
-fails, it returns None (one debug line says why) and torch serves every product.
+On a CPU without AVX2+FMA or with ASTRAI_CPU_KERNELS=0 it returns None (one debug line);
+a build that fails is retried one tier down (AVX-512 without its extensions, then AVX2), and
+when a tier fails, or none builds (no compiler), one warning on the `astrai.kernels` logger
+says why; with None torch serves every product.
 
-int8 weights: `int8_act="int8"` (the default where the CPU has AVX512-VNNI) quantizes the
-activations to int8 per block of 128 (absmax) and takes int32 dots, as llama.cpp's
-q8_0 × q8_0 does; `"fp32"` keeps them fp32 (the int8 weights converted in registers): exact
-to the dequantized model. Each op has a fake implementation, so torch.compile traces a
+int8 weights: `int8_act="int8"` (the default) quantizes the activations to int8 per row and
+block of 128 (absmax) and takes int32 dots, as llama.cpp's q8_0 × q8_0 does and as torch's
+path of astrai/model/quant.py does for the products the kernel does not take (more rows), so
+an int8 model computes one function on every CPU and for every batch (VNNI `vpdpbusd`, else
+AVX2's `maddubs`); `"fp32"` keeps them fp32 (the int8 weights converted in registers, exact
+to the dequantized model), and torch's path then keeps them fp32 too. Each op has a fake implementation, so torch.compile traces a
 model that calls them.
 """
 
@@ -38,6 +42,7 @@ MAX_ROWS = {"fp32": 16, "bf16": 8, "int8": 16}
 16 rows oneDNN's AMX GEMM is faster where the CPU has AMX; figures in docs/engine.md)."""
 
 
+@functools.cache  # once per namespace: two tiers of one path share it
 def _register_fakes(ns: str) -> None:
     def fake(x, w, *rest):
         return x.new_empty(*x.shape[:-1], w.shape[0])
@@ -60,22 +65,23 @@ def _register_fakes(ns: str) -> None:
 
 
 @functools.cache
-def load_ops(isa: str) -> tuple[object, dict[str, int]]:
+def load_ops(isa: str, flags: frozenset[str] | None = None) -> tuple[object, dict[str, int]]:
     """(op namespace, {"vector": floats per vector, "vnni": 0/1, "block": QK, "bf16_dot":
-    0/1}) of the built
-    `isa` variant, fakes registered. Raises cpu_build.CpuKernelUnavailable."""
-    ops = cpu_build.load(isa)
+    0/1}) of the built `isa` variant (its -m flags following `flags`, default this CPU's),
+    fakes registered. Raises cpu_build.CpuKernelUnavailable."""
+    ops = cpu_build.load(isa, flags)
     _register_fakes(f"astrai_cpu_{isa}")
     vector, vnni, block, bf16 = ops.info()
     return ops, {"vector": vector, "vnni": vnni, "block": block, "bf16_dot": bf16}
 
 
-def decode_kernels(isa: str, int8_act: str | None = None) -> fast_path.DecodeKernels:
-    """The DecodeKernels of the `isa` build; `int8_act` "int8" | "fp32" (None: int8 where
-    the build has VNNI, else fp32)."""
-    ops, info = load_ops(isa)
+def decode_kernels(isa: str, int8_act: str | None = None,
+                   flags: frozenset[str] | None = None) -> fast_path.DecodeKernels:
+    """The DecodeKernels of the `isa` build (`flags`: load_ops'); `int8_act` "int8" (None)
+    | "fp32": the int8 products' activations (the module docstring)."""
+    ops, info = load_ops(isa, flags)
     if int8_act is None:
-        int8_act = "int8" if info["vnni"] else "fp32"
+        int8_act = "int8"
     if int8_act not in ("int8", "fp32"):
         raise ValueError(f"int8_act {int8_act!r}: use int8 or fp32")
     quantized = int8_act == "int8"
@@ -115,8 +121,8 @@ _built: dict[tuple, fast_path.DecodeKernels | None] = {}
 
 
 def cpu_decode_kernels(int8_act: str | None = None) -> fast_path.DecodeKernels | None:
-    """The CPU decode kernels of this machine (built at first use, then cached), or None,
-    with one debug line, where they cannot be had; use them with
+    """The CPU decode kernels of this machine (built at first use, then cached), or None
+    where they cannot be had (the module docstring says what is logged); use them with
     `fast_path.active(kernels)`."""
     if os.environ.get("ASTRAI_CPU_KERNELS", "1") == "0":
         log.debug("CPU decode kernels off (ASTRAI_CPU_KERNELS=0); torch serves decode")
@@ -128,12 +134,26 @@ def cpu_decode_kernels(int8_act: str | None = None) -> fast_path.DecodeKernels |
 
 
 def _try_build(int8_act: str | None) -> fast_path.DecodeKernels | None:
+    """The kernels of the best tier that builds; a warning (shown by the CLI) when a tier
+    failed, once per process, since decode then runs slower than it could."""
     try:
         isa = cpu_build.requested_isa()
-        if isa is None:
-            raise cpu_build.CpuKernelUnavailable("this CPU has no AVX2+FMA (or "
-                                                 "ASTRAI_CPU_ISA=none)")
-        return decode_kernels(isa, int8_act)
     except cpu_build.CpuKernelUnavailable as e:
-        log.debug("CPU decode kernels unavailable, torch serves decode: %s", e)
+        log.warning("CPU decode kernels unavailable, torch serves decode: %s", e)
         return None
+    if isa is None:
+        log.debug("CPU decode kernels unavailable, torch serves decode: this CPU has no "
+                  "AVX2+FMA (or ASTRAI_CPU_ISA=none)")
+        return None
+    try:
+        tier, flags, failures = cpu_build.load_first(isa)
+        kernels = decode_kernels(tier, int8_act, flags)
+    except cpu_build.CpuKernelUnavailable as e:
+        quiet = os.environ.get("ASTRAI_BUILD_KERNELS", "1") == "0"  # asked not to build
+        (log.debug if quiet else log.warning)(
+            "CPU decode kernels unavailable, torch serves decode (slower): %s", e)
+        return None
+    if failures:
+        log.warning("CPU decode kernels: %s; using %s instead", "; ".join(failures),
+                    cpu_build.lib_name(tier, flags))
+    return kernels

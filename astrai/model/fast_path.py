@@ -3,6 +3,7 @@ for faster kernels.
 
     y = fast_path.linear(x, w, b)              # F.linear(x, w, b), or an active kernel
     y = fast_path.int8_product(x2, q, scale)   # None unless a kernel takes it
+    fast_path.int8_activations()               # int8 products quantize activations?
     q, k, v = fast_path.project_many(x, (q_proj, k_proj, v_proj))   # or None
     y = fast_path.rms_norm(x, w, eps)          # None unless a kernel takes it
     o = fast_path.paged_decode(q, k_buf, v_buf, req_to_token, rows, lens, scale)  # or None
@@ -125,6 +126,15 @@ def int8_product(x: Tensor, q: Tensor, scale: Tensor,
     if k is None or q.dtype != torch.int8 or not _takes(k, x, torch.int8):
         return None
     return k.int8_gemv(x, q, scale, bias)
+
+
+def int8_activations() -> bool:
+    """Whether int8 products quantize their activations per row and block
+    (astrai/model/quant.py): yes, unless the active kernels keep them fp32
+    (`DecodeKernels.int8_quantized` False) — torch's products then do the same, so a row's
+    result does not depend on which of the two serves it."""
+    k = _kernels
+    return k is None or k.int8_quantized
 
 
 NORM_ELEMENTS = 1 << 16

@@ -1,21 +1,29 @@
-"""Weight-only int8 for inference: symmetric absmax per output row (per-channel scales).
+"""Int8 for inference: weights symmetric absmax per output row (per-channel scales),
+activations symmetric absmax per row and per block of ACT_BLOCK values, made at each product.
 
     q[n, :] = round(W[n, :] / s[n]),   s[n] = max|W[n, :]| / 127,   W ≈ s[:, None] · q
+    xq[m, b] = round(x[m, b] / t[m, b]),   t[m, b] = max|x[m, b]| / 127   (block b of row m)
+    y[m, n] = s[n] · Σ_b t[m, b] · (xq[m, b] · q[n, b])
 
-computed at load time from the fp32/bf16 weights. Decode reads every weight once per token
-(llama.cpp's q8_0 for the same reason: int8 values beside their scale), so a quarter of the
-fp32 bytes is most of the gain. Which layers, and which kernel, are stated in docs/engine.md
-"Weight formats": every linear layer of the blocks (attention q/k/v/o, SwiGLU gate/up/down,
-MoE experts and shared experts; not the router) and the LM head, as llama.cpp quantizes its
-output matrix; the embedding table stays in the model's dtype (a lookup reads one row per
-token, no bandwidth to save) — with tied embeddings the head gets its own int8 copy.
+the weights computed at load time from the fp32/bf16 weights. Decode reads every weight once
+per token (llama.cpp's q8_0 for the same reason: int8 values beside their scale), so a quarter
+of the fp32 bytes is most of the gain. Which layers, and which kernel, are stated in
+docs/engine.md "Weight formats": every linear layer of the blocks (attention q/k/v/o, SwiGLU
+gate/up/down, MoE experts and shared experts; not the router) and the LM head, as llama.cpp
+quantizes its output matrix; the embedding table stays in the model's dtype (a lookup reads
+one row per token, no bandwidth to save) — with tied embeddings the head gets its own int8
+copy.
 
-The product, for a few rows (decoding): astrai's CPU decode kernel where one is installed
-(astrai/model/fast_path.py; the engine installs astrai/kernels/cpu_linear.py's on a CPU),
-else torch's `aten._weight_int8pack_mm` (bf16 activations, int8 weights, bf16 row scales,
-fp32 accumulation) on a CPU with torch's AVX-512 kernel;
-otherwise the dequantized weight in the activations' dtype (`F.linear(x, q) · s`), which is
-exact to the dequantized model and as fast as the unquantized GEMM for prefill.
+The activations are quantized as llama.cpp's q8_0 × q8_0 dot does (blocks with their own
+scale), and each row only by its own values: a row's result never depends on the rows
+computed with it, so a request's output does not change with the other requests of its batch
+(a scale per tensor, or per batch, would make it). The product is the same function of each
+row whatever serves it: astrai's CPU decode kernel for a few rows (astrai/model/fast_path.py;
+the engine installs astrai/kernels/cpu_linear.py's on a CPU), else `int8_dot` in torch for
+any number of rows, whose block dots are exact integers (|Σ| <= 128 · 127² < 2²⁴, exact in
+fp32 in any order) summed over the blocks in one fixed order: bit-identical per row whatever
+the batch. A kernel set that keeps fp32 activations (`int8_act="fp32"`, exact to the
+dequantized model) makes the torch path keep them too (`F.linear(x, q) · s`).
 """
 
 from __future__ import annotations
@@ -29,9 +37,10 @@ from astrai.model.lora import has_lora
 
 QUANTIZE = ("int8",)
 """Weight formats `--quantize` accepts (besides none)."""
-FAST_ROWS = 16
-"""Most rows sent through the int8 kernel; above it the dequantized GEMM is faster (the
-kernel costs per row; figures in docs/engine.md "Weight formats")."""
+ACT_BLOCK = 128
+"""Activation values per quantization block (csrc/cpu/decode_gemv.cpp's QK)."""
+DOT_ELEMENTS = 1 << 24
+"""Most block dots `int8_dot` holds at once (64 MB of fp32): rows are taken in chunks."""
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,27 +59,54 @@ def dequantize_rows(q: torch.Tensor, scale: torch.Tensor,
     return (q.float() * scale.float()[:, None]).to(dtype)
 
 
-def int8_kernel_available(device: torch.device) -> bool:
-    """Whether `_weight_int8pack_mm` has a fast path here: torch's CPU kernel is vectorised
-    for AVX-512 only (its scalar fallback is slower than the fp32 GEMM)."""
-    if device.type != "cpu" or not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
-        return False
-    return torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX")
+def quantize_activations(x: torch.Tensor, block: int = ACT_BLOCK
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (xq [M, nb, block] int-valued fp32 in [-127, 127], t [M, nb] fp32): per row
+    and block of `block` values (the last zero-padded), t = max|x| / 127 and
+    xq = round(x · (127 / max|x|)) in fp32, ties to even — the kernel's arithmetic, so both
+    quantize a row to the same values. Each row by its own values only."""
+    M, K = x.shape
+    nb = -(-K // block)
+    xb = F.pad(x.float(), (0, nb * block - K)).view(M, nb, block)  # (M, nb, B)
+    amax = xb.abs().amax(-1, keepdim=True)  # (M, nb, 1)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return torch.round(xb * inv), (amax / 127.0).squeeze(-1)
+
+
+def int8_dot(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+             block: int = ACT_BLOCK) -> torch.Tensor:
+    """x [M, K] quantized per row and block (`quantize_activations`) against int8 q [N, K]
+    with row scales [N] -> fp32 [M, N]. Each block dot is an exact integer (fp32 holds
+    |Σ| <= block · 127² < 2²⁴ in any summation order), the blocks summed in order b = 0, 1, ...
+    by elementwise ops: a row's result is bit-identical whatever rows come with it."""
+    xq, t = quantize_activations(x, block)  # (M, nb, B), (M, nb)
+    M, nb, B = xq.shape
+    N, K = q.shape
+    qf = q.float() if nb * B == K else F.pad(q.float(), (0, nb * B - K))  # (N, nb·B)
+    qb = qf.view(N, nb, B).transpose(0, 1)  # (nb, N, B): strided rows, no copy for the BLAS
+    out = torch.empty(M, N, dtype=torch.float32, device=x.device)
+    step = max(1, DOT_ELEMENTS // max(1, nb * N))
+    for m0 in range(0, M, step):
+        dots = torch.bmm(qb, xq[m0:m0 + step].permute(1, 2, 0))  # (nb, N, r), exact
+        tb = t[m0:m0 + step].T  # (nb, r)
+        acc = dots[0] * tb[0]
+        for b in range(1, nb):
+            acc += dots[b] * tb[b]
+        out[m0:m0 + step] = acc.T
+    return out * scale.float()
 
 
 def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
-                bias: torch.Tensor | None = None, *, fast: bool = True,
-                scale_bf16: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] -> [..., N] = x (s·q)ᵀ + bias, in x's dtype. `fast` allows the int8
-    kernel (bf16 activations) when x has at most FAST_ROWS rows."""
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] -> [..., N] ≈ x (s·q)ᵀ + bias in x's dtype, the activations quantized per
+    row and block (the module docstring), through a decode kernel where one takes it."""
     out = fast_path.int8_product(x, q, scale, bias)  # a decode kernel, where active
     if out is not None:
         return out
     x2 = x.reshape(-1, x.shape[-1])  # (M, K), M = all leading dims
-    if fast and x2.shape[0] <= FAST_ROWS:
-        sb = scale.to(torch.bfloat16) if scale_bf16 is None else scale_bf16
-        out = torch.ops.aten._weight_int8pack_mm(x2.to(torch.bfloat16), q, sb).to(x.dtype)
-    else:
+    if fast_path.int8_activations():
+        out = int8_dot(x2, q, scale).to(x.dtype)
+    else:  # the kernels keep fp32 activations: so does torch
         out = F.linear(x2, q.to(x.dtype)) * scale.to(x.dtype)  # (M, N)
     if bias is not None:
         out = out + bias.to(out.dtype)
@@ -87,9 +123,7 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = q.shape
         self.register_buffer("qweight", q)  # (N, K) int8
         self.register_buffer("scale", scale.float())  # (N,) fp32
-        self.register_buffer("scale_bf16", scale.to(torch.bfloat16))  # the kernel's dtype
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
-        self.fast = int8_kernel_available(q.device)
 
     @classmethod
     def from_linear(cls, layer: nn.Linear) -> Int8Linear:
@@ -98,19 +132,17 @@ class Int8Linear(nn.Module):
 
     def _apply(self, fn, recurse=True):
         # model.to(dtype) must not turn the int8 values or the fp32 scales into floats:
-        # only the bias follows the model's dtype; a device move re-checks the kernel.
-        q, scale, sb = self.qweight, self.scale, self.scale_bf16
+        # only the bias follows the model's dtype.
+        q, scale = self.qweight, self.scale
         super()._apply(fn, recurse)
         dev = self.qweight.device
         if self.qweight.dtype != torch.int8:
             self.qweight = q.to(dev)
-        self.scale, self.scale_bf16 = scale.to(dev), sb.to(dev)
-        self.fast = int8_kernel_available(dev)
+        self.scale = scale.to(dev)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return int8_linear(x, self.qweight, self.scale, self.bias, fast=self.fast,
-                           scale_bf16=self.scale_bf16)
+        return int8_linear(x, self.qweight, self.scale, self.bias)
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight [N, K] this layer multiplies by."""
@@ -118,7 +150,7 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, int8 per-row")
+                f"bias={self.bias is not None}, int8 per-row, activations per row and block")
 
 
 def quantize_model(model: nn.Module, fmt: str = "int8", *, head: bool = True) -> nn.Module:

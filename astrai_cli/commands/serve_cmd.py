@@ -130,7 +130,7 @@ def register(app: typer.Typer) -> None:
             use_threads(threads)
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-        for name in ("astrai.serve", "astrai.infer"):
+        for name in ("astrai.serve", "astrai.infer", "astrai.kernels"):
             logger = logging.getLogger(name)
             logger.addHandler(handler)
             logger.setLevel(logging.INFO)

@@ -88,6 +88,14 @@ constexpr bool kVnni = false;
 #endif
 
 // -- vectors --------------------------------------------------------------------------------
+// The horizontal sum of 8 floats (AVX2's vsum, and the AVX2 int8 dot on either path).
+inline float hsum256(__m256 a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 constexpr int VL = 16;
 using vf = __m512;
@@ -123,12 +131,7 @@ inline vf vzero() { return _mm256_setzero_ps(); }
 inline vf vset1(float a) { return _mm256_set1_ps(a); }
 inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
 inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-inline float vsum(vf a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+inline float vsum(vf a) { return hsum256(a); }
 inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 inline void vstore(float* p, vf a) { _mm256_storeu_ps(p, a); }
 inline vf vmaxv(vf a, vf b) { return _mm256_max_ps(a, b); }
@@ -468,7 +471,9 @@ inline void q8_tile(const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw
 constexpr int MBQ = 2;
 #else
 // AVX2: maddubs needs one unsigned side, so |xq| against q with xq's sign (llama.cpp's
-// trick); |q|, |xq| <= 127 keeps the 16-bit pair sums from saturating.
+// trick); |q|, |xq| <= 127 keeps the 16-bit pair sums from saturating. Also the path of an
+// AVX-512 CPU without VNNI (Skylake-SP/X), whose vf is __m512: this code keeps its own
+// 256-bit vectors and their horizontal sum (hsum256), never vsum(vf).
 inline __m256i dot32(const uint8_t* a, const int8_t* sx, const int8_t* w, int64_t left) {
   __m256i wv;
   if (left < 32) {
@@ -503,7 +508,7 @@ inline void q8_tile(const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw
     }
   }
   for (int m = 0; m < MBv; ++m)
-    for (int r = 0; r < R; ++r) sums[m * RT + r] = vsum(accf[m][r]);
+    for (int r = 0; r < R; ++r) sums[m * RT + r] = hsum256(accf[m][r]);
 }
 constexpr int MBQ = 2;
 #endif

@@ -1,7 +1,9 @@
 """`quantize='int8'` end to end on a tiny model trained for a few steps (the `trained`
 fixture of conftest.py): bits per byte
 within 1% of fp32 (astrai checkpoint and its HF export), the engine's greedy tokens equal
-to a model holding the dequantized weights in fp32, and the loading errors and warnings."""
+to a model holding the dequantized weights in fp32, a request's tokens the same whatever
+requests share its batches (with and without the CPU kernels), and the loading errors and
+warnings."""
 
 from __future__ import annotations
 
@@ -11,10 +13,13 @@ from torch import nn
 
 from astrai.errors import ConfigError
 from astrai.eval.perplexity import evaluate_perplexity
-from astrai.infer import CacheConfig, Engine, SamplingParams
+from astrai.infer import CacheConfig, Engine, SamplingParams, SchedulerConfig
 from astrai.infer.loading import dtype_warning, load_model
+from astrai.kernels import cpu_linear
 from astrai.model import build_model
-from astrai.model.quant import Int8Linear
+from astrai.model.quant import Int8Linear, quantize_model
+
+from .conftest import random_prompts, small_config
 
 
 @pytest.mark.parametrize("which", ["ckpt", "hf"])
@@ -64,6 +69,36 @@ def test_engine_greedy_tokens_equal_the_dequantized_fp32_model(trained):
     assert greedy(q, prompt) == ref
 
 
+@pytest.mark.parametrize("kernels", ["cpu kernels", "torch"])
+def test_a_requests_tokens_do_not_depend_on_its_batch(kernels, monkeypatch):
+    """16 prompts x 64 greedy tokens in one batch equal each prompt run alone: every int8
+    product quantizes each row by its own values, the same way whichever of the kernel
+    (a few rows: decode, short prompts) and torch (the batch's prefill) serves it. The
+    sharp random model of conftest.py (top-1/top-2 gaps far above fp32 noise)."""
+    if kernels == "torch":
+        monkeypatch.setenv("ASTRAI_CPU_KERNELS", "0")
+    elif cpu_linear.cpu_decode_kernels() is None:
+        pytest.skip("the CPU decode kernels do not build here")
+    else:  # the kernels that quantize the int8 products' activations (VNNI's and AVX2's)
+        import astrai.infer.engine as engine_module
+
+        monkeypatch.setattr(engine_module, "cpu_decode_kernels",
+                            lambda: cpu_linear.cpu_decode_kernels(int8_act="int8"))
+    model = quantize_model(build_model(small_config(), seed=0).eval())
+    prompts = random_prompts([3 + 2 * i for i in range(16)], seed=7)  # 3..33 tokens
+    params = SamplingParams.greedy(64, ignore_eos=True)
+
+    def engine() -> Engine:  # no prefix sharing: each run computes its own K/V
+        return Engine(model, None, CacheConfig(page_size=16, max_kv_tokens=2048,
+                                               max_requests=16, radix=False),
+                      scheduler_config=SchedulerConfig(max_step_tokens=2048))
+
+    together = [o.token_ids for o in engine().generate(prompts, params)]
+    eng = engine()
+    alone = [eng.generate(p, params)[0].token_ids for p in prompts]
+    assert sum(a == b for a, b in zip(together, alone)) == 16
+
+
 def test_load_model_quantizes_after_merging_and_refuses_unknown_formats(trained):
     ckpt = trained[0]
     m = load_model(ckpt, device="cpu", quantize="int8")
@@ -76,7 +111,7 @@ def test_load_model_quantizes_after_merging_and_refuses_unknown_formats(trained)
 
 
 def test_bf16_on_a_cpu_without_bf16_instructions_warns(monkeypatch):
-    import astrai.device as device
+    from astrai import device
 
     monkeypatch.setattr(device, "cpu_has_bf16", lambda: False)
     note = dtype_warning("cpu", "bfloat16")

@@ -141,9 +141,32 @@ def test_paged_decode_matches_the_reference(ops, lens, H, K, D):
                                rtol=2 ** -7, atol=1e-2)
 
 
-def test_the_engine_gets_the_kernels_here():
-    """A compiler and AVX2 are here: a build that fails must fail a test, not fall back."""
-    assert cpu_linear.cpu_decode_kernels() is not None
+def test_the_engine_gets_the_kernels_here(monkeypatch):
+    """A compiler and AVX2 are here: a build that fails must fail a test, not fall back
+    (ASTRAI_CPU_ISA / ASTRAI_CPU_KERNELS of the run set aside: this is about the build)."""
+    monkeypatch.delenv("ASTRAI_CPU_ISA", raising=False)
+    monkeypatch.delenv("ASTRAI_CPU_KERNELS", raising=False)
+    k = cpu_linear.cpu_decode_kernels()
+    assert k is not None and k.name.startswith(BEST)
+
+
+@pytest.mark.parametrize("op", ["gemv", "gemv_int8", "gemv_q8"])
+def test_a_rows_result_is_bit_identical_alone_and_batched(ops, op):
+    """Each row's sums are taken in one order whatever its group (float tiles of 1..8 rows,
+    int8 pairs) and int8 activations are quantized per row: a row batched with rows 10⁶
+    times larger or smaller, in any position, gets the bits it gets alone."""
+    o, _ = ops
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(16, 300, generator=g) * torch.logspace(-3, 3, 16)[:, None]  # (16, 300)
+    w, b = torch.randn(37, 300, generator=g), torch.randn(37, generator=g)
+    args = (w, b) if op == "gemv" else (*quantize_rows(w), b)
+    f, many = getattr(o, op), getattr(o, op + "_many")
+    alone = torch.cat([f(x[i:i + 1], *args) for i in range(16)])  # (16, 37)
+    for rows in (slice(0, 2), slice(0, 5), slice(3, 12), slice(None)):
+        assert torch.equal(f(x[rows], *args), alone[rows])
+    flip = torch.arange(15, -1, -1)
+    assert torch.equal(f(x[flip], *args), alone[flip])
+    assert torch.equal(many(x[3:12], *([a] for a in args))[0], alone[3:12])  # one matrix
 
 
 def test_ops_trace_through_their_fake_implementations(ops):
@@ -231,7 +254,7 @@ def test_no_kernels_where_they_cannot_be_had(monkeypatch, caplog):
     def fail(isa):
         raise cpu_build.CpuKernelUnavailable("no C++ compiler (set CXX or install g++)")
 
-    monkeypatch.setattr(cpu_linear, "load_ops", fail)
+    monkeypatch.setattr(cpu_build, "load_first", fail)
     assert cpu_linear.cpu_decode_kernels() is None
     monkeypatch.setenv("ASTRAI_CPU_ISA", "sse2")
     with pytest.raises(cpu_build.CpuKernelUnavailable, match="use one of avx512, avx2"):
@@ -239,9 +262,10 @@ def test_no_kernels_where_they_cannot_be_had(monkeypatch, caplog):
 
 
 def test_status_names_the_code_path_and_the_library(monkeypatch):
+    monkeypatch.delenv("ASTRAI_CPU_ISA", raising=False)  # the CPU's own path, then none
     st = cpu_build.cpu_status(build=True)
-    assert st["isa"] == cpu_build.requested_isa() and st["built"] and st["reason"] is None
-    assert st["library"].endswith(f"astrai_cpu_{st['isa']}.so")
+    assert st["isa"] == BEST and st["built"] and st["reason"] is None
+    assert st["library"].endswith(f"{cpu_build.lib_name(BEST)}.so")
     monkeypatch.setenv("ASTRAI_CPU_ISA", "none")
     assert "torch serves decode" in cpu_build.cpu_status()["reason"]
 

@@ -1,5 +1,6 @@
 """int8 weights (astrai/model/quant.py): the per-row quantizer against its closed form, the
-int8 product against the dequantized fp32 product, and which layers a model swaps."""
+int8 product against the kernel's reference (activations per row and block) and the
+dequantized fp32 product, each row independent of its batch, and which layers a model swaps."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from astrai.model import build_model, get_preset
+from astrai.kernels.reference import gemv_q8_ref
+from astrai.model import build_model, fast_path, get_preset
 from astrai.model.lora import LoraSpec, apply_lora
 from astrai.model.quant import (
-    FAST_ROWS,
+    ACT_BLOCK,
     Int8Linear,
     dequantize_rows,
-    int8_kernel_available,
     int8_linear,
     quantize_model,
     quantize_rows,
@@ -45,20 +46,56 @@ def test_rows_are_symmetric_absmax_with_half_a_step_of_error():
     assert dequantize_rows(q, s, torch.bfloat16).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("rows", [1, 3, FAST_ROWS, FAST_ROWS + 1, 40])
+@pytest.mark.parametrize("rows", [1, 3, 16, 17, 40])
 @pytest.mark.parametrize("bias", [False, True])
-def test_int8_product_equals_the_dequantized_fp32_product(rows, bias):
+def test_int8_product_quantizes_activations_per_row_and_block(rows, bias):
+    """torch's int8 product (no kernel active) is the kernel's q8 arithmetic: the reference's
+    exact integer dots of the block-quantized activations, to fp32 rounding; and within the
+    quantization error of the dequantized fp32 product, not equal to it."""
     g = torch.Generator().manual_seed(rows)
-    w, x = torch.randn(48, 64, generator=g), torch.randn(2, rows, 64, generator=g)
+    w, x = torch.randn(48, 300, generator=g), torch.randn(2, rows, 300, generator=g)
     b = torch.randn(48, generator=g) if bias else None
     q, s = quantize_rows(w)
-    ref = F.linear(x, dequantize_rows(q, s), b)  # (2, rows, 48)
-    exact = int8_linear(x, q, s, b, fast=False)
-    torch.testing.assert_close(exact, ref, rtol=1e-5, atol=1e-4)
-    if int8_kernel_available(x.device):  # bf16 activations: within their rounding
-        fast = int8_linear(x, q, s, b, fast=True)
-        assert fast.shape == ref.shape and fast.dtype == torch.float32
-        assert ((fast - ref).norm() / ref.norm()).item() < 1e-2
+    got = int8_linear(x, q, s, b)
+    assert got.shape == (2, rows, 48) and got.dtype == torch.float32
+    ref = gemv_q8_ref(x.reshape(-1, 300), q, s, b, block=ACT_BLOCK).view(2, rows, 48)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    deq = F.linear(x, dequantize_rows(q, s), b)
+    _, xs = quantize_rows(x.reshape(-1, 300))  # max|x| / 127 per row bounds every block's
+    step = (dequantize_rows(q, s).abs().sum(1)[None, :] * xs[:, None] / 2).view(2, rows, 48)
+    err = (got - deq).abs()
+    assert bool((err <= step * 1.001 + 1e-5).all()) and err.max() > 1e-4
+
+
+def test_a_row_is_bit_identical_alone_and_in_any_batch():
+    """A row's output through Int8Linear does not depend on the rows beside it, however
+    different their magnitudes: every batch gives each row the bits it gets alone."""
+    g = torch.Generator().manual_seed(0)
+    lin = nn.Linear(300, 48)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(48, 300, generator=g))
+    layer = Int8Linear.from_linear(lin)
+    x = torch.randn(40, 300, generator=g) * torch.logspace(-3, 3, 40)[:, None]  # (40, 300)
+    with torch.no_grad():
+        alone = torch.cat([layer(x[i:i + 1]) for i in range(40)])  # (40, 48)
+        for rows in (slice(0, 2), slice(0, 16), slice(3, 20), slice(None)):
+            assert torch.equal(layer(x[rows]), alone[rows])
+        flip = torch.arange(39, -1, -1)  # the big rows first
+        assert torch.equal(layer(x[flip]), alone[flip])
+        assert torch.equal(layer(x.view(4, 10, 300)), alone.view(4, 10, 48))
+
+
+def test_kernels_keeping_fp32_activations_make_torch_keep_them():
+    """With kernels whose int8 products keep fp32 activations active, torch's products for
+    the rows they leave are the dequantized fp32 product too (one function per model)."""
+    g = torch.Generator().manual_seed(1)
+    w, x = torch.randn(48, 64, generator=g), torch.randn(40, 64, generator=g)
+    q, s = quantize_rows(w)
+    fp32_act = fast_path.DecodeKernels("test", *(lambda *a: None,) * 4, int8_quantized=False,
+                                       int8_rows=(0, 0))
+    with fast_path.active(fp32_act):
+        got = int8_linear(x, q, s)
+    torch.testing.assert_close(got, F.linear(x, dequantize_rows(q, s)), rtol=1e-5, atol=1e-5)
 
 
 def test_a_model_swaps_every_block_linear_and_the_head_not_the_embeddings():
