@@ -4,9 +4,9 @@ Follows the OpenAI API reference ("Create chat completion", "Create completion")
 extra sampling fields vLLM accepts (top_k, min_p, repetition_penalty, ignore_eos,
 stop_token_ids, include_stop_str_in_output). A null field counts as absent. Any other
 field, or a field with a value we cannot honour, is a 400 naming it: never silently
-ignored. With `n` > 1 and a seed, choice i uses seed + i (as vLLM does), so the choices
-differ and the whole response is reproducible. The sizes a request may have (prompts,
-messages, stop strings, n) are bounded in limits.py.
+ignored. With `n` > 1 and a seed, choice i uses seed + i (as vLLM does; modulo 2**64), so
+the choices differ and the whole response is reproducible. The sizes a request may have
+(prompts, messages, stop strings, n) are bounded in limits.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from astrai.errors import ConfigError
-from astrai.infer.params import SamplingParams
+from astrai.infer.params import SEED_RANGE, SamplingParams
 from astrai.infer.structured import StructuredOutputs
 from astrai.serve.errors import bad_request
 from astrai.serve.limits import (
@@ -66,6 +66,15 @@ class Job:
     constrained_by: str | None = None
     """The field whose constraint every choice follows (response_format,
     structured_outputs, tool_choice); None: free text."""
+
+
+def choice_seed(seed: int, j: int) -> int:
+    """Choice j's seed: seed + j (vLLM's rule), wrapped modulo 2**64 above SEED_RANGE so
+    that every seed a client may send works with any n (2**64 - 1 with n = 2: 2**64 - 1,
+    then 0). The sampler reads a seed modulo 2**64 (sampling_math.seed_for), so the
+    wrapped seeds still differ."""
+    s = seed + j
+    return s - 2**64 if s > SEED_RANGE[1] else s
 
 
 def _is_num(v: Any) -> bool:
@@ -143,7 +152,7 @@ def _sampling(body: dict, max_tokens_key: str, default_seed: int | None) -> dict
     top_k = _num(body, "top_k", -1, None, integer=True)
     if top_k is not None:
         kw["top_k"] = top_k
-    seed = _num(body, "seed", integer=True)
+    seed = _num(body, "seed", SEED_RANGE[0], SEED_RANGE[1], integer=True)
     kw["seed"] = seed if seed is not None else default_seed
     for key in ("ignore_eos", "include_stop_str_in_output"):
         if _bool(body, key) is not None:
@@ -228,7 +237,7 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
         for j in range(n):
             pk = dict(kw, max_tokens=kw["max_tokens"] or room)
             if pk["seed"] is not None:
-                pk["seed"] = pk["seed"] + j
+                pk["seed"] = choice_seed(pk["seed"], j)
             if top_logprobs is not None:
                 pk.update(logprobs=True, top_logprobs=top_logprobs)
             params.append(_params(pk))

@@ -166,3 +166,15 @@ def test_small_requests_answer_while_heavy_ones_run(srv):
         t.join(300)
     assert set(statuses) <= {200, 400, 503} and 200 in statuses, statuses
     assert max(slowest.values()) < LIVENESS_BOUND_S, slowest
+
+
+def test_every_seed_a_client_may_send_works_with_any_n(srv):
+    body = {"prompt": [1, 2, 3], "max_tokens": 6, "n": 3, "temperature": 1.0,
+            "ignore_eos": True}
+    status, got = post(srv, {**body, "seed": 2**64 - 1})
+    assert status == 200 and len(got["choices"]) == 3, got
+    texts = [c["text"] for c in got["choices"]]
+    assert post(srv, {**body, "seed": 2**64 - 1})[1]["choices"] == got["choices"]
+    assert len(set(texts)) > 1  # the wrapped seeds still differ
+    status, got = post(srv, {**body, "seed": 2**64})
+    assert refused(status, got, "seed") and str(2**64) in got["error"]["message"], got
