@@ -40,6 +40,7 @@ def load_engine(config: ServeConfig) -> Any:
         if tok is None:
             raise ConfigError(f"--chat-template: {path} has no tokenizer.json to apply it to")
         tok.chat_template = tpl.read_text(encoding="utf-8")
+    check_template(tok, config.chat_template or f"{path}'s chat template")
     model = load_model(path, device=config.device, dtype=config.dtype, adapter=config.adapter,
                        quantize=config.quantize)
     cache = config.cache.model_copy(update={"max_requests": config.max_running})
@@ -47,6 +48,22 @@ def load_engine(config: ServeConfig) -> Any:
     return Engine(model, tok, cache, config.backend, scheduler_config=sched, seed=config.seed,
                   decode=config.decode, speculative=config.speculative,
                   loras=config.loras, max_loras=config.max_loras)
+
+
+def check_template(tok: Any, where: str) -> None:
+    """Render a one-message conversation through the chat template before serving: a
+    template that fails on it would fail every chat request, so it is refused at start-up
+    in one line rather than answered with an error per request."""
+    from astrai.errors import DataError
+    from astrai.serve.prompts import chat_prompt_ids
+
+    if getattr(tok, "chat_template", None) is None:
+        return
+    try:
+        chat_prompt_ids(tok, [{"role": "user", "content": "Hello"}])
+    except DataError as e:
+        raise ConfigError(f"--chat-template {where}: fails on a one-message conversation "
+                          f"({e}); fix the template or pass another") from None
 
 
 def check_paths(config: ServeConfig) -> Path:
