@@ -179,7 +179,8 @@ def _stream(body: dict) -> tuple[bool, bool]:
     return stream, bool(_bool(opts, "include_usage"))
 
 
-def _completion_prompts(body: dict, tokenizer: Any) -> list[list[int] | str]:
+def _completion_prompts(body: dict, tokenizer: Any, max_chars: int | None
+                        ) -> list[list[int] | str]:
     p = body.get("prompt")
     err = bad_request("'prompt' must be a string, a list of strings, a list of token ids or "
                       "a list of lists of token ids", "prompt")
@@ -201,14 +202,32 @@ def _completion_prompts(body: dict, tokenizer: Any) -> list[list[int] | str]:
                           "request", "prompt")
     if any(isinstance(s, str) for s in prompts) and tokenizer is None:
         raise bad_request("this model has no tokenizer: send the prompt as token ids", "prompt")
+    longest = max((len(s) for s in prompts if isinstance(s, str)), default=0)
+    if max_chars is not None and longest > max_chars:
+        raise bad_request(f"'prompt' holds a text of {longest} characters; this model's "
+                          f"context takes at most {max_chars} (its context times its longest "
+                          "token's characters): shorten the prompt", "prompt",
+                          "context_length_exceeded")
     return prompts
+
+
+def _tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text. A batch call where the tokenizer has one: the HF tokenizers
+    library releases the GIL while it encodes a batch (and skips character offsets), so a
+    long prompt does not stall the event loop's thread; `encode` holds the GIL throughout."""
+    if not texts:
+        return []
+    batch = getattr(tokenizer, "encode_batch", None)
+    return batch(texts) if batch is not None else [tokenizer.encode(t) for t in texts]
 
 
 def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, vocab_size: int,
           max_context: int, default_seed: int | None = None,
-          admit: Callable[[int], None] | None = None, tool_parser: str | None = None) -> Job:
+          admit: Callable[[int], None] | None = None, tool_parser: str | None = None,
+          max_prompt_chars: int | None = None) -> Job:
     """Validate one request body into a Job; raises APIError (400) naming the field.
-    `tool_parser` is the server's `--tool-call-parser` (None: chosen from the template).
+    `tool_parser` is the server's `--tool-call-parser` (None: chosen from the template);
+    `max_prompt_chars`: the longest prompt text the context could take (limits.py).
 
     `admit(k)` is called with the request's number of choices (prompts x n) once the body
     is validated and before any prompt is tokenized or rendered and any SamplingParams
@@ -219,7 +238,8 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
         raise bad_request("'model' must be a string", "model")
     n = _num(body, "n", 1, MAX_N, integer=True) or 1
     stream, include_usage = _stream(body)
-    top_logprobs, kw, raw = _prompt_source(kind, body, tokenizer, default_seed)
+    top_logprobs, kw, raw = _prompt_source(kind, body, tokenizer, default_seed,
+                                           max_prompt_chars)
     if kw["stop"] and tokenizer is None:
         raise bad_request("'stop' strings need a tokenizer; use stop_token_ids", "stop")
     template = getattr(tokenizer, "chat_template", None)
@@ -229,7 +249,8 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
         admit(len(raw) * n)
     if kind == "chat":
         raw = [chat_prompt_ids(tokenizer, raw[0], plan.tools if plan else None)]
-    prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in raw]
+    ids = iter(_tokenize(tokenizer, [p for p in raw if isinstance(p, str)]))
+    prompts = [next(ids) if isinstance(p, str) else list(p) for p in raw]
     params = []
     for ids in prompts:
         _check_prompt(ids, kw["max_tokens"], vocab_size, max_context)
@@ -264,8 +285,8 @@ def _constraint(body: dict, plan: ToolPlan | None, tokenizer: Any
     return spec, "structured_outputs" if "structured_outputs" in body else "response_format"
 
 
-def _prompt_source(kind: str, body: dict, tokenizer: Any, default_seed: int | None
-                   ) -> tuple[int | None, dict[str, Any], list]:
+def _prompt_source(kind: str, body: dict, tokenizer: Any, default_seed: int | None,
+                   max_chars: int | None = None) -> tuple[int | None, dict[str, Any], list]:
     """(top_logprobs, sampling kwargs, the prompts still untokenized: for chat one
     validated message list, for completions strings or token-id lists)."""
     if kind == "chat":
@@ -280,7 +301,7 @@ def _prompt_source(kind: str, body: dict, tokenizer: Any, default_seed: int | No
         return (top or 0) if lp else None, kw, [msgs]
     top_logprobs = _num(body, "logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
     kw = _sampling(body, "max_tokens", default_seed)
-    return top_logprobs, kw, _completion_prompts(body, tokenizer)
+    return top_logprobs, kw, _completion_prompts(body, tokenizer, max_chars)
 
 
 def _check_prompt(ids: list[int], max_tokens: int | None, vocab: int, ctx: int) -> None:

@@ -22,6 +22,7 @@ from astrai.errors import CheckpointError, ConfigError
 from astrai.serve.address import check_listen
 from astrai.serve.app import ServerState, create_app
 from astrai.serve.config import ServeConfig
+from astrai.serve.limits import max_prompt_chars
 from astrai.serve.loop import EngineLoop
 from astrai.serve.metrics import ServerMetrics
 
@@ -99,7 +100,9 @@ class Server:
                                  engine.vocab_size, self.metrics, config.api_key,
                                  config.max_body_bytes,
                                  tool_call_parser=config.tool_call_parser,
-                                 lora_loading=config.enable_lora_loading)
+                                 lora_loading=config.enable_lora_loading,
+                                 max_prompt_chars=max_prompt_chars(engine.tokenizer,
+                                                                   engine.max_context))
         self.app = create_app(self.state)
         self._uv = _Uvicorn(uvicorn.Config(
             self.app, host=config.host, port=config.port, log_config=None, access_log=False,

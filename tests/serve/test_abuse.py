@@ -178,3 +178,29 @@ def test_every_seed_a_client_may_send_works_with_any_n(srv):
     assert len(set(texts)) > 1  # the wrapped seeds still differ
     status, got = post(srv, {**body, "seed": 2**64})
     assert refused(status, got, "seed") and str(2**64) in got["error"]["message"], got
+
+
+def test_large_prompts_do_not_stall_others(srv):
+    """8 prompts of 3.8 MB at once: tokenizing one took ~10 s holding the GIL, which froze
+    the event loop (/health) and every other request. Now a text longer than the context
+    could take is a 400 before any tokenizing, and prompts are tokenized without the GIL."""
+    big = "the quick brown fox jumps over the lazy dog. " * 84_000  # 3.8 MB
+    statuses: list[tuple[int, dict]] = []
+    threads = [threading.Thread(target=lambda: statuses.append(
+        post(srv, {"prompt": big, "max_tokens": 1}, timeout=300)), daemon=True)
+        for _ in range(8)]
+    for t in threads:
+        t.start()
+    slowest, rounds = 0.0, 0
+    while rounds < 3 or any(t.is_alive() for t in threads):
+        t0 = time.monotonic()
+        assert srv.get("/health")[0] == 200
+        assert post(srv, {"prompt": "hi", "max_tokens": 1}, timeout=300)[0] == 200
+        slowest = max(slowest, time.monotonic() - t0)
+        rounds += 1
+    assert slowest < LIVENESS_BOUND_S, slowest
+    assert all(refused(s, b, "prompt") for s, b in statuses) and len(statuses) == 8, statuses
+    # a text that fits the context is still served (~880 tokens of the 1,024)
+    fits = "the quick brown fox jumps over the lazy dog. " * 35
+    status, body = post(srv, {"prompt": fits, "max_tokens": 1})
+    assert status == 200 and body["usage"]["prompt_tokens"] < 1024, body
