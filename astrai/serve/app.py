@@ -55,6 +55,9 @@ class ServerState:
     max_prompt_chars: int | None = None
     """The longest completions prompt text the context could take (limits.py); None: no
     bound but the body's size."""
+    max_request_tokens: int | None = None
+    """The most tokens one request's choices may generate together (the KV pool's tokens);
+    None: unbounded."""
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -223,7 +226,8 @@ def read_job(state: ServerState, kind: str, raw: bytes) -> Job:
         job = parse(kind, body, tokenizer=state.tokenizer, vocab_size=state.vocab_size,
                     max_context=state.max_context, admit=admit,
                     tool_parser=state.tool_call_parser,
-                    max_prompt_chars=state.max_prompt_chars)
+                    max_prompt_chars=state.max_prompt_chars,
+                    max_request_tokens=state.max_request_tokens)
     except AstraiError as e:  # e.g. a chat template that rejects the conversation
         raise bad_request(str(e)) from None
     except RecursionError:

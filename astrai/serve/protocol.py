@@ -224,10 +224,11 @@ def _tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:
 def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, vocab_size: int,
           max_context: int, default_seed: int | None = None,
           admit: Callable[[int], None] | None = None, tool_parser: str | None = None,
-          max_prompt_chars: int | None = None) -> Job:
+          max_prompt_chars: int | None = None, max_request_tokens: int | None = None) -> Job:
     """Validate one request body into a Job; raises APIError (400) naming the field.
     `tool_parser` is the server's `--tool-call-parser` (None: chosen from the template);
-    `max_prompt_chars`: the longest prompt text the context could take (limits.py).
+    `max_prompt_chars`: the longest prompt text the context could take;
+    `max_request_tokens`: the most tokens all choices together may generate (limits.py).
 
     `admit(k)` is called with the request's number of choices (prompts x n) once the body
     is validated and before any prompt is tokenized or rendered and any SamplingParams
@@ -251,9 +252,13 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
         raw = [chat_prompt_ids(tokenizer, raw[0], plan.tools if plan else None)]
     ids = iter(_tokenize(tokenizer, [p for p in raw if isinstance(p, str)]))
     prompts = [next(ids) if isinstance(p, str) else list(p) for p in raw]
-    params = []
     for ids in prompts:
         _check_prompt(ids, kw["max_tokens"], vocab_size, max_context)
+    if max_request_tokens is not None:
+        _check_request_tokens(body, prompts, kw["max_tokens"], n, max_context,
+                              max_request_tokens)
+    params = []
+    for ids in prompts:
         room = max_context - len(ids)
         for j in range(n):
             pk = dict(kw, max_tokens=kw["max_tokens"] or room)
@@ -302,6 +307,23 @@ def _prompt_source(kind: str, body: dict, tokenizer: Any, default_seed: int | No
     top_logprobs = _num(body, "logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
     kw = _sampling(body, "max_tokens", default_seed)
     return top_logprobs, kw, _completion_prompts(body, tokenizer, max_chars)
+
+
+def _check_request_tokens(body: dict, prompts: list[list[int]], max_tokens: int | None,
+                          n: int, ctx: int, bound: int) -> None:
+    """n x max_tokens over the prompts (max_tokens absent: the context left after each
+    prompt) at most `bound`, the server's KV pool: one request may not ask for more pages
+    than the pool holds, nor, unread, keep the server producing that much."""
+    total = sum(n * (max_tokens or ctx - len(ids)) for ids in prompts)
+    if total <= bound:
+        return
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    per = bound // (n * len(prompts))
+    raise bad_request(f"this request may generate {total} tokens (prompts x n x '{key}'"
+                      f"{'' if max_tokens else ', the context left when absent'}); this "
+                      f"server allows {bound} per request (its KV pool, --max-kv-tokens): "
+                      f"give '{key}' <= {per} or a smaller n", key)
 
 
 def _check_prompt(ids: list[int], max_tokens: int | None, vocab: int, ctx: int) -> None:

@@ -102,7 +102,8 @@ class Server:
                                  tool_call_parser=config.tool_call_parser,
                                  lora_loading=config.enable_lora_loading,
                                  max_prompt_chars=max_prompt_chars(engine.tokenizer,
-                                                                   engine.max_context))
+                                                                   engine.max_context),
+                                 max_request_tokens=engine.cache_config.max_kv_tokens)
         self.app = create_app(self.state)
         self._uv = _Uvicorn(uvicorn.Config(
             self.app, host=config.host, port=config.port, log_config=None, access_log=False,
