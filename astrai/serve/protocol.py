@@ -249,7 +249,8 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
     if admit is not None:
         admit(len(raw) * n)
     if kind == "chat":
-        raw = [chat_prompt_ids(tokenizer, raw[0], plan.tools if plan else None)]
+        raw = [chat_prompt_ids(tokenizer, raw[0], plan.tools if plan else None,
+                               max_prompt_chars)]
     ids = iter(_tokenize(tokenizer, [p for p in raw if isinstance(p, str)]))
     prompts = [next(ids) if isinstance(p, str) else list(p) for p in raw]
     for ids in prompts:

@@ -181,14 +181,17 @@ def test_every_seed_a_client_may_send_works_with_any_n(srv):
 
 
 def test_large_prompts_do_not_stall_others(srv):
-    """8 prompts of 3.8 MB at once: tokenizing one took ~10 s holding the GIL, which froze
-    the event loop (/health) and every other request. Now a text longer than the context
-    could take is a 400 before any tokenizing, and prompts are tokenized without the GIL."""
+    """8 prompts of 3.8 MB at once (completions and chat): tokenizing one took ~10 s
+    holding the GIL, which froze the event loop (/health) and every other request. Now a
+    text (or a rendered chat) longer than the context could take is a 400 before any
+    tokenizing, and prompts are tokenized without the GIL."""
     big = "the quick brown fox jumps over the lazy dog. " * 84_000  # 3.8 MB
     statuses: list[tuple[int, dict]] = []
-    threads = [threading.Thread(target=lambda: statuses.append(
-        post(srv, {"prompt": big, "max_tokens": 1}, timeout=300)), daemon=True)
-        for _ in range(8)]
+    bodies = [({"prompt": big, "max_tokens": 1}, "/v1/completions"),
+              ({"messages": [{"role": "user", "content": big}], "max_tokens": 1},
+               "/v1/chat/completions")] * 4
+    threads = [threading.Thread(target=lambda b=b, p=p: statuses.append(
+        (p, *post(srv, b, p, timeout=300))), daemon=True) for b, p in bodies]
     for t in threads:
         t.start()
     slowest, rounds = 0.0, 0
@@ -199,7 +202,9 @@ def test_large_prompts_do_not_stall_others(srv):
         slowest = max(slowest, time.monotonic() - t0)
         rounds += 1
     assert slowest < LIVENESS_BOUND_S, slowest
-    assert all(refused(s, b, "prompt") for s, b in statuses) and len(statuses) == 8, statuses
+    assert len(statuses) == 8 and all(
+        refused(s, b, "prompt" if p == "/v1/completions" else "messages")
+        for p, s, b in statuses), statuses
     # a text that fits the context is still served (~880 tokens of the 1,024)
     fits = "the quick brown fox jumps over the lazy dog. " * 35
     status, body = post(srv, {"prompt": fits, "max_tokens": 1})
