@@ -41,7 +41,8 @@ def load_engine(config: ServeConfig) -> Any:
         if tok is None:
             raise ConfigError(f"--chat-template: {path} has no tokenizer.json to apply it to")
         tok.chat_template = tpl.read_text(encoding="utf-8")
-    check_template(tok, config.chat_template or f"{path}'s chat template")
+    check_template(tok, f"--chat-template {config.chat_template}"
+                   if config.chat_template is not None else f"{path}: the chat template")
     model = load_model(path, device=config.device, dtype=config.dtype, adapter=config.adapter,
                        quantize=config.quantize)
     cache = config.cache.model_copy(update={"max_requests": config.max_running})
@@ -63,7 +64,7 @@ def check_template(tok: Any, where: str) -> None:
     try:
         chat_prompt_ids(tok, [{"role": "user", "content": "Hello"}])
     except DataError as e:
-        raise ConfigError(f"--chat-template {where}: fails on a one-message conversation "
+        raise ConfigError(f"{where} fails on a one-message conversation "
                           f"({e}); fix the template or pass another") from None
 
 
