@@ -87,6 +87,8 @@ def speculative_config(method: str, model: Path | None, k: int) -> Any:
         raise ConfigError("--speculative ngram and --speculative-model: give one of them")
     if model is None and method == "none":
         return None
+    if model is not None:
+        model = checkpoint_path(model)  # a run directory: its newest checkpoint
     if model is not None and not (model / "config.json").is_file():
         raise ConfigError(f"--speculative-model {model}: not a model directory (no "
                           "config.json)")

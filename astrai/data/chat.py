@@ -21,9 +21,9 @@ import json
 import jinja2
 import jinja2.meta
 from jinja2.ext import Extension
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from astrai.data.chat_templates import CHATML
+from astrai.data.template_sandbox import BoundedSandbox, bounded_render
 from astrai.errors import ConfigError, DataError
 
 # What `astrai tokenizer train` gives a new tokenizer: ChatML with a BOS at the start.
@@ -61,11 +61,12 @@ class _GenerationBlocks(Extension):
 
 @lru_cache(maxsize=32)
 def compile_template(source: str) -> jinja2.Template:
-    """Compile a chat template the way HF transformers does (sandboxed, trimmed blocks)."""
-    env = ImmutableSandboxedEnvironment(
+    """Compile a chat template the way HF transformers does (sandboxed, trimmed blocks), in
+    a sandbox that also bounds what a rendering may build (template_sandbox.py)."""
+    env = BoundedSandbox(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationBlocks]
     )
-    env.filters["tojson"] = _tojson
+    env.add_filter("tojson", _tojson)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = _strftime_now
     try:
@@ -79,12 +80,19 @@ def render(source: str, messages: Sequence[dict], *, add_generation_prompt: bool
     """Render `messages` through the template `source` (special: bos_token, eos_token, ...;
     tools: the function tools in OpenAI's shape, None = none)."""
     try:
-        return compile_template(source).render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt,
+        return bounded_render(
+            compile_template(source), messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
             tools=None if tools is None else list(tools), documents=None, **(special or {}),
         )
+    except RecursionError:  # a macro that calls itself without end
+        raise DataError("chat template failed to render: recursion deeper than Python's "
+                        "limit (a macro or include that calls itself without end?); fix "
+                        "the template") from None
     except jinja2.TemplateError as e:
         raise DataError(f"chat template failed to render: {e}") from e
+    except Exception as e:  # noqa: BLE001 -- any error of the template's code is its own
+        raise DataError(f"chat template failed to render: {type(e).__name__}: {e}") from e
 
 
 _PROBE = "astrai_probe_function_7f3a"
@@ -98,10 +106,11 @@ def renders_tools(source: str) -> bool:
     conversation is rendered with a probe tool and the probe's name looked for (a template
     that fails on that conversation counts when it reads a `tools` variable)."""
     try:
-        text = compile_template(source).render(
-            messages=[{"role": "user", "content": "hi"}], add_generation_prompt=True,
-            tools=_PROBE_TOOLS, documents=None, bos_token="", eos_token="", pad_token="")
-    except jinja2.TemplateError:
+        text = bounded_render(
+            compile_template(source), messages=[{"role": "user", "content": "hi"}],
+            add_generation_prompt=True, tools=_PROBE_TOOLS, documents=None, bos_token="",
+            eos_token="", pad_token="")
+    except Exception:  # noqa: BLE001 -- the template's own failure, whatever its type
         env = compile_template(source).environment
         return "tools" in jinja2.meta.find_undeclared_variables(env.parse(source))
     return _PROBE in text

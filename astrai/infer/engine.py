@@ -139,6 +139,7 @@ class Engine:
                 raise ConfigError("speculative method 'draft' needs a draft model: "
                                   "--speculative-model DIR")
             if draft is None:
+                self._check_draft_tokenizer(config.model)
                 draft = load_model(config.model, device=str(p.device), dtype=p.dtype)
             proposer = DraftProposer(draft, self.cache_config, vocab_size=self.vocab_size,
                                      max_context=self.max_context, dtype=p.dtype,
@@ -146,6 +147,21 @@ class Engine:
                                      native=self.native_step is not None)
         return Speculator(config, self.sampler, self.max_context,
                           self.scheduler_config.max_step_tokens, proposer)
+
+    def _check_draft_tokenizer(self, path: str) -> None:
+        """A draft must read the target's token ids: equal vocabulary sizes are not enough
+        (two tokenizers of one size map text to different ids, and every proposal would
+        be rejected). Compared by fingerprint when both directories have a tokenizer."""
+        from astrai.infer.loading import load_tokenizer
+
+        ours = getattr(self.tokenizer, "fingerprint", None)
+        theirs = load_tokenizer(path)
+        if ours is None or theirs is None or theirs.fingerprint() == ours():
+            return
+        where = getattr(self.tokenizer, "path", None) or "the model"
+        raise ConfigError(f"--speculative-model {path}: its tokenizer differs from {where}'s "
+                          "(same vocabulary size, other tokens or merges); use a draft "
+                          "trained with the model's tokenizer")
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, device: str = "auto",

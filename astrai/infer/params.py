@@ -18,6 +18,11 @@ from typing import Any
 from astrai.errors import ConfigError
 from astrai.infer.structured import StructuredOutputs
 
+GREEDY_BELOW = 1e-5
+"""Temperatures below this decode greedily (vLLM's `_SAMPLING_EPS`): dividing a logit of
+10 by a temperature near the float32 edge (1e-45 ... 1e-38) overflows to inf, the softmax
+of a row of infs is NaN, and the draw then returns token 0 at every step; the limit of
+softmax(x / t) as t -> 0 is the argmax anyway."""
 MAX_TOP_LOGPROBS = 20
 """Most alternatives per token `top_logprobs` may ask for (OpenAI's limit)."""
 INT32_MAX = 2**31 - 1
@@ -39,7 +44,7 @@ class SamplingParams:
     max_tokens: int = 256
     """Most tokens to generate; the context length also stops a request ("length")."""
     temperature: float = 1.0
-    """Softmax temperature; 0 = greedy (argmax)."""
+    """Softmax temperature; 0 = greedy (argmax), as is any value below 1e-5 (GREEDY_BELOW)."""
     top_k: int = 0
     """Keep the k most likely tokens; 0 (or -1) = off."""
     top_p: float = 1.0
@@ -89,7 +94,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:

@@ -71,7 +71,7 @@ class Sampler:
         from `start_masks(reqs, V)` (None: computed here when needed)."""
         _B, V = logits.shape
         ps = [r.params for r in reqs]
-        if all(p.temperature == 0.0 and not (p.logprobs or p.top_logprobs or p.has_penalties)
+        if all(p.is_greedy and not (p.logprobs or p.top_logprobs or p.has_penalties)
                for p in ps) and all(r.constraint is None for r in reqs):
             return [Pick(t) for t in S.first_argmax(logits).tolist()]  # plain greedy rows
         if any(r.constraint is not None for r in reqs):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from astrai.infer.params import GREEDY_BELOW
+
 NEG_INF = float("-inf")
 
 
@@ -43,8 +45,9 @@ def apply_token_mask(logits: torch.Tensor, rows: torch.Tensor, allowed: torch.Te
 
 
 def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """Divide row b by temperature[b]; rows with temperature 0 (greedy) stay as they are."""
-    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    """Divide row b by temperature[b]; greedy rows (temperature below GREEDY_BELOW) stay as
+    they are."""
+    t = torch.where(temperature >= GREEDY_BELOW, temperature, torch.ones_like(temperature))
     return logits / t[:, None]
 
 

@@ -52,6 +52,12 @@ class ServerState:
     """`--tool-call-parser`: how tool calls are read; None = chosen from the template."""
     lora_loading: bool = False
     """--enable-lora-loading: the runtime adapter routes are open (with an API key)."""
+    max_prompt_chars: int | None = None
+    """The longest completions prompt text the context could take (limits.py); None: no
+    bound but the body's size."""
+    max_request_tokens: int | None = None
+    """The most tokens one request's choices may generate together (the KV pool's tokens);
+    None: unbounded."""
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -219,7 +225,9 @@ def read_job(state: ServerState, kind: str, raw: bytes) -> Job:
     try:
         job = parse(kind, body, tokenizer=state.tokenizer, vocab_size=state.vocab_size,
                     max_context=state.max_context, admit=admit,
-                    tool_parser=state.tool_call_parser)
+                    tool_parser=state.tool_call_parser,
+                    max_prompt_chars=state.max_prompt_chars,
+                    max_request_tokens=state.max_request_tokens)
     except AstraiError as e:  # e.g. a chat template that rejects the conversation
         raise bad_request(str(e)) from None
     except RecursionError:

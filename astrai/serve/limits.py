@@ -9,11 +9,13 @@ running set. A request over a bound is a 400 naming the field, checked before an
 
 from __future__ import annotations
 
+from typing import Any
+
 from astrai.infer.params import MAX_STOP, MAX_STOP_CHARS, MAX_TOP_LOGPROBS
 from astrai.serve.errors import APIError, bad_request
 
 __all__ = ["MAX_MESSAGES", "MAX_N", "MAX_PROMPTS", "MAX_STOP", "MAX_STOP_CHARS",
-           "MAX_TOP_LOGPROBS", "check_capacity", "queue_full"]
+           "MAX_TOP_LOGPROBS", "check_capacity", "max_prompt_chars", "queue_full"]
 
 MAX_N = 64
 """Choices per prompt (`n`)."""
@@ -21,6 +23,19 @@ MAX_PROMPTS = 64
 """Prompts in one /v1/completions request (a list of strings or of token-id lists)."""
 MAX_MESSAGES = 1024
 """Chat messages in one request (each is rendered through the chat template)."""
+
+
+def max_prompt_chars(tokenizer: Any, max_context: int) -> int | None:
+    """The longest prompt text (in characters) that could fit the context: a token covers
+    at most as many characters as its longest vocabulary entry has (a byte-level entry has
+    one character per byte it covers), so a longer text needs more than `max_context`
+    tokens. Refusing it before tokenizing costs nothing and refuses nothing that could be
+    served; tokenizing 3.8 MB takes seconds. None when the vocabulary cannot be read."""
+    backend = getattr(tokenizer, "backend", None)
+    if backend is None:
+        return None
+    longest = max((len(t) for t in backend.get_vocab()), default=0)
+    return max_context * max(longest, 1)
 
 
 def queue_full() -> APIError:

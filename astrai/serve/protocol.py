@@ -4,9 +4,9 @@ Follows the OpenAI API reference ("Create chat completion", "Create completion")
 extra sampling fields vLLM accepts (top_k, min_p, repetition_penalty, ignore_eos,
 stop_token_ids, include_stop_str_in_output). A null field counts as absent. Any other
 field, or a field with a value we cannot honour, is a 400 naming it: never silently
-ignored. With `n` > 1 and a seed, choice i uses seed + i (as vLLM does), so the choices
-differ and the whole response is reproducible. The sizes a request may have (prompts,
-messages, stop strings, n) are bounded in limits.py.
+ignored. With `n` > 1 and a seed, choice i uses seed + i (as vLLM does; modulo 2**64), so
+the choices differ and the whole response is reproducible. The sizes a request may have
+(prompts, messages, stop strings, n) are bounded in limits.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from astrai.errors import ConfigError
-from astrai.infer.params import SamplingParams
+from astrai.infer.params import SEED_RANGE, SamplingParams
 from astrai.infer.structured import StructuredOutputs
 from astrai.serve.errors import bad_request
 from astrai.serve.limits import (
@@ -66,6 +66,15 @@ class Job:
     constrained_by: str | None = None
     """The field whose constraint every choice follows (response_format,
     structured_outputs, tool_choice); None: free text."""
+
+
+def choice_seed(seed: int, j: int) -> int:
+    """Choice j's seed: seed + j (vLLM's rule), wrapped modulo 2**64 above SEED_RANGE so
+    that every seed a client may send works with any n (2**64 - 1 with n = 2: 2**64 - 1,
+    then 0). The sampler reads a seed modulo 2**64 (sampling_math.seed_for), so the
+    wrapped seeds still differ."""
+    s = seed + j
+    return s - 2**64 if s > SEED_RANGE[1] else s
 
 
 def _is_num(v: Any) -> bool:
@@ -143,7 +152,7 @@ def _sampling(body: dict, max_tokens_key: str, default_seed: int | None) -> dict
     top_k = _num(body, "top_k", -1, None, integer=True)
     if top_k is not None:
         kw["top_k"] = top_k
-    seed = _num(body, "seed", integer=True)
+    seed = _num(body, "seed", SEED_RANGE[0], SEED_RANGE[1], integer=True)
     kw["seed"] = seed if seed is not None else default_seed
     for key in ("ignore_eos", "include_stop_str_in_output"):
         if _bool(body, key) is not None:
@@ -170,7 +179,8 @@ def _stream(body: dict) -> tuple[bool, bool]:
     return stream, bool(_bool(opts, "include_usage"))
 
 
-def _completion_prompts(body: dict, tokenizer: Any) -> list[list[int] | str]:
+def _completion_prompts(body: dict, tokenizer: Any, max_chars: int | None
+                        ) -> list[list[int] | str]:
     p = body.get("prompt")
     err = bad_request("'prompt' must be a string, a list of strings, a list of token ids or "
                       "a list of lists of token ids", "prompt")
@@ -192,14 +202,33 @@ def _completion_prompts(body: dict, tokenizer: Any) -> list[list[int] | str]:
                           "request", "prompt")
     if any(isinstance(s, str) for s in prompts) and tokenizer is None:
         raise bad_request("this model has no tokenizer: send the prompt as token ids", "prompt")
+    longest = max((len(s) for s in prompts if isinstance(s, str)), default=0)
+    if max_chars is not None and longest > max_chars:
+        raise bad_request(f"'prompt' holds a text of {longest} characters; this model's "
+                          f"context takes at most {max_chars} (its context times its longest "
+                          "token's characters): shorten the prompt", "prompt",
+                          "context_length_exceeded")
     return prompts
+
+
+def _tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text. A batch call where the tokenizer has one: the HF tokenizers
+    library releases the GIL while it encodes a batch (and skips character offsets), so a
+    long prompt does not stall the event loop's thread; `encode` holds the GIL throughout."""
+    if not texts:
+        return []
+    batch = getattr(tokenizer, "encode_batch", None)
+    return batch(texts) if batch is not None else [tokenizer.encode(t) for t in texts]
 
 
 def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, vocab_size: int,
           max_context: int, default_seed: int | None = None,
-          admit: Callable[[int], None] | None = None, tool_parser: str | None = None) -> Job:
+          admit: Callable[[int], None] | None = None, tool_parser: str | None = None,
+          max_prompt_chars: int | None = None, max_request_tokens: int | None = None) -> Job:
     """Validate one request body into a Job; raises APIError (400) naming the field.
-    `tool_parser` is the server's `--tool-call-parser` (None: chosen from the template).
+    `tool_parser` is the server's `--tool-call-parser` (None: chosen from the template);
+    `max_prompt_chars`: the longest prompt text the context could take;
+    `max_request_tokens`: the most tokens all choices together may generate (limits.py).
 
     `admit(k)` is called with the request's number of choices (prompts x n) once the body
     is validated and before any prompt is tokenized or rendered and any SamplingParams
@@ -210,7 +239,8 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
         raise bad_request("'model' must be a string", "model")
     n = _num(body, "n", 1, MAX_N, integer=True) or 1
     stream, include_usage = _stream(body)
-    top_logprobs, kw, raw = _prompt_source(kind, body, tokenizer, default_seed)
+    top_logprobs, kw, raw = _prompt_source(kind, body, tokenizer, default_seed,
+                                           max_prompt_chars)
     if kw["stop"] and tokenizer is None:
         raise bad_request("'stop' strings need a tokenizer; use stop_token_ids", "stop")
     template = getattr(tokenizer, "chat_template", None)
@@ -219,16 +249,22 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
     if admit is not None:
         admit(len(raw) * n)
     if kind == "chat":
-        raw = [chat_prompt_ids(tokenizer, raw[0], plan.tools if plan else None)]
-    prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in raw]
-    params = []
+        raw = [chat_prompt_ids(tokenizer, raw[0], plan.tools if plan else None,
+                               max_prompt_chars)]
+    ids = iter(_tokenize(tokenizer, [p for p in raw if isinstance(p, str)]))
+    prompts = [next(ids) if isinstance(p, str) else list(p) for p in raw]
     for ids in prompts:
         _check_prompt(ids, kw["max_tokens"], vocab_size, max_context)
+    if max_request_tokens is not None:
+        _check_request_tokens(body, prompts, kw["max_tokens"], n, max_context,
+                              max_request_tokens)
+    params = []
+    for ids in prompts:
         room = max_context - len(ids)
         for j in range(n):
             pk = dict(kw, max_tokens=kw["max_tokens"] or room)
             if pk["seed"] is not None:
-                pk["seed"] = pk["seed"] + j
+                pk["seed"] = choice_seed(pk["seed"], j)
             if top_logprobs is not None:
                 pk.update(logprobs=True, top_logprobs=top_logprobs)
             params.append(_params(pk))
@@ -255,8 +291,8 @@ def _constraint(body: dict, plan: ToolPlan | None, tokenizer: Any
     return spec, "structured_outputs" if "structured_outputs" in body else "response_format"
 
 
-def _prompt_source(kind: str, body: dict, tokenizer: Any, default_seed: int | None
-                   ) -> tuple[int | None, dict[str, Any], list]:
+def _prompt_source(kind: str, body: dict, tokenizer: Any, default_seed: int | None,
+                   max_chars: int | None = None) -> tuple[int | None, dict[str, Any], list]:
     """(top_logprobs, sampling kwargs, the prompts still untokenized: for chat one
     validated message list, for completions strings or token-id lists)."""
     if kind == "chat":
@@ -271,7 +307,24 @@ def _prompt_source(kind: str, body: dict, tokenizer: Any, default_seed: int | No
         return (top or 0) if lp else None, kw, [msgs]
     top_logprobs = _num(body, "logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
     kw = _sampling(body, "max_tokens", default_seed)
-    return top_logprobs, kw, _completion_prompts(body, tokenizer)
+    return top_logprobs, kw, _completion_prompts(body, tokenizer, max_chars)
+
+
+def _check_request_tokens(body: dict, prompts: list[list[int]], max_tokens: int | None,
+                          n: int, ctx: int, bound: int) -> None:
+    """n x max_tokens over the prompts (max_tokens absent: the context left after each
+    prompt) at most `bound`, the server's KV pool: one request may not ask for more pages
+    than the pool holds, nor, unread, keep the server producing that much."""
+    total = sum(n * (max_tokens or ctx - len(ids)) for ids in prompts)
+    if total <= bound:
+        return
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    per = bound // (n * len(prompts))
+    raise bad_request(f"this request may generate {total} tokens (prompts x n x '{key}'"
+                      f"{'' if max_tokens else ', the context left when absent'}); this "
+                      f"server allows {bound} per request (its KV pool, --max-kv-tokens): "
+                      f"give '{key}' <= {per} or a smaller n", key)
 
 
 def _check_prompt(ids: list[int], max_tokens: int | None, vocab: int, ctx: int) -> None:

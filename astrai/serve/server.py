@@ -22,6 +22,7 @@ from astrai.errors import CheckpointError, ConfigError
 from astrai.serve.address import check_listen
 from astrai.serve.app import ServerState, create_app
 from astrai.serve.config import ServeConfig
+from astrai.serve.limits import max_prompt_chars
 from astrai.serve.loop import EngineLoop
 from astrai.serve.metrics import ServerMetrics
 
@@ -40,6 +41,8 @@ def load_engine(config: ServeConfig) -> Any:
         if tok is None:
             raise ConfigError(f"--chat-template: {path} has no tokenizer.json to apply it to")
         tok.chat_template = tpl.read_text(encoding="utf-8")
+    check_template(tok, f"--chat-template {config.chat_template}"
+                   if config.chat_template is not None else f"{path}: the chat template")
     model = load_model(path, device=config.device, dtype=config.dtype, adapter=config.adapter,
                        quantize=config.quantize)
     cache = config.cache.model_copy(update={"max_requests": config.max_running})
@@ -47,6 +50,22 @@ def load_engine(config: ServeConfig) -> Any:
     return Engine(model, tok, cache, config.backend, scheduler_config=sched, seed=config.seed,
                   decode=config.decode, speculative=config.speculative,
                   loras=config.loras, max_loras=config.max_loras)
+
+
+def check_template(tok: Any, where: str) -> None:
+    """Render a one-message conversation through the chat template before serving: a
+    template that fails on it would fail every chat request, so it is refused at start-up
+    in one line rather than answered with an error per request."""
+    from astrai.errors import DataError
+    from astrai.serve.prompts import chat_prompt_ids
+
+    if getattr(tok, "chat_template", None) is None:
+        return
+    try:
+        chat_prompt_ids(tok, [{"role": "user", "content": "Hello"}])
+    except DataError as e:
+        raise ConfigError(f"{where} fails on a one-message conversation "
+                          f"({e}); fix the template or pass another") from None
 
 
 def check_paths(config: ServeConfig) -> Path:
@@ -82,7 +101,10 @@ class Server:
                                  engine.vocab_size, self.metrics, config.api_key,
                                  config.max_body_bytes,
                                  tool_call_parser=config.tool_call_parser,
-                                 lora_loading=config.enable_lora_loading)
+                                 lora_loading=config.enable_lora_loading,
+                                 max_prompt_chars=max_prompt_chars(engine.tokenizer,
+                                                                   engine.max_context),
+                                 max_request_tokens=engine.cache_config.max_kv_tokens)
         self.app = create_app(self.state)
         self._uv = _Uvicorn(uvicorn.Config(
             self.app, host=config.host, port=config.port, log_config=None, access_log=False,

@@ -330,3 +330,38 @@ def test_bad_speculative_flags_exit_2(ckpt, flags, why):
     r = runner.invoke(app, ["chat", str(ckpt[0]), "--prompt", "hi", *flags])
     assert r.exit_code == 2 and why in r.stderr and "Traceback" not in r.output
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_speculative_model_takes_a_run_directory(ckpt, tmp_path):
+    path, model, tok = ckpt
+    run = tmp_path / "draft-run"
+    save_checkpoint(run / "checkpoints" / "step_7", model, model.config, tokenizer_dir=tok.path)
+    args = ["chat", str(path), "--temperature", "0", "--max-tokens", "8", "--device", "cpu",
+            "--prompt", "Hello"]
+    plain = runner.invoke(app, args)
+    r = runner.invoke(app, [*args, "--speculative-model", str(run)])
+    assert r.exit_code == 0, r.output
+    assert r.stdout == plain.stdout and "step_7" in r.stderr
+
+
+def test_a_draft_with_another_tokenizer_of_the_same_size_exits_2(ckpt, tmp_path):
+    """Two vocabulary entries swapped: the same size, other ids for the same text."""
+    import json
+
+    path, model, tok = ckpt
+    other = tmp_path / "other-tok"
+    other.mkdir()
+    for f in tok.path.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    data = json.loads((other / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[300:302]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(data))
+    draft = save_checkpoint(tmp_path / "draft", model, model.config, tokenizer_dir=other)
+    r = runner.invoke(app, ["chat", str(path), "--prompt", "hi", "--device", "cpu",
+                            "--speculative-model", str(draft)])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    line = r.stderr.strip()
+    assert len(line.splitlines()) == 1 and str(draft) in line and str(path) in line, line
+    assert "tokenizer differs" in line

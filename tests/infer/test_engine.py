@@ -131,6 +131,19 @@ def test_seeded_sampling_survives_preemption(model):
     assert [o.token_ids for o in roomy] == [o.token_ids for o in squeezed]
 
 
+# The float32 edge: the smallest subnormal, a subnormal, the smallest normal float32 and
+# the next float32 above it: logits / t overflows to inf, whose softmax is NaN.
+TINY_TEMPERATURES = (1e-45, 1e-40, 1.1754944e-38, 1.1754945e-38)
+
+
+@pytest.mark.parametrize("temperature", TINY_TEMPERATURES)
+def test_tiny_temperatures_decode_greedily(model, reference, temperature):
+    prompts, expected = reference
+    params = SamplingParams(max_tokens=NEW, temperature=temperature, seed=3)
+    outs = engine(model).generate(prompts, params)
+    assert [o.token_ids for o in outs] == expected
+
+
 @torch.no_grad()
 def test_repetition_penalty_matches_naive_loop(model):
     prompt = random_prompts((8,), seed=2)[0]

@@ -49,15 +49,30 @@ def wait_until(pred, timeout: float = 120.0, what: str = "condition"):
         time.sleep(0.02)
 
 
+def _limit_address_space(limit: int | None):
+    """A preexec_fn capping the child's address space (RLIMIT_AS), or None: a server that
+    a test drives to allocate without bound then fails at once instead of eating the host."""
+    if limit is None:
+        return None
+
+    def cap() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return cap
+
+
 class ServeProcess:
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], log: Path, limit_as: int | None = None) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.log = log
         with open(log, "wb") as err:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "astrai_cli.main", "serve", *args, "--port", "0",
                  "--threads", "1", "--device", "cpu"],
-                stdout=subprocess.DEVNULL, stderr=err, env=env)
+                stdout=subprocess.DEVNULL, stderr=err, env=env,
+                preexec_fn=_limit_address_space(limit_as))
         self.url = wait_until(self._listening, what=f"the server to listen ({log})")
         wait_until(lambda: self.get("/health")[0] == 200, what="/health")
 

@@ -166,3 +166,46 @@ def test_small_requests_answer_while_heavy_ones_run(srv):
         t.join(300)
     assert set(statuses) <= {200, 400, 503} and 200 in statuses, statuses
     assert max(slowest.values()) < LIVENESS_BOUND_S, slowest
+
+
+def test_every_seed_a_client_may_send_works_with_any_n(srv):
+    body = {"prompt": [1, 2, 3], "max_tokens": 6, "n": 3, "temperature": 1.0,
+            "ignore_eos": True}
+    status, got = post(srv, {**body, "seed": 2**64 - 1})
+    assert status == 200 and len(got["choices"]) == 3, got
+    texts = [c["text"] for c in got["choices"]]
+    assert post(srv, {**body, "seed": 2**64 - 1})[1]["choices"] == got["choices"]
+    assert len(set(texts)) > 1  # the wrapped seeds still differ
+    status, got = post(srv, {**body, "seed": 2**64})
+    assert refused(status, got, "seed") and str(2**64) in got["error"]["message"], got
+
+
+def test_large_prompts_do_not_stall_others(srv):
+    """8 prompts of 3.8 MB at once (completions and chat): tokenizing one took ~10 s
+    holding the GIL, which froze the event loop (/health) and every other request. Now a
+    text (or a rendered chat) longer than the context could take is a 400 before any
+    tokenizing, and prompts are tokenized without the GIL."""
+    big = "the quick brown fox jumps over the lazy dog. " * 84_000  # 3.8 MB
+    statuses: list[tuple[int, dict]] = []
+    bodies = [({"prompt": big, "max_tokens": 1}, "/v1/completions"),
+              ({"messages": [{"role": "user", "content": big}], "max_tokens": 1},
+               "/v1/chat/completions")] * 4
+    threads = [threading.Thread(target=lambda b=b, p=p: statuses.append(
+        (p, *post(srv, b, p, timeout=300))), daemon=True) for b, p in bodies]
+    for t in threads:
+        t.start()
+    slowest, rounds = 0.0, 0
+    while rounds < 3 or any(t.is_alive() for t in threads):
+        t0 = time.monotonic()
+        assert srv.get("/health")[0] == 200
+        assert post(srv, {"prompt": "hi", "max_tokens": 1}, timeout=300)[0] == 200
+        slowest = max(slowest, time.monotonic() - t0)
+        rounds += 1
+    assert slowest < LIVENESS_BOUND_S, slowest
+    assert len(statuses) == 8 and all(
+        refused(s, b, "prompt" if p == "/v1/completions" else "messages")
+        for p, s, b in statuses), statuses
+    # a text that fits the context is still served (~880 tokens of the 1,024)
+    fits = "the quick brown fox jumps over the lazy dog. " * 35
+    status, body = post(srv, {"prompt": fits, "max_tokens": 1})
+    assert status == 200 and body["usage"]["prompt_tokens"] < 1024, body
