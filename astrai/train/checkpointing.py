@@ -12,6 +12,11 @@
 A checkpoint directory appears only by an atomic rename (astrai.model.checkpoint), so every
 `step_N` directory is complete; `latest` is a convenience written after it, and resume
 trusts the directories, not the pointer (a kill between the two loses nothing).
+
+Every checkpoint the trainer writes holds an empty `.astrai-checkpoint` marker. The
+checkpoint directory may be one the user already had (`--ckpt-dir`), so pruning and the
+clean-up of interrupted deletions touch only `step_N` directories carrying the marker: a
+user's own `step_N` is never removed, whatever it holds.
 """
 
 from __future__ import annotations
@@ -44,6 +49,13 @@ ADAPTER_DIR = "adapter"
 """Inside a LoRA run's checkpoint: the PEFT adapter directory."""
 STEP_DIR = re.compile(r"^step_(\d+)$")
 REQUIRED = (CONFIG, WEIGHTS, META, "optimizer.pt", "scheduler.pt", "trainer_state.pt")
+MARKER = ".astrai-checkpoint"
+"""Written into every training checkpoint: only directories holding it are ever deleted."""
+
+
+def ours(path: Path) -> bool:
+    """Whether a `step_N` directory was written by astrai's trainer (and may be deleted)."""
+    return path.is_dir() and not path.is_symlink() and (path / MARKER).is_file()
 
 
 def step_dir_name(step: int) -> str:
@@ -81,8 +93,9 @@ def remove_checkpoint(path: Path) -> None:
 def clean_leftovers(ckpt_dir: Path) -> list[Path]:
     """Remove what interrupted writes and deletions left: temporary directories of saves
     (`.step_N.tmp-*`), renamed-away old or deleted checkpoints (`.step_N.old-*`,
-    `.step_N.del-*`), and incomplete `step_N` directories older than the newest complete
-    checkpoint (half deleted by a kill). Only the run's own trainer writes here."""
+    `.step_N.del-*`: names only astrai's writers make), and incomplete `step_N` directories
+    older than the newest complete checkpoint (half deleted by a kill) that carry the
+    trainer's marker; a `step_N` without it is the user's and stays."""
     if not ckpt_dir.is_dir():
         return []
     removed = [p for pat in (".step_*.tmp-*", ".step_*.old-*", ".step_*.del-*")
@@ -93,8 +106,7 @@ def clean_leftovers(ckpt_dir: Path) -> list[Path]:
         done = {p for _, p in complete}
         for p in ckpt_dir.iterdir():
             m = STEP_DIR.match(p.name)
-            if m and p.is_dir() and not p.is_symlink() and p not in done \
-                    and int(m.group(1)) < newest:
+            if m and ours(p) and p not in done and int(m.group(1)) < newest:
                 removed.append(p)
     for p in removed:
         shutil.rmtree(p, ignore_errors=True)
@@ -102,13 +114,32 @@ def clean_leftovers(ckpt_dir: Path) -> list[Path]:
 
 
 def prune(ckpt_dir: Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` complete checkpoints (0 = keep all), and the
-    leftovers of interrupted writes and deletions."""
+    """Delete all but the newest `keep_last` complete checkpoints this trainer wrote (0 =
+    keep all; a `step_N` without the marker is never counted or deleted), and the leftovers
+    of interrupted writes and deletions."""
     clean_leftovers(ckpt_dir)
     if keep_last <= 0:
         return
-    for _, p in list_checkpoints(ckpt_dir)[:-keep_last]:
+    for _, p in [c for c in list_checkpoints(ckpt_dir) if ours(c[1])][:-keep_last]:
         remove_checkpoint(p)
+
+
+def refuse_users_dir(path: Path) -> None:
+    """A save never replaces a `step_N` directory the trainer did not write."""
+    if (path.exists() or path.is_symlink()) and not ours(path):
+        raise CheckpointError(
+            f"{path}: exists and was not written by astrai's trainer (no {MARKER}), so the "
+            "checkpoint of this step would replace it; move it away or choose another "
+            "--ckpt-dir")
+
+
+def marked(write_more: Callable[[Path], None] | None) -> Callable[[Path], None]:
+    """`write_more` for save_checkpoint that also writes the trainer's marker."""
+    def write(tmp: Path) -> None:
+        (tmp / MARKER).touch()
+        if write_more is not None:
+            write_more(tmp)
+    return write
 
 
 def trainer_state_payload(ctx: TrainContext, callbacks: list[Any],
@@ -165,7 +196,9 @@ def save_training_checkpoint(ctx: TrainContext, callbacks: list[Any]) -> Path | 
             "strategy": ctx.config.strategy, **ctx.meta, "train_config": ctx.config.to_dict(),
         }
         path = ctx.paths.ckpt_dir / step_dir_name(s.step)
+        refuse_users_dir(path)
         weights, write_adapter = split_adapter(ctx, weights)
+        write_adapter = marked(write_adapter)
         extras = {"optimizer": optimizer, "scheduler": ctx.scheduler.state_dict(),
                   "trainer_state": trainer_state_payload(ctx, callbacks, rounding)}
         try:

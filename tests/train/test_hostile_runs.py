@@ -231,3 +231,51 @@ def test_disk_full_at_a_save_is_one_line_naming_the_last_good_checkpoint(tmp_pat
     ckpts = out / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_2"]  # no partial temp dir
     assert [s for s, _ in list_checkpoints(ckpts)] == [2]
+
+
+def users_dirs(d: Path) -> dict[str, str]:
+    """A user's own directories named like checkpoints (not complete ones: a directory of
+    complete checkpoints is refused as an existing run)."""
+    for name in ("step_0", "step_1"):
+        (d / name).mkdir(parents=True)
+        (d / name / "notes.txt").write_text("mine\n")
+    return {"step_0": "notes.txt", "step_1": "notes.txt"}
+
+
+def test_a_users_step_dirs_in_the_ckpt_dir_survive_train_and_resume(tmp_path):
+    mine = tmp_path / "mine"
+    kept = users_dirs(mine)
+    data = make_data("pretrain", n=16)
+    train(make_config(tmp_path, max_steps=4, ckpt_interval=2, keep_last=1,
+                      ckpt_dir=str(mine)), data=data)
+    for name, f in kept.items():
+        assert (mine / name / f).read_text() == "mine\n", name
+    assert [s for s, _ in list_checkpoints(mine)] == [4]
+    clean_leftovers(mine)
+    prune(mine, keep_last=1)
+    assert all((mine / n / f).is_file() for n, f in kept.items())
+
+
+def test_a_tampered_checkpoint_dir_on_resume_deletes_nothing(run_dir, tmp_path):
+    import json
+
+    d = copy_of(run_dir, tmp_path)
+    victim = tmp_path / "victim"
+    kept = users_dirs(victim)
+    cfg = json.loads((d / "train_config.json").read_text())
+    section = cfg.get("checkpoint", cfg)
+    section["dir" if "dir" in section else "ckpt_dir"] = str(victim)
+    (d / "train_config.json").write_text(json.dumps(cfg))
+    invoke("resume", d)  # whatever it says, the user's directories stay
+    for name, f in kept.items():
+        assert (victim / name / f).read_text() == "mine\n", name
+
+
+def test_a_save_never_replaces_a_users_step_dir(tmp_path):
+    mine = tmp_path / "mine"
+    (mine / "step_2").mkdir(parents=True)
+    (mine / "step_2" / "notes.txt").write_text("mine\n")
+    with pytest.raises(Exception, match="not written by astrai's trainer"):
+        train(make_config(tmp_path, max_steps=3, ckpt_interval=2, ckpt_dir=str(mine)),
+              data=make_data("pretrain", n=16))
+    assert (mine / "step_2" / "notes.txt").read_text() == "mine\n"
