@@ -34,8 +34,12 @@ def test_bad_input_exits_2_in_one_line(args, words):
 
 
 def test_chat_template_file_must_exist(tmp_path):
-    r = runner.invoke(app, ["serve", str(tmp_path), "--chat-template", str(tmp_path / "x")])
-    assert r.exit_code == 2 and "--chat-template" in r.output
+    missing = tmp_path / "x"
+    r = runner.invoke(app, ["serve", str(tmp_path), "--chat-template", str(missing)])
+    assert r.exit_code == 2, r.output
+    # the check's own line, before the (empty) checkpoint directory is even looked at
+    assert f"--chat-template {missing}: no such file" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and "config.json" not in r.output
 
 
 def test_a_bad_api_key_is_refused_before_loading():
