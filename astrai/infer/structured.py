@@ -54,6 +54,9 @@ class StructuredOutputs:
     grammar: str | None = None
 
     def __post_init__(self) -> None:
+        if self.json is False:  # JSON Schema's `false`: no instance is valid
+            raise ConfigError("structured outputs json: the schema `false` accepts no output "
+                              "at all; give a JSON Schema object")
         set_ = [k for k in KINDS if getattr(self, k) not in (None, False)]
         if len(set_) != 1:
             raise ConfigError("structured outputs: set exactly one of json, json_object, "
@@ -89,7 +92,9 @@ def _schema_text(schema: Any) -> str:
             raise ConfigError(f"structured outputs json: not valid JSON ({e})") from None
     if not isinstance(schema, dict | bool):
         raise ConfigError("structured outputs json: a JSON Schema is an object")
-    return json.dumps(schema, sort_keys=True, ensure_ascii=False)
+    # The schema's own key order is kept: the grammar writes an object's properties in the
+    # order the schema lists them (as OpenAI and vLLM do), so two orders are two grammars.
+    return json.dumps(schema, ensure_ascii=False)
 
 
 def _choices(choice: Any) -> tuple[str, ...]:

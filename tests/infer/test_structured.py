@@ -133,6 +133,41 @@ def test_bad_specs_are_config_errors(kw):
         StructuredOutputs(**kw)
 
 
+def test_a_repeated_spec_is_served_from_the_cache(engine, monkeypatch):
+    """The second compile of an equal spec builds no grammar and no matcher."""
+    import astrai.infer.structured as st
+
+    g = engine.grammars
+    built = []
+    real = st.grammar_text
+    monkeypatch.setattr(st, "grammar_text", lambda spec: built.append(spec) or real(spec))
+    spec = {"regex": r"[0-9]{3}-cache-hit"}
+    first = g.compile(StructuredOutputs(**spec))
+    second = g.compile(StructuredOutputs(**spec))
+    assert len(built) == 1 and first is not second  # each request gets its own copy
+
+
+def test_objects_keep_the_schemas_property_order(engine):
+    """Keys come out in the order the schema lists them (OpenAI's and vLLM's behaviour),
+    not sorted; two orders of one schema are two grammars."""
+    def schema(order):
+        props = {k: {"type": "integer", "minimum": 0, "maximum": 9} for k in order}
+        return {"type": "object", "properties": props, "required": list(order),
+                "additionalProperties": False}
+
+    for order in (["zeta", "alpha", "mid"], ["alpha", "mid", "zeta"]):
+        p = SamplingParams(max_tokens=60, temperature=0.0,
+                           structured_outputs=StructuredOutputs(json=schema(order)))
+        out = engine.generate(["Tell me:"], p)[0]
+        assert out.finish_reason == "stop", out.text
+        assert list(json.loads(out.text)) == order
+
+
+def test_the_false_schema_is_named():
+    with pytest.raises(ConfigError, match="schema `false` accepts no output"):
+        StructuredOutputs(json=False)
+
+
 def test_the_same_spec_compiles_once(engine):
     g = engine.grammars
     spec = StructuredOutputs(regex=r"\d{4}")
