@@ -18,12 +18,16 @@ LOG_SCALE = {"lr"}
 UNSMOOTHED = {"lr"}
 """A schedule is exact, and validation metrics (val_*) are already means over a held-out
 set taken at a few steps: --smooth leaves them alone."""
+UNSMOOTHED_PREFIXES = ("val_", "update_visible/", "rounds_away_at_peak/")
+"""Also exact: the lock-in guard's shares of weights, measured over whole tensors at its
+own interval. An average over a few such points would draw a value never measured (0.19
+where the run measured 0.086), so --smooth leaves them as they are."""
 FEW_POINTS = 12
 """Curves of at most this many points also mark each point."""
 
 
 def _smoothed(metric: str) -> bool:
-    return metric not in UNSMOOTHED and not metric.startswith("val_")
+    return metric not in UNSMOOTHED and not metric.startswith(UNSMOOTHED_PREFIXES)
 
 
 def run_names(runs: Sequence[str | Path]) -> list[str]:

@@ -21,16 +21,17 @@ from rich.markup import escape
 
 from astrai_cli.options import (
     Adapter,
-    EnforceEager,
     Backend,
     Device,
     Dtype,
+    EnforceEager,
     MaxContext,
     NumSpeculativeTokens,
+    Quantize,
     Speculative,
     SpeculativeModel,
-    Quantize,
     checkpoint_path,
+    log_console,
     speculative_config,
     threads_option,
     use_threads,
@@ -266,7 +267,7 @@ def register(app: typer.Typer) -> None:
                                 structured_outputs=read_schema(json_schema))
         spec = speculative_config(speculative, speculative_model, num_speculative_tokens)
         use_threads(threads)
-        err = Console(stderr=True, highlight=False, soft_wrap=True)
+        err = log_console(stderr=True)
         text = None
         if prompt is not None:
             text = sys.stdin.read() if prompt == "-" else prompt

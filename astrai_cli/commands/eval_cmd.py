@@ -16,6 +16,7 @@ from astrai_cli.options import (
     EnforceEager,
     Quantize,
     checkpoint_path,
+    log_console,
     threads_option,
     use_threads,
     warn_dtype,
@@ -132,7 +133,7 @@ def register(app: typer.Typer) -> None:
         use_threads(threads)
         checkpoint = checkpoint_path(checkpoint)  # a run directory: its newest checkpoint
         warn_dtype(device, dtype)
-        console = Console()
+        console = log_console()
         if data is not None:
             from astrai.eval.perplexity import evaluate_perplexity
 

@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from astrai.errors import ConfigError
-from astrai_cli.options import Adapter, checkpoint_path
+from astrai_cli.options import Adapter, checkpoint_path, log_console
 
 
 class ExportFormat(str, Enum):
@@ -79,7 +78,7 @@ def register(app: typer.Typer) -> None:
                               quantize=quantize.value if quantize else None,
                               merge_lora=merge_lora, adapter=adapter)
             size = out.stat().st_size / 2**20
-            Console(highlight=False).print(f"exported {checkpoint} → {out} (gguf, "
+            log_console().print(f"exported {checkpoint} → {out} (gguf, "
                                            f"{size:.1f} MiB)")
             return
         if quantize is not None:
@@ -90,4 +89,4 @@ def register(app: typer.Typer) -> None:
         out = export_hf(checkpoint, out_dir, dtype=torch_dtype, overwrite=overwrite,
                         merge_lora=merge_lora, adapter=adapter)
         files = ", ".join(sorted(p.name for p in out.iterdir() if not p.name.startswith(".")))
-        Console(highlight=False).print(f"exported {checkpoint} → {out} ({fmt.value}): {files}")
+        log_console().print(f"exported {checkpoint} → {out} ({fmt.value}): {files}")

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from astrai_cli.options import checkpoint_path
+from astrai_cli.options import checkpoint_path, log_console
 
 
 def _num(n: float) -> str:
@@ -113,4 +113,4 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(info, indent=2))
         else:
-            render(info, Console(highlight=False))
+            render(info, log_console())

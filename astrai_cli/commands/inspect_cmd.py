@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from astrai_cli.options import Adapter, checkpoint_path
+from astrai_cli.options import Adapter, checkpoint_path, log_console
 
 _STYLE = {"healthy": "bold green", "suspected": "bold yellow", "found": "bold red"}
 
@@ -384,7 +384,7 @@ def register(app: typer.Typer) -> None:
         input."""
         from astrai.errors import ConfigError
 
-        console = Console(highlight=False, soft_wrap=True)
+        console = log_console()
         if variance is not None:
             if checkpoints:
                 raise ConfigError("--variance takes no CHECKPOINT arguments; run the two "

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from astrai_cli.options import log_console
+
 
 def render(st: dict, console: Console) -> None:
     t = Table(title="CUDA kernels", show_header=False, title_justify="left")
@@ -78,12 +80,12 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:
             raise ConfigError(str(e)) from e
         if build:
-            Console(stderr=True).print("building CUDA kernels (nvcc; a minute or two the first "
+            log_console(stderr=True).print("building CUDA kernels (nvcc; a minute or two the first "
                                        "time)...")
         st = kernel_status(build=build, force=force, archs=arch_list).to_dict()
         if as_json:
             typer.echo(json.dumps(st, indent=2))
         else:
-            render(st, Console(highlight=False))
+            render(st, log_console())
         if build and not st["built"]:
             raise typer.Exit(1)

@@ -24,6 +24,8 @@ from rich.progress import (
 from rich.table import Table
 from typer.core import TyperCommand
 
+from astrai_cli.options import log_console
+
 PLAIN_EVERY_S = 10.0  # a progress line at most this often when stderr is not a terminal
 
 
@@ -180,7 +182,7 @@ def register(app: typer.Typer) -> None:
         part = parse_shard(shard) if shard is not None else None
         extra = [f"chat_template={chat_template}"] if chat_template is not None else []
         cfg = load_spec(spec, [*(overrides or []), *extra])
-        err = Console(stderr=True)
+        err = log_console(stderr=True)
 
         def run(progress=None):
             return build_dataset(cfg, workers=workers, on_error=on_error.value, progress=progress,
@@ -197,7 +199,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(out, indent=2))
             return
-        _summary(out, Console(highlight=False))
+        _summary(out, log_console())
         if res.errors:
             err.print(f"[yellow]skipped {len(res.errors)} bad records[/], e.g. "
                       + "; ".join(res.errors[:3]), markup=True)

@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from astrai_cli.commands.train_cmd import LAUNCH_HELP, finish, launch_options
-from astrai_cli.options import threads_option, use_threads
+from astrai_cli.options import log_console, threads_option, use_threads
 
 
 def register(app: typer.Typer) -> None:
@@ -42,7 +41,7 @@ def register(app: typer.Typer) -> None:
         launch = launch_options({"rdzv_endpoint": rdzv_endpoint, "rdzv_id": rdzv_id,
                                  "shutdown_timeout": shutdown_timeout})
         use_threads(threads)
-        err = Console(stderr=True)
+        err = log_console(stderr=True)
         summary = launch_resume(run_dir, reward=reward or None, launch=launch, progress=True,
                                 console=err, tensorboard=tensorboard)
         finish(summary, as_json)

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from astrai_cli.options import log_console
+
 tokenizer_app = typer.Typer(help="Train and inspect byte-level BPE tokenizers.",
                             no_args_is_help=True)
 
@@ -50,7 +52,7 @@ def train_cmd(
     from astrai.data.chat import CHAT_MARKERS
     from astrai.errors import ConfigError
 
-    err = Console(stderr=True)
+    err = log_console(stderr=True)
     chat_template = None
     if template is not None:
         if not template.is_file():
@@ -69,7 +71,7 @@ def train_cmd(
         info.pop("chat_template")
         typer.echo(json.dumps(info, indent=2))
     else:
-        _render(info, Console(highlight=False))
+        _render(info, log_console())
 
 
 @tokenizer_app.command("info")
@@ -85,7 +87,7 @@ def info_cmd(
     if as_json:
         typer.echo(json.dumps(info, indent=2))
     else:
-        _render(info, Console(highlight=False))
+        _render(info, log_console())
 
 
 @tokenizer_app.command("encode")
@@ -105,7 +107,7 @@ def encode_cmd(
     if as_json:
         typer.echo(json.dumps({"ids": ids, "pieces": pieces}, ensure_ascii=False))
         return
-    console = Console(highlight=False)
+    console = log_console()
     console.print(f"{len(ids)} tokens")
     console.print(" ".join(f"[cyan]{i}[/]:{p!r}" for i, p in zip(ids, pieces)))
 

@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from astrai_cli.options import checkpoint_path, threads_option, use_threads
+from astrai_cli.options import checkpoint_path, log_console, threads_option, use_threads
 
 # Extra spellings, as some training launchers name these options.
 ALIASES = {
@@ -262,7 +262,7 @@ def emit(result: dict[str, Any], as_json: bool, render) -> None:
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:
-        render(result, Console(highlight=False))
+        render(result, log_console())
 
 
 # -- multi-process launch (docs/distributed.md) ---------------------------------------------
@@ -339,7 +339,7 @@ def register(app: typer.Typer) -> None:
             emit(plan_run(cfg).to_dict(), as_json, render_plan)
             return
         use_threads(threads)
-        err = Console(stderr=True)
+        err = log_console(stderr=True)
         summary = launch_train(cfg, launch=launch, progress=True, console=err)
         finish(summary, as_json)
 

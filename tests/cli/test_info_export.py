@@ -138,6 +138,8 @@ def test_export_chat_model_stops_at_end_of_turn(tmp_path):
     save_checkpoint(tmp_path / "ck", build_model(cfg, seed=0), cfg, tokenizer_dir=tok.path)
     r = runner.invoke(app, ["export", str(tmp_path / "ck"), str(tmp_path / "hf")])
     assert r.exit_code == 0, r.output
+    # off a terminal the message is one line, however long its paths (not wrapped at 80)
+    assert len(r.stdout.splitlines()) == 1 and r.stdout.startswith("exported "), r.stdout
     gen = transformers.GenerationConfig.from_pretrained(tmp_path / "hf")
     end_of_turn = tok.encode("<|im_end|>")
     assert len(end_of_turn) == 1 and end_of_turn[0] in gen.eos_token_id

@@ -130,3 +130,15 @@ def test_variance_on_a_checkpoint(tmp_path):
         app, ["inspect-weights", "--variance", str(ck), "--tokens", "1,2,3", "--json"]).stdout)
     assert d["tokens"] == [1, 3] and d["expected_ratio"] == 4
     assert d["series"][0]["name"] == "checkpoint"
+
+
+def test_a_pipe_gets_whole_names_and_no_wrapped_lines(dirs):
+    """Off a terminal (a file, a pipe, this runner) tables get room: no parameter name is
+    split over two lines or cut with an ellipsis, whatever the default 80 columns."""
+    r = run(dirs["planted"], "--tensors")
+    out = r.stdout
+    assert "…" not in out, out
+    names = [n for n in ("layers.0.attn.k_proj.weight", "layers.1.mlp.up_proj.weight",
+                         "embed_tokens.weight") if n.split(".")[-2] in out]
+    assert names and all(n in out for n in names), out
+    assert max(len(line) for line in out.splitlines()) > 80

@@ -119,3 +119,20 @@ def test_earlier_runs_metric_names_still_plot(tmp_path):
     r = CliRunner().invoke(app, ["plot", str(old), "--metrics", "dpo_margin", "--out",
                                  str(tmp_path / "old.png")])
     assert r.exit_code == 0, r.output
+
+
+def test_smoothing_leaves_the_guards_measured_shares_alone(tmp_path):
+    """--smooth draws the lock-in guard's shares as measured: an EMA over its few points
+    would show a value the run never had."""
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": s, "loss": 5.0 - s / 100} for s in range(1, 301)]
+    for s, v in ((100, 0.4), (200, 0.2), (300, 0.086)):
+        rows[s - 1].update({"update_visible/matrices": v, "rounds_away_at_peak/matrices": v})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    names = ["loss", "update_visible/matrices", "rounds_away_at_peak/matrices"]
+    by = lines_by_gid(plot_runs([run], metrics=names, smooth=0.6))
+    assert "run|loss|raw" in by  # the loss is smoothed
+    for name in names[1:]:
+        assert f"run|{name}|raw" not in by
+        assert list(by[f"run|{name}"].get_ydata()) == [0.4, 0.2, 0.086]
