@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from astrai.errors import AstraiError
 from astrai.serve.errors import APIError, bad_request
 from astrai.serve.limits import queue_full
-from astrai.serve.loop import EngineLoop, QueueFull
+from astrai.serve.loop import EngineLoop, EngineStopped, QueueFull
 from astrai.serve.protocol import Job
 from astrai.serve.responses import ResponseBuilder, sse
 
@@ -36,12 +36,16 @@ class Outputs:
             loop.submit(items, self.q.put_nowait, lora=lora)
         except QueueFull:
             raise queue_full() from None
+        except EngineStopped as e:
+            raise stopped(e) from None
 
     async def next(self) -> Any:
         out = await self.q.get()
         if isinstance(out, BaseException):
             if isinstance(out, AstraiError):
                 raise bad_request(str(out))
+            if isinstance(out, EngineStopped):
+                raise stopped(out)
             raise out
         if out.finished:
             self.pending.discard(out.request_id)
@@ -50,6 +54,11 @@ class Outputs:
     def abandon(self) -> None:
         if self.pending:
             self.loop.abort(sorted(self.pending))
+
+
+def stopped(e: EngineStopped) -> APIError:
+    """The 503 of a request the dead engine loop cannot serve."""
+    return APIError(503, str(e), type="service_unavailable", code="engine_stopped")
 
 
 async def run_job(loop: EngineLoop, request: Request, job: Job, model_name: str,
