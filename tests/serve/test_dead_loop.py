@@ -104,3 +104,26 @@ def _status(url: str) -> int:
         return urllib.request.urlopen(url, timeout=10).status
     except urllib.error.HTTPError as e:
         return e.code
+
+
+def test_a_failing_abort_does_not_stop_the_loop():
+    """A client's disconnect aborts its request; should that abort raise, the loop goes on
+    serving the others."""
+
+    class AbortFails(StubEngine):
+        def abort(self, rid: str) -> None:
+            raise ValueError("list.remove(x): x not in list")
+
+        def has_unfinished(self) -> bool:
+            return False
+
+    eng = AbortFails()
+    loop = EngineLoop(eng, max_in_flight=8)
+    loop.start()
+    try:
+        loop.abort(["gone"])
+        loop.submit([("next", [1], None)], lambda item: None)
+        wait_until(lambda: eng.added == ["next"], timeout=10, what="the next request")
+        assert loop.alive()
+    finally:
+        loop.stop(10)
