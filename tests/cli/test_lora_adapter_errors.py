@@ -50,8 +50,19 @@ def test_chat_with_an_absurd_adapter_path(dirs):
                    "100000 characters")
 
 
+@pytest.fixture
+def never_serve(monkeypatch):
+    """A server that got past loading would serve until stopped: fail instead."""
+    from astrai.serve.server import Server
+
+    def run(self, on_ready=None):
+        raise AssertionError("the server started with a broken adapter")
+
+    monkeypatch.setattr(Server, "run", run)
+
+
 @pytest.mark.parametrize("which", ["r0", "r-frac", "targets-int", "nan-weight"])
-def test_serve_with_a_broken_lora(dirs, which):
+def test_serve_with_a_broken_lora(dirs, which, never_serve):
     base, _, broken = dirs
     path, words = broken[which]
     one_error_line(["serve", str(base), "--lora", f"bad={path}", "--device", "cpu",
@@ -66,11 +77,11 @@ def test_serve_with_a_broken_lora(dirs, which):
     (["--max-loaded-loras", "1", "--lora", "a=/tmp", "--lora", "b=/tmp"],
      "--max-loaded-loras 1"),
 ])
-def test_serve_lora_flags_fail_before_the_model_loads(dirs, args, words):
+def test_serve_lora_flags_fail_before_the_model_loads(dirs, args, words, never_serve):
     one_error_line(["serve", str(dirs[0]), *args], words)
 
 
-def test_serve_refuses_a_rank_above_max_lora_rank(dirs):
+def test_serve_refuses_a_rank_above_max_lora_rank(dirs, never_serve):
     base, adapters, _ = dirs
     one_error_line(["serve", str(base), "--lora", f"poet={adapters['poet']}",
                     "--max-lora-rank", "4", "--device", "cpu", "--port", "0"],
