@@ -13,8 +13,9 @@ checked before they queue (intake.py).
 
 Failures stay with their request: an error while sampling or assembling one request's
 output, or while admitting it (putting its LoRA adapter in a slot), finishes that request
-with finish_reason "error" (its output says why) while the others go on. A failed forward pass fails the requests of its step the same way (a failed
-schedule: every request the engine holds), then raises to whoever ran the step.
+with finish_reason "error" (its output says why) while the others go on. A failed
+forward pass fails the requests of its step the same way (a failed schedule: every
+request the engine holds, waiting or running), then raises to whoever ran the step.
 
 Thread-safe: requests may be added or aborted from any thread, and several threads may
 each iterate their own `generate` stream; whichever needs output drives the next step.

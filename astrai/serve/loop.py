@@ -108,7 +108,7 @@ class EngineLoop:
                         cmd = None
                 if eng.has_unfinished():
                     self._step()
-        except BaseException as e:  # noqa: BLE001 - the loop is dead: say so to everyone
+        except BaseException as e:  # the loop is dead: say so to everyone
             log.exception("the engine loop stopped")
             self._die(e)
 
@@ -134,7 +134,7 @@ class EngineLoop:
     def _command(self, op: str, arg: Any, deliver: Deliver | None) -> None:
         try:
             self._apply(op, arg, deliver)
-        except Exception:  # noqa: BLE001 - a command that fails must not stop the loop
+        except Exception:  # a command that fails must not stop the loop
             log.exception("engine loop command %r failed", op)
 
     def _apply(self, op: str, arg: Any, deliver: Deliver | None) -> None:

@@ -106,7 +106,7 @@ def test_a_zero_rank_adapter_with_empty_tensors_is_refused(adapter):
 def test_a_non_finite_tensor_is_refused_at_load(adapter, bad):
     weights = adapter / "adapter_model.safetensors"
     state = load_file(weights)
-    key = sorted(k for k in state if ".lora_B." in k)[0]
+    key = min(k for k in state if ".lora_B." in k)
     state[key][1, 0] = bad
     save_file(state, weights)
     with pytest.raises(CheckpointError, match="holds NaN or Inf") as e:
@@ -117,7 +117,7 @@ def test_a_non_finite_tensor_is_refused_at_load(adapter, bad):
 def test_an_integer_tensor_is_refused(adapter):
     weights = adapter / "adapter_model.safetensors"
     state = load_file(weights)
-    key = sorted(state)[0]
+    key = min(state)
     state[key] = torch.ones_like(state[key], dtype=torch.int32)
     save_file(state, weights)
     with pytest.raises(CheckpointError, match="floating point"):
