@@ -55,6 +55,9 @@ Loras = Annotated[list[str] | None, typer.Option(
 MaxLoras = Annotated[int | None, typer.Option(
     "--max-loras", help="Adapters resident in one batch (default: as many as --lora, at "
     "least 1); requests for others wait for a slot.")]
+MaxLoraRank = Annotated[int, typer.Option(
+    "--max-lora-rank", help="The largest LoRA adapter rank served (as vLLM's); a higher-rank "
+    "adapter is refused at load.")]
 Quantize = Annotated[str, typer.Option(
     "--quantize", help="Weight format: none | int8 (per-channel int8 weights of the blocks "
     "and the LM head, made at load time; docs/engine.md \"Weight formats\").")]

@@ -12,9 +12,10 @@ assembled (output.py) and routed to their streams (routing.py). Requests are bui
 checked before they queue (intake.py).
 
 Failures stay with their request: an error while sampling or assembling one request's
-output finishes that request with finish_reason "error" (its output says why) while the
-others go on. A failed forward pass fails the requests of its step the same way (a failed
-schedule: every request the engine holds), then raises to whoever ran the step.
+output, or while admitting it (putting its LoRA adapter in a slot), finishes that request
+with finish_reason "error" (its output says why) while the others go on. A failed
+forward pass fails the requests of its step the same way (a failed schedule: every
+request the engine holds, waiting or running), then raises to whoever ran the step.
 
 Thread-safe: requests may be added or aborted from any thread, and several threads may
 each iterate their own `generate` stream; whichever needs output drives the next step.
@@ -42,7 +43,7 @@ from astrai.infer.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from astrai.infer.decode_step import DecodeStep
 from astrai.infer.hugepages import place_weights
 from astrai.infer.intake import Intake, Prompt
-from astrai.infer.loras import LoraSet
+from astrai.infer.loras import MAX_LOADED_LORAS, MAX_LORA_RANK, LoraSet
 from astrai.infer.metrics import EngineStats, StepCounters, StepInfo
 from astrai.infer.native_step import NativeDecodeStep
 from astrai.infer.params import SamplingParams
@@ -68,7 +69,8 @@ class Engine:
                  decode: str = "auto", speculative: SpeculativeConfig | None = None,
                  draft_model: torch.nn.Module | None = None,
                  loras: dict[str, str | Path] | None = None,
-                 max_loras: int | None = None) -> None:
+                 max_loras: int | None = None, max_lora_rank: int = MAX_LORA_RANK,
+                 max_loaded_loras: int = MAX_LOADED_LORAS) -> None:
         """`backend`: None (the `attn_backend` context / ASTRAI_BACKEND / automatic), a
         backend name, or an AttentionBackend instance. `tokenizer` is duck-typed: encode,
         stream_decoder, eos_id, stop_ids (None: token ids in, token ids out). `decode`: how
@@ -78,7 +80,9 @@ class Engine:
         speculative decoding (docs/engine.md), its draft model `draft_model` or loaded from
         `speculative.model`. `loras`: name -> PEFT LoRA directory, adapters served beside
         the base in the same batches (requests pick one with `lora=`); `max_loras`:
-        adapters resident in one batch (default: as many as `loras` names, at least 1)."""
+        adapters resident in one batch (default: as many as `loras` names, at least 1);
+        `max_lora_rank`, `max_loaded_loras`: the largest rank and the most adapters served
+        (astrai.infer.loras)."""
         cfg = model.config
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -92,7 +96,8 @@ class Engine:
         self.pool = PagePool(cache_config, n_layers=cfg.n_layers, n_kv_heads=cfg.kv_heads,
                              head_dim=cfg.hdim, max_context=self.max_context,
                              dtype=cache_config.torch_dtype(p.dtype), device=p.device)
-        self.loras = LoraSet(model, max_loras or max(1, len(loras or {})))
+        self.loras = LoraSet(model, max_loras or max(1, len(loras or {})),
+                             max_rank=max_lora_rank, max_loaded=max_loaded_loras)
         """The LoRA adapters served beside the base (astrai.infer.loras)."""
         for name, path in (loras or {}).items():
             self.loras.add(name, path)
@@ -173,7 +178,8 @@ class Engine:
                         quantize: str | None = None, decode: str = "auto",
                         speculative: SpeculativeConfig | None = None,
                         loras: dict[str, str | Path] | None = None,
-                        max_loras: int | None = None) -> Engine:
+                        max_loras: int | None = None, max_lora_rank: int = MAX_LORA_RANK,
+                        max_loaded_loras: int = MAX_LOADED_LORAS) -> Engine:
         """An engine over an astrai checkpoint or a HF Llama/Qwen2/Mistral directory, with
         the tokenizer stored in it (None when it has none: token ids in and out), and a
         LoRA adapter merged in (`adapter`, or a LoRA checkpoint's own), and with
@@ -186,7 +192,8 @@ class Engine:
                            quantize=quantize)
         return cls(model, load_tokenizer(path), cache_config, backend,
                    scheduler_config=scheduler_config, seed=seed, decode=decode,
-                   speculative=speculative, loras=loras, max_loras=max_loras)
+                   speculative=speculative, loras=loras, max_loras=max_loras,
+                   max_lora_rank=max_lora_rank, max_loaded_loras=max_loaded_loras)
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
@@ -218,8 +225,9 @@ class Engine:
             self.loras.remove(name)
 
     def lora_names(self) -> list[str]:
-        with self.lock:
-            return list(self.loras.adapters)
+        """The adapters served, read without the engine's lock (a step may hold it for a
+        long prefill): the registry's snapshot, replaced whole on every change."""
+        return list(self.loras.names)
 
     def _submit(self, req: Request) -> str:
         if req.id in self._requests:
@@ -286,6 +294,10 @@ class Engine:
         except Exception as e:
             self._fail_step(list(self._requests.values()), e)
             raise
+        finally:  # requests whose admission failed (their adapter's slot): each alone
+            rejected, self.scheduler.rejected = self.scheduler.rejected, []
+            for req, error in rejected:
+                self._fail_step([req], error)
         if batch is None:
             return []
         try:

@@ -14,10 +14,13 @@ queue to be recomputed from prompt + output so far — never an out-of-memory cr
 With LoRA adapters (`loras`, astrai.infer.loras), a request joins the batch only when its
 adapter has a slot or one is free; the others are passed over until a running request for
 another adapter finishes and frees one. Its prefix is looked up under its adapter's key.
+A request whose adapter cannot be put in a slot (the bank's write failed) is not admitted:
+it is set aside in `rejected` for the engine to fail alone, and the others go on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
@@ -84,6 +87,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.peak_running = 0
+        self.rejected: list[tuple[Request, Exception]] = []
+        """Requests refused at admission and why (still waiting: the engine fails them)."""
 
     # -- queue verbs -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -103,16 +108,23 @@ class Scheduler:
                stop_reason: int | str | None = None, error: str | None = None) -> None:
         """Take `req` off the queues, give its pages back (complete ones stay in the radix
         cache), and end it (`Request.finish`)."""
-        if req.status is Status.RUNNING:
-            self.running.remove(req)
-        elif req.status is Status.WAITING:
-            self.waiting.remove(req)
+        self._unlist(req)
         if req.kv is not None:
             self.pool.close(req.kv, req.tokens[:req.num_computed])
             req.kv = None
         if self.loras is not None:
             self.loras.release(req)
         req.finish(reason, now, stop_reason, error)
+
+    def _unlist(self, req: Request) -> None:
+        """Take `req` off the queue that holds it: the one its status names, else the other
+        (a failed step may end a request in either), else none (finished already)."""
+        queues = ((self.running, self.waiting) if req.status is Status.RUNNING
+                  else (self.waiting, self.running))
+        for q in queues:
+            with contextlib.suppress(ValueError):  # by identity: Request has no __eq__
+                q.remove(req)
+                return
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
@@ -171,48 +183,69 @@ class Scheduler:
         return [r for _, r in sorted(enumerate(window), key=key)]
 
     def _admit(self, chunks: list[Chunk], budget: int) -> int:
-        pool = self.pool
-        watermark = int(self.config.watermark * pool.num_pages)
         admitted: list[Request] = []
-        for req in self._candidates():
-            if budget <= 0 or len(self.running) >= self.max_running:
-                break
-            if self.loras is not None and not self.loras.can_admit(req.lora):
-                continue  # every slot holds another adapter in use: wait for one
-            handle = pool.open(req.tokens, count_hits=False, salt=req.cache_salt)
-            if handle is None:
-                break
-            start = handle.cached_len
-            if self._defer(req, start, admitted):
-                pool.close(handle)
-                continue
-            n = min(len(req.tokens) - start, budget)
-            need = pool.pages_for(start + n) - len(handle.pages)
-            floor = watermark if self.running else 0
-            if pool.available_pages() - need < floor or not pool.reserve(handle, start + n):
-                pool.close(handle)
-                break
-            if not req.admitted_once:  # hit rate over first admissions (not replays)
-                req.admitted_once, req.cached_tokens = True, start
-                pool.prefix_query_tokens += req.prompt_len
-                pool.prefix_hit_tokens += start
-            req.kv, req.num_computed, req.status = handle, start, Status.RUNNING
-            if self.loras is not None:
-                self.loras.acquire(req)
-            self.running.append(req)
-            admitted.append(req)
-            chunks.append(Chunk(req, start, n, start + n == len(req.tokens)))
-            budget -= n
-        if admitted:
-            ids = {id(r) for r in admitted}
-            last = max(j for j, r in enumerate(self.waiting) if id(r) in ids)
-            waiting: deque[Request] = deque()
-            for j, r in enumerate(self.waiting):
-                if r.status is Status.WAITING:
-                    r.passed_over += j < last  # someone behind it went first
-                    waiting.append(r)
-            self.waiting = waiting
+        try:
+            for req in self._candidates():
+                if budget <= 0 or len(self.running) >= self.max_running:
+                    break
+                if self.loras is not None and not self.loras.can_admit(req.lora):
+                    continue  # every slot holds another adapter in use: wait for one
+                n = self._admit_one(req, budget, admitted)
+                if n is None:
+                    break
+                if n:
+                    chunks.append(Chunk(req, req.num_computed, n,
+                                        req.num_computed + n == len(req.tokens)))
+                    budget -= n
+        finally:  # the queue stays whole whatever failed: each request in one list
+            if admitted:
+                self._requeue(admitted)
         return budget
+
+    def _admit_one(self, req: Request, budget: int, admitted: list[Request]) -> int | None:
+        """Admit `req` with its first chunk of at most `budget` tokens: the chunk's size;
+        0 when it waits (or was set aside in `rejected`) while others may still come in,
+        None when nothing more fits this step."""
+        pool = self.pool
+        handle = pool.open(req.tokens, count_hits=False, salt=req.cache_salt)
+        if handle is None:
+            return None
+        start = handle.cached_len
+        if self._defer(req, start, admitted):
+            pool.close(handle)
+            return 0
+        n = min(len(req.tokens) - start, budget)
+        need = pool.pages_for(start + n) - len(handle.pages)
+        floor = int(self.config.watermark * pool.num_pages) if self.running else 0
+        if pool.available_pages() - need < floor or not pool.reserve(handle, start + n):
+            pool.close(handle)
+            return None
+        if self.loras is not None:
+            try:
+                self.loras.acquire(req)
+            except Exception as e:  # noqa: BLE001 - this request's adapter alone failed
+                pool.close(handle)
+                self.rejected.append((req, e))
+                return 0
+        if not req.admitted_once:  # hit rate over first admissions (not replays)
+            req.admitted_once, req.cached_tokens = True, start
+            pool.prefix_query_tokens += req.prompt_len
+            pool.prefix_hit_tokens += start
+        req.kv, req.num_computed, req.status = handle, start, Status.RUNNING
+        self.running.append(req)
+        admitted.append(req)
+        return n
+
+    def _requeue(self, admitted: list[Request]) -> None:
+        """The waiting queue without the requests just admitted; those they passed count it."""
+        ids = {id(r) for r in admitted}
+        last = max(j for j, r in enumerate(self.waiting) if id(r) in ids)
+        waiting: deque[Request] = deque()
+        for j, r in enumerate(self.waiting):
+            if r.status is Status.WAITING:
+                r.passed_over += j < last  # someone behind it went first
+                waiting.append(r)
+        self.waiting = waiting
 
     def _defer(self, req: Request, start: int, admitted: list[Request]) -> bool:
         """In-batch prefix sharing: a request whose next page is being computed by a request

@@ -14,14 +14,17 @@ HF module names come from astrai.model.hf_names (the only place that knows them)
 from __future__ import annotations
 
 import json
+import math
+import reprlib
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
 
 from astrai.errors import CheckpointError, ConfigError
+from astrai.jsonfile import read_json_object
 from astrai.model.checkpoint import read_safetensors, save_weights
 from astrai.model.hf_names import astrai_to_hf_name, hf_to_astrai_name
 from astrai.model.lora import (
@@ -35,6 +38,12 @@ from astrai.model.lora import (
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base_model.model."
+MAX_CONFIG_BYTES = 1 << 20
+"""Largest adapter_config.json read (PEFT writes well under 4 KiB)."""
+MAX_PATH_CHARS = 4096
+"""Longest adapter path taken: Linux's PATH_MAX."""
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 2, 40, 40
 # PEFT options astrai does not implement: a file setting one is refused, not half-loaded.
 _UNSUPPORTED = {"use_dora": False, "bias": "none", "fan_in_fan_out": False,
                 "modules_to_save": None, "layers_to_transform": None, "rank_pattern": {},
@@ -89,57 +98,133 @@ def write_adapter(out_dir: str | Path, model: nn.Module, spec: LoraSpec,
 
 def read_adapter_spec(path: str | Path) -> LoraSpec:
     """The LoraSpec of a PEFT adapter directory; a one-line error for what astrai cannot
-    load (another PEFT method, DoRA, biases, per-layer ranks, regex targets)."""
-    path = Path(path)
-    cfg_file = path / ADAPTER_CONFIG
-    if not cfg_file.is_file():
-        raise CheckpointError(f"{path}: no {ADAPTER_CONFIG}; --adapter takes a PEFT LoRA "
-                              "adapter directory (adapter_config.json + "
-                              "adapter_model.safetensors)")
+    load (another PEFT method, DoRA, biases, per-layer ranks, regex targets) and for a
+    value of the wrong type or out of range, naming the file and the key."""
+    cfg_file = adapter_file(path, ADAPTER_CONFIG)
     try:
-        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg_file}: line {e.lineno}: invalid JSON ({e.msg})") from None
-    if not isinstance(cfg, dict) or cfg.get("peft_type", "LORA") != "LORA":
-        kind = cfg.get("peft_type") if isinstance(cfg, dict) else type(cfg).__name__
-        raise CheckpointError(f"{cfg_file}: peft_type {kind!r}; astrai loads LORA adapters")
+        if cfg_file.stat().st_size > MAX_CONFIG_BYTES:
+            raise CheckpointError(f"{cfg_file}: larger than {MAX_CONFIG_BYTES} bytes; a PEFT "
+                                  "adapter_config.json is a few hundred")
+        cfg = read_json_object(cfg_file, CheckpointError)
+    except RecursionError:  # json's decoder recurses per nesting level
+        raise CheckpointError(f"{cfg_file}: nested too deeply to be an adapter "
+                              "config") from None
+    except OSError as e:
+        raise CheckpointError(f"{cfg_file}: unreadable ({e.strerror})") from None
+    if cfg.get("peft_type", "LORA") != "LORA":
+        raise CheckpointError(f"{cfg_file}: peft_type {_short(cfg['peft_type'])}; astrai "
+                              "loads LORA adapters")
     for key, default in _UNSUPPORTED.items():
         if cfg.get(key, default) not in (default, None, [], {}, False, "none"):
-            raise CheckpointError(f"{cfg_file}: {key}={cfg[key]!r} is not supported by astrai's "
-                                  f"LoRA; only plain LoRA adapters load ({key}={default!r})")
-    targets = cfg.get("target_modules")
-    if isinstance(targets, str) and targets != ALL_LINEAR:
-        targets = [targets] if "." not in targets and "|" not in targets else None
-    if not targets:
-        raise CheckpointError(f"{cfg_file}: target_modules {cfg.get('target_modules')!r}: "
-                              "astrai needs a list of module names (regex targets are not "
-                              "supported)")
+            raise CheckpointError(f"{cfg_file}: {key}={_short(cfg[key])} is not supported by "
+                                  f"astrai's LoRA; only plain LoRA adapters load "
+                                  f"({key}={default!r})")
+    rslora = cfg.get("use_rslora", False)
+    if not isinstance(rslora, bool):
+        _bad(cfg_file, "use_rslora", rslora, "true or false")
+    return LoraSpec(rank=_rank(cfg_file, cfg), alpha=_alpha(cfg_file, cfg),
+                    dropout=_dropout(cfg_file, cfg), targets=_targets(cfg_file, cfg),
+                    rslora=rslora)
+
+
+def adapter_file(path: str | Path, name: str) -> Path:
+    """`path/name`, a file that exists; CheckpointError when it does not or when `path`
+    cannot name a directory at all (too long, not text a file system takes)."""
+    path = Path(path)
+    text = str(path)
+    if len(text) > MAX_PATH_CHARS:
+        raise CheckpointError(f"adapter path of {len(text)} characters: the longest a file "
+                              f"system takes is {MAX_PATH_CHARS}; give a PEFT LoRA adapter "
+                              "directory")
     try:
-        return LoraSpec(rank=int(cfg["r"]), alpha=float(cfg.get("lora_alpha", 8)),
-                        dropout=float(cfg.get("lora_dropout", 0.0)),
-                        targets=resolve_targets([targets] if isinstance(targets, str)
-                                                else targets,
-                                                field=f"{cfg_file}: target_modules"),
-                        rslora=bool(cfg.get("use_rslora", False)))
-    except KeyError:
-        raise CheckpointError(f"{cfg_file}: no `r` (the LoRA rank)") from None
+        found = (path / name).is_file()
+    except (OSError, ValueError) as e:  # ENAMETOOLONG, an embedded NUL byte
+        why = getattr(e, "strerror", None) or e  # not str(e): it repeats the whole path
+        raise CheckpointError(f"{_short(text)}: not a usable path ({why}); give a PEFT "
+                              "LoRA adapter directory") from None
+    if not found:
+        what = ("--adapter takes a PEFT LoRA adapter directory (adapter_config.json + "
+                "adapter_model.safetensors)" if name == ADAPTER_CONFIG
+                else "astrai reads adapter weights only from safetensors")
+        raise CheckpointError(f"{path}: no {name}; {what}")
+    return path / name
+
+
+def _short(value: Any) -> str:
+    """A bounded repr of a value read from a file (deep or long values are cut)."""
+    return _REPR.repr(value)
+
+
+def _bad(cfg_file: Path, key: str, value: Any, want: str) -> NoReturn:
+    raise CheckpointError(f"{cfg_file}: {key}: {_short(value)} is not valid; give {want}")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _rank(cfg_file: Path, cfg: dict[str, Any]) -> int:
+    """`r`: a positive integer (8.0 is 8; 8.7 or "8" is refused, never rounded)."""
+    if "r" not in cfg:
+        raise CheckpointError(f"{cfg_file}: no `r` (the LoRA rank)")
+    r = cfg["r"]
+    if _number(r) and math.isfinite(r) and r == int(r) and r >= 1:
+        return int(r)
+    _bad(cfg_file, "r", r, "the LoRA rank as a positive integer")
+
+
+def _alpha(cfg_file: Path, cfg: dict[str, Any]) -> float:
+    """`lora_alpha`: a finite number (PEFT's default 8); the update is scaled by it."""
+    alpha = cfg.get("lora_alpha", 8)
+    if _number(alpha) and math.isfinite(alpha):
+        return float(alpha)
+    _bad(cfg_file, "lora_alpha", alpha, "a finite number")
+
+
+def _dropout(cfg_file: Path, cfg: dict[str, Any]) -> float:
+    dropout = cfg.get("lora_dropout", 0.0)
+    if dropout is None:
+        return 0.0
+    if _number(dropout) and 0 <= dropout < 1:
+        return float(dropout)
+    _bad(cfg_file, "lora_dropout", dropout, "a number in [0, 1)")
+
+
+def _targets(cfg_file: Path, cfg: dict[str, Any]) -> tuple[str, ...]:
+    """`target_modules`: `all-linear`, one module name, or a list of them (never a regex)."""
+    targets = cfg.get("target_modules")
+    if isinstance(targets, str):
+        if targets != ALL_LINEAR and ("." in targets or "|" in targets):
+            _bad(cfg_file, "target_modules", targets,
+                 "a list of module names (regex targets are not supported)")
+        targets = [targets]
+    if (not isinstance(targets, list) or not targets
+            or not all(isinstance(t, str) for t in targets)):
+        _bad(cfg_file, "target_modules", targets, "a list of module names such as "
+             "[\"q_proj\", \"v_proj\"] (regex targets are not supported)")
+    try:
+        return resolve_targets(targets, field=f"{cfg_file}: target_modules")
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
 
 
 def read_adapter_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """The adapter tensors of a PEFT directory under astrai names."""
-    path = Path(path)
-    file = path / ADAPTER_WEIGHTS
-    if not file.is_file():
-        raise CheckpointError(f"{path}: no {ADAPTER_WEIGHTS} (astrai reads adapter weights "
-                              "only from safetensors)")
+    """The adapter tensors of a PEFT directory under astrai names; a tensor holding NaN or
+    Inf, or not floating point, is refused (a non-finite update poisons every token it
+    touches)."""
+    file = adapter_file(path, ADAPTER_WEIGHTS)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in read_safetensors([file]).items():
         ours = from_peft_name(name)
         if ours is None:
-            raise CheckpointError(f"{file}: tensor '{name}' is not a LoRA weight of a "
+            raise CheckpointError(f"{file}: tensor '{_short(name)}' is not a LoRA weight of a "
                                   "decoder layer; astrai cannot load it")
+        if not tensor.is_floating_point():
+            raise CheckpointError(f"{file}: tensor '{name}' is {tensor.dtype}; LoRA weights "
+                                  "are floating point")
+        if not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{file}: tensor '{name}' holds NaN or Inf; re-export the "
+                                  "adapter from a run whose weights are finite")
         out[ours] = tensor
     return out
 

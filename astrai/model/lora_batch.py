@@ -4,19 +4,22 @@ Punica, Chen et al. 2023, "Punica: Multi-Tenant LoRA Serving", and S-LoRA, Sheng
 
     y = base(x) + s_a · (x A_aᵀ) B_aᵀ        a = the token's adapter; no update without one
 
-computed for all the step's tokens at once. A `LoraBank` holds `n_slots` adapters side by
-side: per adapted layer, A of every slot stacked along the rank, `A [n_slots·r_max, in]`,
-and B transposed the same way, `Bt [n_slots·r_max, out]` (fp32, ranks below r_max padded
-with zeros). A step selects the slots of its tokens (`with bank.select(token_slots):`),
-which builds one mask `M [N, W]` — `s_a` where column j belongs to token n's slot, else 0 —
-over the columns of the slots in use (W = their span × r_max), and each layer computes
+A `LoraBank` holds, per slot and adapted layer, the adapter's own `A [r, in]` and
+`B [out, r]` (fp32, each at its own rank: nothing is padded, and a slot emptied frees
+its tensors, so the bank is the size of what is resident). A step selects the slots of
+its tokens (`with bank.select(token_slots):`), which groups the token rows by slot once;
+each layer then computes, per slot in use,
 
-    y += ((x A[cols]ᵀ) ⊙ M) Bt[cols]           two GEMMs of width W, whatever the mix
+    y[rows_a] += s_a · (x[rows_a] A_aᵀ) B_aᵀ      rows_a = the tokens of adapter a
 
-The mask zeroes the other adapters' products exactly, so a token's update equals the one
-its adapter alone gives (up to the summation order of the GEMMs). The layers reach this
-through `astrai.model.lora.project`, so the model code does not change; outside a
-`select` block (and for layers no selected slot adapts) nothing is added.
+the grouped products Punica's SGMV kernel computes (segments of rows, one adapter each).
+Rows are selected, never masked: a row is read and written only by its own adapter's
+products, so another adapter's values — whatever they are, NaN included — cannot reach
+it (0 × NaN is NaN: a 0/1 mask over a product of all the slots would spread them), and
+base rows are left as the base computed them, bit for bit. The work is the rows times
+their own adapter's rank, whatever else is resident. The layers reach this through
+`astrai.model.lora.project`, so the model code does not change; outside a `select` block
+(and for layers no selected slot adapts) nothing is added.
 """
 
 from __future__ import annotations
@@ -28,88 +31,68 @@ import torch
 from torch import nn
 
 Tensor = torch.Tensor
+Rows = slice | Tensor
+"""One slot's token rows: a slice when they are consecutive (a view, no copy), else an
+index tensor."""
+
+
+def _rows(token_slots: Sequence[int], slot: int, device: torch.device) -> Rows | None:
+    """The rows of `slot` in `token_slots`: None for every row, a slice when consecutive."""
+    rows = [i for i, s in enumerate(token_slots) if s == slot]
+    if len(rows) == len(token_slots):
+        return None
+    if rows[-1] - rows[0] + 1 == len(rows):
+        return slice(rows[0], rows[-1] + 1)
+    return torch.tensor(rows, dtype=torch.long).to(device)
 
 
 class _Selection:
-    """The slots of one step's tokens: the column span and the scaled mask."""
+    """The slots of one step's tokens: each used slot with its rows."""
 
-    __slots__ = ("bank", "hi", "lo", "mask", "used")
+    __slots__ = ("bank", "groups", "n", "used")
 
     def __init__(self, bank: LoraBank, token_slots: Sequence[int]) -> None:
-        r = bank.r_max
         used = sorted({s for s in token_slots if s >= 0})
-        self.bank, self.used = bank, frozenset(used)
-        self.lo, self.hi = used[0] * r, (used[-1] + 1) * r
-        dev = bank.device
-        idx = torch.tensor(list(token_slots), dtype=torch.long).to(dev)  # (N,)
-        col_slot = torch.arange(self.lo, self.hi, device=dev) // r  # (W,)
-        scale = torch.tensor(bank.scales, dtype=torch.float32).to(dev)[col_slot]
-        self.mask = (idx[:, None] == col_slot[None, :]).float() * scale  # (N, W)
+        self.bank, self.used, self.n = bank, frozenset(used), len(token_slots)
+        self.groups = [(s, _rows(token_slots, s, bank.device)) for s in used]
 
 
 _active: _Selection | None = None
 
 
 class LoraBank:
-    """`n_slots` adapters of rank at most `r_max` on the linear layers `layers` (module
-    name -> layer) of one model. Slots are written and cleared between steps."""
+    """The adapters of a model's linear layers `layers` (module name -> layer) by slot,
+    on `device`. Slots are written and cleared between steps."""
 
-    def __init__(self, layers: dict[str, nn.Module], n_slots: int, r_max: int,
-                 device: torch.device) -> None:
+    def __init__(self, layers: dict[str, nn.Module], device: torch.device) -> None:
         self.layers = layers
-        self.n_slots, self.r_max, self.device = n_slots, r_max, device
-        self.scales = [0.0] * n_slots
-        self._a: dict[nn.Module, Tensor] = {}
-        self._bt: dict[nn.Module, Tensor] = {}
-        self._slots_of: dict[nn.Module, set[int]] = {}
-        """The slots holding an update for the layer."""
-        self._content: list[tuple[float, dict[str, tuple[Tensor, Tensor]]] | None] = (
-            [None] * n_slots)
+        self.device = device
+        self._held: dict[nn.Module, dict[int, tuple[Tensor, Tensor, float]]] = {}
+        """Per layer: slot -> (A [r, in], B [out, r], scale)."""
 
     def write(self, slot: int, scale: float, tensors: dict[str, tuple[Tensor, Tensor]]
               ) -> None:
-        """Put an adapter in `slot`: `tensors` maps module names to (A [r, in], B [out, r]);
-        a rank above r_max widens every layer's stack first."""
-        rank = max((a.shape[0] for a, _ in tensors.values()), default=1)
-        if rank > self.r_max:
-            self._widen(rank)
+        """Put an adapter in `slot`: `tensors` maps module names to (A [r, in], B [out, r]).
+        On failure the slot is left empty, never half written."""
         self.clear(slot)
-        self._content[slot] = (scale, tensors)
-        self.scales[slot] = float(scale)
-        r0 = slot * self.r_max
-        with torch.no_grad():
+        try:
             for name, (a, b) in tensors.items():
-                layer = self.layers[name]
-                if layer not in self._a:
-                    w = self.n_slots * self.r_max
-                    self._a[layer] = torch.zeros(w, a.shape[1], device=self.device)
-                    self._bt[layer] = torch.zeros(w, b.shape[0], device=self.device)
-                    self._slots_of[layer] = set()
-                r = a.shape[0]
-                self._a[layer][r0:r0 + r] = a.to(self.device, torch.float32)
-                self._bt[layer][r0:r0 + r] = b.t().to(self.device, torch.float32)
-                self._slots_of[layer].add(slot)
+                held = self._held.setdefault(self.layers[name], {})
+                held[slot] = (a.to(self.device, torch.float32).contiguous(),
+                              b.to(self.device, torch.float32).contiguous(), float(scale))
+        except BaseException:
+            self.clear(slot)
+            raise
 
     def clear(self, slot: int) -> None:
-        """Empty `slot` (its columns zero in every layer)."""
-        r0, r1 = slot * self.r_max, (slot + 1) * self.r_max
-        for layer, slots in self._slots_of.items():
-            if slot in slots:
-                self._a[layer][r0:r1] = 0
-                self._bt[layer][r0:r1] = 0
-                slots.discard(slot)
-        self._content[slot] = None
-        self.scales[slot] = 0.0
+        """Empty `slot`: its tensors are dropped from every layer."""
+        for held in self._held.values():
+            held.pop(slot, None)
 
-    def _widen(self, rank: int) -> None:
-        """Rebuild the stacks with r_max = rank, rewriting every slot."""
-        content = self._content
-        self.r_max = rank
-        self._a, self._bt, self._slots_of = {}, {}, {}
-        self._content = [None] * self.n_slots
-        for slot, held in enumerate(content):
-            if held is not None:
-                self.write(slot, *held)
+    def nbytes(self) -> int:
+        """Bytes of the resident adapters' tensors."""
+        return sum(a.nbytes + b.nbytes for held in self._held.values()
+                   for a, b, _ in held.values())
 
     @contextlib.contextmanager
     def select(self, token_slots: Sequence[int] | None) -> Iterator[None]:
@@ -126,20 +109,40 @@ class LoraBank:
             _active = before
 
     def update(self, sel: _Selection, x: Tensor, layer: nn.Module, y: Tensor) -> Tensor:
-        """y plus the selected slots' updates of `layer` (y itself when none adapts it)."""
-        slots = self._slots_of.get(layer)
-        if not slots or slots.isdisjoint(sel.used):
+        """y plus the selected slots' updates of `layer`, each on its own rows only (y
+        itself when none adapts it)."""
+        held = self._held.get(layer)
+        if not held or sel.used.isdisjoint(held):
             return y
-        a, bt = self._a[layer][sel.lo:sel.hi], self._bt[layer][sel.lo:sel.hi]
-        x2 = x.reshape(-1, x.shape[-1])
-        if x2.shape[0] != sel.mask.shape[0]:
-            raise RuntimeError(f"LoRA selection of {sel.mask.shape[0]} tokens applied to "
+        x2 = x.reshape(-1, x.shape[-1])  # (N, in)
+        if x2.shape[0] != sel.n:
+            raise RuntimeError(f"LoRA selection of {sel.n} tokens applied to "
                                f"{x2.shape[0]} rows")
-        xa = (x2.to(torch.float32) @ a.t()).mul_(sel.mask)  # (N, W)
-        if y.dtype == torch.float32 and y.is_contiguous():
-            y.view(-1, y.shape[-1]).addmm_(xa, bt)
-            return y
-        return y + (xa @ bt).to(y.dtype).view(y.shape)
+        y = y if y.is_contiguous() else y.contiguous()
+        y2 = y.view(-1, y.shape[-1])  # (N, out)
+        for slot, rows in sel.groups:
+            if slot in held:
+                _add_update(x2, y2, rows, *held[slot])
+        return y
+
+
+def _add_update(x: Tensor, y: Tensor, rows: Rows | None, a: Tensor, b: Tensor,
+                scale: float) -> None:
+    """y[rows] += scale · (x[rows] Aᵀ) Bᵀ in place, in fp32, added in y's dtype."""
+    if isinstance(rows, Tensor):
+        xs = x.index_select(0, rows)
+    else:
+        xs = x if rows is None else x[rows]
+    xa = xs.to(torch.float32) @ a.t()  # (N_a, r)
+    ys = y if rows is None else None if isinstance(rows, Tensor) else y[rows]
+    if ys is not None and y.dtype == torch.float32:
+        ys.addmm_(xa, b.t(), alpha=scale)  # inside the GEMM: no [N_a, out] temporary
+        return
+    upd = torch.mm(xa, b.t()).mul_(scale).to(y.dtype)  # (N_a, out)
+    if ys is not None:
+        ys.add_(upd)
+    else:
+        y.index_add_(0, rows, upd)
 
 
 def apply(x: Tensor, layer: nn.Module, y: Tensor) -> Tensor:

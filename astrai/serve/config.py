@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from astrai.errors import ConfigError
 from astrai.infer.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from astrai.infer.loading import resolve_quantize
+from astrai.infer.loras import MAX_LOADED_LORAS, MAX_LORA_RANK, check_name
+from astrai.model.adapter import MAX_PATH_CHARS
 from astrai.serve.auth import key_problem
 from astrai.serve.tool_parsers import PARSERS
 
@@ -51,6 +53,12 @@ class ServeConfig:
     `model` picks one by name (docs/serve.md "Multiple LoRA adapters")."""
     max_loras: int | None = None
     """Adapters resident in one batch; None = as many as `loras`, at least 1."""
+    max_lora_rank: int = MAX_LORA_RANK
+    """The largest adapter rank served (`--max-lora-rank`, as vLLM's); a higher-rank
+    adapter is refused at load."""
+    max_loaded_loras: int = MAX_LOADED_LORAS
+    """The most adapters served at once, `--lora` ones included (`--max-loaded-loras`); a
+    runtime load beyond it is refused until one is unloaded."""
     enable_lora_loading: bool = False
     """Open POST /v1/load_lora_adapter and /v1/unload_lora_adapter (they read server paths:
     they also need `api_key`)."""
@@ -91,11 +99,23 @@ class ServeConfig:
             raise ConfigError(problem)
 
     def _validate_loras(self) -> None:
-        if self.max_loras is not None and self.max_loras < 1:
-            raise ConfigError(f"--max-loras {self.max_loras}: must be >= 1")
+        for flag, value in (("--max-loras", self.max_loras),
+                            ("--max-lora-rank", self.max_lora_rank),
+                            ("--max-loaded-loras", self.max_loaded_loras)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{flag} {value}: must be >= 1")
+        if len(self.loras) > self.max_loaded_loras:
+            raise ConfigError(f"--lora: {len(self.loras)} adapters given, more than "
+                              f"--max-loaded-loras {self.max_loaded_loras}; raise it")
         for name, path in self.loras.items():
-            if not name or name != name.strip():
-                raise ConfigError(f"--lora {name!r}={path}: give a non-empty NAME")
+            try:
+                check_name(name)
+            except ConfigError as e:
+                raise ConfigError(f"--lora: {e}") from None
+            if len(path) > MAX_PATH_CHARS:
+                raise ConfigError(f"--lora {name}: the path has {len(path)} characters, "
+                                  f"more than a file system takes ({MAX_PATH_CHARS}); give "
+                                  "a PEFT LoRA adapter directory")
             if name == self.served_model_name:
                 raise ConfigError(f"--lora {name}: the name is the base model's "
                                   "(--served-model-name); choose another")

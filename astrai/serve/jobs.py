@@ -27,7 +27,7 @@ from astrai.errors import AstraiError
 from astrai.infer.request import RequestOutput
 from astrai.serve.errors import APIError, bad_request
 from astrai.serve.limits import queue_full
-from astrai.serve.loop import EngineLoop, QueueFull
+from astrai.serve.loop import EngineLoop, EngineStopped, QueueFull
 from astrai.serve.protocol import Job
 from astrai.serve.responses import ResponseBuilder, sse
 
@@ -63,6 +63,8 @@ class Outputs:
             loop.submit(items, self._deliver, lora=lora)
         except QueueFull:
             raise queue_full() from None
+        except EngineStopped as e:
+            raise stopped(e) from None
 
     def _deliver(self, out: RequestOutput | BaseException) -> None:
         if self.fell_behind:
@@ -88,6 +90,8 @@ class Outputs:
         if isinstance(out, BaseException):
             if isinstance(out, AstraiError):
                 raise bad_request(str(out))
+            if isinstance(out, EngineStopped):
+                raise stopped(out)
             raise out
         if out.finished:
             self.pending.discard(out.request_id)
@@ -97,6 +101,11 @@ class Outputs:
         if self.pending and not self.aborted:
             self.aborted = True
             self.loop.abort(sorted(self.pending))
+
+
+def stopped(e: EngineStopped) -> APIError:
+    """The 503 of a request the dead engine loop cannot serve."""
+    return APIError(503, str(e), type="service_unavailable", code="engine_stopped")
 
 
 async def run_job(loop: EngineLoop, request: Request, job: Job, model_name: str,

@@ -8,6 +8,10 @@ Nothing else calls the engine while the loop runs, so a handler never waits for 
 Admission is bounded (vLLM's `--max-num-seqs` running, plus a waiting queue): at most
 `max_running + max_queue` engine requests are in flight; one more is refused at once
 (`QueueFull`, the server's 503) rather than waiting unboundedly.
+
+A loop thread that dies (an error no step catches) never leaves a request waiting on
+it: every request it held and every command still queued get `EngineStopped`, and so
+does every later `submit`, at once (the server's 503, and /health says so).
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ Deliver = Callable[[RequestOutput | BaseException], None]
 
 class QueueFull(Exception):
     """The server holds max_running + max_queue requests already."""
+
+
+class EngineStopped(Exception):
+    """The engine loop has stopped: nothing more will be served."""
 
 
 class EngineLoop:
@@ -65,11 +73,13 @@ class EngineLoop:
                lora: str | None = None) -> None:
         """Queue engine requests (all or none) under LoRA adapter `lora` (None: the base);
         raises QueueFull when over the bound."""
-        with self._count_lock:
+        with self._count_lock:  # the loop dies under this lock: nothing is queued after
+            if self.error is not None:
+                raise EngineStopped(self._why())
             if self._in_flight + len(items) > self.max_in_flight:
                 raise QueueFull
             self._in_flight += len(items)
-        self._cmds.put(("add", (items, lora), deliver))
+            self._cmds.put(("add", (items, lora), deliver))
 
     def abort(self, request_ids: list[str]) -> None:
         """Cancel requests (a client went away): their KV pages are freed at the next turn."""
@@ -98,12 +108,36 @@ class EngineLoop:
                         cmd = None
                 if eng.has_unfinished():
                     self._step()
-        except BaseException as e:  # the loop is dead: fail every waiting request
+        except BaseException as e:  # the loop is dead: say so to everyone
             log.exception("the engine loop stopped")
-            self.error = e
-            self._send([(d, e) for d in set(self._sinks.values())])
+            self._die(e)
+
+    def _why(self) -> str:
+        e = self.error
+        return f"the engine loop has stopped ({type(e).__name__}: {e}); restart the server"
+
+    def _die(self, error: BaseException) -> None:
+        """Fail every request held and every command still queued; refuse new ones."""
+        with self._count_lock:
+            self.error = error
+            sinks = set(self._sinks.values())
+            while True:
+                try:
+                    op, _, deliver = self._cmds.get_nowait()
+                except queue.Empty:
+                    break
+                if op == "add":
+                    sinks.add(deliver)
+        stopped = EngineStopped(self._why())
+        self._send([(d, stopped) for d in sinks])
 
     def _command(self, op: str, arg: Any, deliver: Deliver | None) -> None:
+        try:
+            self._apply(op, arg, deliver)
+        except Exception:  # a command that fails must not stop the loop
+            log.exception("engine loop command %r failed", op)
+
+    def _apply(self, op: str, arg: Any, deliver: Deliver | None) -> None:
         if op == "add":
             added: list[str] = []
             arg, lora = arg

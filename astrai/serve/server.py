@@ -49,7 +49,9 @@ def load_engine(config: ServeConfig) -> Any:
     sched = config.scheduler.model_copy(update={"max_running": config.max_running})
     return Engine(model, tok, cache, config.backend, scheduler_config=sched, seed=config.seed,
                   decode=config.decode, speculative=config.speculative,
-                  loras=config.loras, max_loras=config.max_loras)
+                  loras=config.loras, max_loras=config.max_loras,
+                  max_lora_rank=config.max_lora_rank,
+                  max_loaded_loras=config.max_loaded_loras)
 
 
 def check_template(tok: Any, where: str) -> None:

@@ -19,6 +19,7 @@ from astrai_cli.options import (
     EnforceEager,
     Backend,
     Loras,
+    MaxLoraRank,
     MaxLoras,
     Device,
     Dtype,
@@ -77,6 +78,10 @@ def register(app: typer.Typer) -> None:
         adapter: Adapter = None,
         lora: Loras = None,
         max_loras: MaxLoras = None,
+        max_lora_rank: MaxLoraRank = 16,
+        max_loaded_loras: Annotated[int, typer.Option(
+            "--max-loaded-loras", help="The most LoRA adapters served at once, --lora ones "
+            "included; a runtime load beyond it is refused until one is unloaded.")] = 32,
         enable_lora_loading: Annotated[bool, typer.Option(
             "--enable-lora-loading", help="Open POST /v1/load_lora_adapter and "
             "/v1/unload_lora_adapter (they read server paths: needs --api-key too).")
@@ -107,7 +112,8 @@ def register(app: typer.Typer) -> None:
             max_queue=max_queue, drain_timeout=drain_timeout, device=device,
             dtype=None if dtype == "auto" else dtype, backend=backend, seed=seed,
             adapter=None if adapter is None else str(adapter), quantize=quantize,
-            loras=parse_loras(lora), max_loras=max_loras,
+            loras=parse_loras(lora), max_loras=max_loras, max_lora_rank=max_lora_rank,
+            max_loaded_loras=max_loaded_loras,
             enable_lora_loading=enable_lora_loading,
             decode="eager" if enforce_eager else "auto",
             speculative=speculative_config(speculative, speculative_model,

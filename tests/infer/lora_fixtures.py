@@ -99,3 +99,54 @@ def peft_greedy(base_dir: Path, adapter: Path | None, prompt: list[int], n: int
                              pad_token_id=0, eos_token_id=None)
     gaps = [float(s[0].topk(2).values[0] - s[0].topk(2).values[1]) for s in out.scores]
     return out.sequences[0, len(prompt):].tolist(), min(gaps)
+
+
+def broken_adapters(root: Path, good: Path) -> dict[str, tuple[Path, str]]:
+    """Copies of the adapter `good`, each broken one way an attacker or a bad export might:
+    name -> (directory, a phrase the one-line error must hold)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    def copy(name: str, config: dict | None = None, text: str | bytes | None = None,
+             tensors=None) -> Path:
+        out = root / name
+        if out.exists():
+            return out
+        shutil.copytree(good, out)
+        conf = out / "adapter_config.json"
+        if config is not None:
+            conf.write_text(json.dumps({**json.loads(conf.read_text()), **config}))
+        if text is not None:
+            conf.write_bytes(text if isinstance(text, bytes) else text.encode())
+        if tensors is not None:
+            weights = out / "adapter_model.safetensors"
+            save_file({k: tensors(k, v).contiguous() for k, v in load_file(weights).items()},
+                      weights)
+        return out
+
+    def nan_one(k, v):
+        v = v.clone()
+        if ".lora_B." in k:
+            v[0, 0] = float("nan")
+        return v
+
+    conf = json.loads((good / "adapter_config.json").read_text())
+    alpha_token = json.dumps({**conf, "lora_alpha": 0}).replace('"lora_alpha": 0',
+                                                                '"lora_alpha": Infinity')
+    return {
+        "r0": (copy("r0", {"r": 0}, tensors=lambda k, v: v[:0] if ".lora_A." in k
+                    else v[:, :0]), "r: 0"),
+        "r-text": (copy("r-text", {"r": "abc"}), "r: 'abc'"),
+        "r-null": (copy("r-null", {"r": None}), "r: None"),
+        "r-list": (copy("r-list", {"r": [8]}), "r: [8]"),
+        "r-frac": (copy("r-frac", {"r": 8.7}), "r: 8.7"),
+        "alpha-text": (copy("alpha-text", {"lora_alpha": "x"}), "lora_alpha: 'x'"),
+        "alpha-inf": (copy("alpha-inf", text=alpha_token), "lora_alpha: inf"),
+        "targets-int": (copy("targets-int", {"target_modules": 5}), "target_modules: 5"),
+        "not-utf8": (copy("not-utf8", text=b'{"r": "\xff\xfe"}'), "unreadable"),
+        "deep": (copy("deep", text='{"r": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+                 "nested too deeply"),
+        "nan-weight": (copy("nan-weight", tensors=nan_one), "holds NaN or Inf"),
+    }

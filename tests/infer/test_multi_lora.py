@@ -7,11 +7,17 @@ adapter to another or to the base; `max_loras` holds requests back without deadl
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from astrai.errors import CheckpointError, ConfigError
 from astrai.infer import CacheConfig, Engine, SamplingParams
+from astrai.infer.loras import Adapter
 from astrai.model.hf import load_pretrained
+from astrai.model.lora_batch import LoraBank
 
 from .lora_fixtures import VOCAB, make_adapters, peft_greedy, tiny_llama
 
@@ -180,3 +186,168 @@ def test_preempted_adapter_requests_resume_under_their_adapter(dirs, reference):
     for (i, name), o in zip(cs, outs):
         assert o.token_ids == reference[i, name], (i, name)
     assert eng.loras._refs == [0, 0]  # every slot released
+
+
+# -- one tenant cannot break the others ------------------------------------------------------
+
+
+class GemmWork(TorchDispatchMode):
+    """Multiply-adds of every matrix product run inside the block (mm, addmm, addmm_)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.macs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in ("mm", "addmm", "addmm_"):
+            a, b = args[:2] if name == "mm" else args[1:3]
+            self.macs += a.shape[0] * a.shape[1] * b.shape[1]
+        return func(*args, **(kwargs or {}))
+
+
+def sql_work(eng) -> int:
+    """The matrix work of one sql request from an empty prefix cache."""
+    eng.reset_prefix_cache()
+    with GemmWork() as work:
+        (o,) = eng.generate([PROMPTS[1]], SamplingParams.greedy(N), lora="sql")
+    return work.macs, o.token_ids
+
+
+def test_a_high_rank_adapter_costs_the_others_nothing_once_idle_or_gone(dirs, reference,
+                                                                       tmp_path):
+    """Work per step follows each token's own adapter: a rank-64 adapter resident but idle,
+    or unloaded, leaves an sql request's matrix work what it was before it came, and the
+    bank shrinks back to what is resident."""
+    from .lora_fixtures import peft_adapter
+
+    base, _ = dirs
+    big = peft_adapter(base, tmp_path / "big", 64, 64.0, ["q_proj", "k_proj", "v_proj",
+                                                         "o_proj", "down_proj"], False, 9)
+    eng = make_engine(dirs, max_loras=2, max_lora_rank=64)
+    before, tokens = sql_work(eng)
+    assert tokens == reference[1, "sql"]
+    sql_bytes = eng.loras.bank_bytes()
+    eng.add_lora("big", big)
+    outs = eng.generate([PROMPTS[0], PROMPTS[1]], SamplingParams.greedy(N), lora=["big", "sql"])
+    assert outs[1].token_ids == reference[1, "sql"]
+    assert sorted(n for n in eng.loras.resident() if n) == ["big", "sql"]
+    assert sql_work(eng) == (before, reference[1, "sql"])  # big resident, idle
+    eng.remove_lora("big")
+    assert eng.loras.bank_bytes() == sql_bytes
+    assert sql_work(eng) == (before, reference[1, "sql"])  # big gone
+
+
+def test_rank_count_and_name_bounds(dirs):
+    base, adapters = dirs
+    model, _, _ = load_pretrained(base)
+    eng = Engine(model.eval(), None, CacheConfig(page_size=4, max_kv_tokens=512,
+                                                 max_requests=4),
+                 max_lora_rank=4, max_loaded_loras=2)
+    with pytest.raises(CheckpointError, match="r 8 is above the largest rank served, 4"):
+        eng.add_lora("poet", adapters["poet"])  # rank 8
+    eng.add_lora("a", adapters["sql"])
+    eng.add_lora("org/sql-v2.1", adapters["sql"])
+    with pytest.raises(ConfigError, match="2 adapters are loaded.*max_loaded_loras"):
+        eng.add_lora("c", adapters["sql"])
+    eng.remove_lora("a")
+    eng.add_lora("c", adapters["sql"])
+    assert eng.lora_names() == ["org/sql-v2.1", "c"]
+    eng.remove_lora("c")
+    for bad in ["x\ny", "a b", "tab\t", "", "x" * 129, "é", "nul\x00", "-x", ".hidden", 7]:
+        with pytest.raises(ConfigError, match="lora name"):
+            eng.add_lora(bad, adapters["sql"])
+    assert eng.lora_names() == ["org/sql-v2.1"]
+
+
+def test_adapter_names_are_read_without_the_engine_lock(dirs):
+    """A long step holds the engine's lock; listing the adapters must not wait for it."""
+    eng = make_engine(dirs)
+    got = []
+    with eng.lock:  # a step in progress
+        reader = threading.Thread(target=lambda: got.append(eng.lora_names()), daemon=True)
+        reader.start()
+        reader.join(10)
+    assert got == [["sql", "poet"]]
+
+
+def nan_adapter(eng, like: str) -> Adapter:
+    """An adapter whose every A holds NaN, registered past the load checks (which refuse
+    it): what a check that missed something would let through."""
+    good = eng.loras.get(like)
+    tensors = {m: (torch.full_like(a, float("nan")), b) for m, (a, b) in good.tensors.items()}
+    return eng.loras.register(Adapter("nan", "-", good.spec, tensors, "lora-nan"))
+
+
+@pytest.mark.parametrize("decode", ["eager", "static"])
+def test_a_nan_adapter_leaves_the_other_rows_of_its_batch_alone(dirs, reference, decode):
+    eng = make_engine(dirs, max_loras=3, decode=decode)
+    nan_adapter(eng, "poet")
+    cs = [(i, name) for i in range(len(PROMPTS)) for name in (None, "sql", "nan")]
+    outs = eng.generate([PROMPTS[i] for i, _ in cs], SamplingParams.greedy(N),
+                        lora=[name for _, name in cs])
+    assert eng.stats().peak_running == len(cs)  # one batch
+    for (i, name), o in zip(cs, outs):
+        if name != "nan":
+            assert o.token_ids == reference[i, name], (i, name)
+    assert not eng.has_unfinished() and eng.pool.stats().utilization == 0.0
+
+
+def test_an_adapter_that_cannot_take_a_slot_fails_alone(dirs, reference, monkeypatch):
+    """Its requests end with "error" while still waiting; every other request, waiting or
+    running, gets its tokens, and nothing is left held."""
+    eng = make_engine(dirs)
+    poet = eng.loras.get("poet")
+    real = LoraBank.write
+
+    def write(self, slot, scale, tensors):
+        if tensors is poet.tensors:
+            raise ZeroDivisionError("float division by zero")
+        return real(self, slot, scale, tensors)
+
+    monkeypatch.setattr(LoraBank, "write", write)
+    cs = combos()
+    outs = eng.generate([PROMPTS[i] for i, _ in cs], SamplingParams.greedy(N),
+                        lora=[name for _, name in cs])
+    for (i, name), o in zip(cs, outs):
+        if name == "poet":
+            assert o.finish_reason == "error" and "ZeroDivisionError" in o.error
+            assert o.token_ids == []
+        else:
+            assert o.token_ids == reference[i, name], (i, name)
+    assert not eng.has_unfinished() and eng.pool.stats().utilization == 0.0
+    assert eng.loras._refs == [0, 0] and "poet" not in eng.loras.resident()
+    monkeypatch.undo()
+    (o,) = eng.generate([PROMPTS[0]], SamplingParams.greedy(N), lora="poet")
+    assert o.token_ids == reference[0, "poet"]
+
+
+def test_a_schedule_failing_mid_admission_fails_waiting_and_running_alike(dirs, reference,
+                                                                          monkeypatch):
+    """The scheduler raises after admitting one request of the round: every request ends
+    with "error" exactly once (the half-admitted, the running and the still waiting), none
+    is left queued or holding pages, and the engine serves the next request."""
+    eng = make_engine(dirs)
+    rids = [eng.add_request(PROMPTS[i], SamplingParams.greedy(N), lora=name)
+            for i, name in combos()[:4]]
+    real, calls = eng.pool.reserve, []
+
+    def reserve(handle, n):
+        calls.append(n)
+        if len(calls) == 2:
+            raise RuntimeError("reserve failed")
+        return real(handle, n)
+
+    monkeypatch.setattr(eng.pool, "reserve", reserve)
+    with pytest.raises(RuntimeError, match="reserve failed"):
+        eng.step()
+    monkeypatch.undo()
+    outs = []
+    while eng.has_unfinished():
+        outs += eng.step()
+    assert sorted(o.request_id for o in outs) == sorted(rids)
+    assert all(o.finish_reason == "error" and "reserve failed" in o.error for o in outs)
+    assert not eng.scheduler.waiting and not eng.scheduler.running
+    assert eng.pool.stats().utilization == 0.0 and eng.loras._refs == [0, 0]
+    (o,) = eng.generate([PROMPTS[2]], SamplingParams.greedy(N), lora="sql")
+    assert o.token_ids == reference[2, "sql"]

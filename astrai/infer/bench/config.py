@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from astrai.errors import ConfigError
 from astrai.infer.backends.registry import BACKEND_NAMES
 from astrai.infer.config import CacheConfig, SchedulerConfig, SpeculativeConfig
+from astrai.infer.loras import MAX_LORA_RANK
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 DEFAULT_INPUT_LEN = (64, 256)
@@ -69,6 +70,8 @@ class BenchConfig:
     under the (i mod n)-th of them (in-process only)."""
     max_loras: int | None = None
     """Adapters resident in one batch (None: all of `loras`)."""
+    max_lora_rank: int = MAX_LORA_RANK
+    """The largest adapter rank served (`--max-lora-rank`; astrai.infer.loras)."""
     decode: str = "auto"
     """How pure decode steps run: auto | eager (`--enforce-eager`); astrai.infer.decode_step."""
     speculative: SpeculativeConfig | None = None

@@ -197,7 +197,9 @@ def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
         engine = Engine(target.model, tok, config.cache, backend,
                         scheduler_config=config.scheduler, seed=config.seed,
                         decode=config.decode, speculative=config.speculative,
-                        loras=config.loras, max_loras=config.max_loras)
+                        loras=config.loras, max_loras=config.max_loras,
+                        max_lora_rank=config.max_lora_rank,
+                        max_loaded_loras=max(1, len(config.loras)))
         label = backend or f"auto ({engine.backend().name})"
         warm_up(engine, warm)
         cb: Progress | None = None
