@@ -5,6 +5,7 @@ tokenizer metadata of astrai's byte-level BPE and of real families' tokenizers."
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from astrai.errors import UnsupportedModelError
 from astrai.model.checkpoint import save_checkpoint
 from astrai.model.gguf_export import MARKER_KEY, export_gguf
 from astrai.model.gguf_names import gguf_name, permute_rows, unpermute_rows
-from astrai.model.gguf_vocab import BYTE, CONTROL, NORMAL, read_vocab
+from astrai.model.gguf_vocab import BYTE, CONTROL, NORMAL, USER_DEFINED, read_vocab
 from tests.model.conftest import random_model, small_config
 from tests.real_tokenizers import family_dir
 
@@ -179,6 +180,52 @@ def test_real_byte_level_families(tmp_path, family, pre):
     assert v.special["eos"] == ids[cfg["eos_token"]]
     assert v.add_bos is (family == "llama3")
     assert v.chat_template == cfg["chat_template"]
+    # added tokens typed as llama.cpp's converter types them: Qwen3's <|fim_prefix|> ..
+    # <|file_sep|> are not flagged special but look it (control); <think>, <tool_call> not
+    looks = {i for t, i in ids.items() if t.startswith("<|") and t.endswith("|>")}
+    assert {i: v.types[i] for i in ids.values()} == {
+        a["id"]: CONTROL if a["special"] or a["id"] in looks else USER_DEFINED
+        for a in tok["added_tokens"]}
+    assert (family == "qwen3") == any(not a["special"] and a["id"] in looks
+                                      for a in tok["added_tokens"])
+
+
+ADDED = [("<|fim_prefix|>", False), ("<think>", False), ("<｜tool▁sep｜>", False),
+         ("<|tool|>", True), ("[ctrl]", True)]
+"""Added tokens of the kinds real vocabularies carry (Qwen3: `<|fim_prefix|>` and `<think>`
+not flagged special; DeepSeek: fullwidth bars), with their `special` flag."""
+
+
+def with_added_tokens(tok_dir: Path, out: Path) -> Path:
+    """A copy of tokenizer directory `tok_dir` with ADDED appended (ids after the vocab)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    shutil.copytree(tok_dir, out)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    for text, special in ADDED:
+        token = AddedToken(text, special=special, normalized=False)
+        (tok.add_special_tokens if special else tok.add_tokens)([token])
+    tok.save(str(out / "tokenizer.json"))
+    return out
+
+
+def test_token_types_as_llama_cpps_converter(tmp_path, bpe_dir):
+    """The token types in the file follow llama.cpp's convert_hf_to_gguf.py: an added token
+    is control when flagged special or when it looks special (`does_token_look_special`:
+    `<|...|>`, `<｜...｜>`; llama.cpp never prints control tokens as text), user-defined
+    otherwise; vocabulary tokens normal, padding rows user-defined."""
+    d = with_added_tokens(bpe_dir, tmp_path / "tok")
+    tok = json.loads((d / "tokenizer.json").read_text())
+    added = {a["id"]: a for a in tok["added_tokens"]}
+    ck, _, _ = checkpoint(tmp_path, d, vocab_size=max(added) + 3)
+    meta = fields(gguf.GGUFReader(export_gguf(ck, tmp_path / "m.gguf")))
+    ids = {a["content"]: i for i, a in added.items()}
+    want = {"<|fim_prefix|>": CONTROL, "<think>": USER_DEFINED, "<｜tool▁sep｜>": CONTROL,
+            "<|tool|>": CONTROL, "[ctrl]": CONTROL, "<|im_end|>": CONTROL}
+    types = meta["tokenizer.ggml.token_type"]
+    assert {t: types[ids[t]] for t in want} == want
+    assert [types[i] for i in range(len(types)) if i not in added] == \
+        [NORMAL] * (len(types) - len(added) - 2) + [USER_DEFINED] * 2
 
 
 def test_mistral_tokenizer_as_llama_vocab(tmp_path):

@@ -202,3 +202,56 @@ def test_runs_saved_before_the_option_resume_nearest(tmp_path):
     assert find_resume_point(run)[0].precision.update_mode == "nearest"
     resume(run, data=make_data(n=16))
     assert final_weights(run, 4) == final_weights(Path(a.run_dir), 4)
+
+
+def _mixed_params() -> dict[str, torch.nn.Parameter]:
+    """A bf16-true model with fp32 tensors beside it (LoRA-style adapters, fp32 gains)."""
+    torch.manual_seed(0)
+    return {"bf16_w": torch.nn.Parameter(torch.randn(32, 16).bfloat16()),
+            "bf16_g": torch.nn.Parameter(torch.ones(16).bfloat16()),
+            "fp32_w": torch.nn.Parameter(torch.randn(8, 16)),
+            "fp32_b": torch.nn.Parameter(torch.zeros(8))}
+
+
+def _state_bytes(state: dict) -> int:
+    return sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v)
+               and v.dim() > 0)
+
+
+@pytest.mark.parametrize("opt_cls", [AdamW, MuonAdamW])
+@pytest.mark.parametrize("mode", ["stochastic", "kahan"])
+def test_no_update_buffers_for_fp32_parameters(opt_cls, mode, tmp_path):
+    """Only bf16 weights get what a mode adds: Kahan's bf16 compensation (2 B/param) for
+    each bf16 parameter, nothing for fp32 ones (their update is exact), and stochastic
+    rounding no per-parameter state at all. Checked on the live state and on the state
+    saved as a checkpoint's optimizer.pt (torch.save of optimizer.state_dict())."""
+    def run(m: str) -> tuple[dict, dict]:
+        params = _mixed_params()
+        groups = [{"params": [params["bf16_w"], params["fp32_w"]], "muon": True},
+                  {"params": [params["bf16_g"], params["fp32_b"]], "muon": False}]
+        opt = opt_cls(groups if opt_cls is MuonAdamW else [p for g in groups for p in g["params"]],
+                      lr=1e-3, bf16_update=m)
+        for _ in range(3):
+            for p in params.values():
+                p.grad = torch.ones_like(p)
+            opt.step()
+        torch.save(opt.state_dict(), tmp_path / f"{m}-optimizer.pt")
+        saved = torch.load(tmp_path / f"{m}-optimizer.pt", weights_only=True)["state"]
+        order = [p for g in opt.param_groups for p in g["params"]]
+        names = {id(p): n for n, p in params.items()}
+        live = {names[id(p)]: opt.state[p] for p in order}
+        return live, {names[id(p)]: saved[i] for i, p in enumerate(order)}
+
+    nearest_live, nearest_saved = run("nearest")
+    live, saved = run(mode)
+    for name in ("fp32_w", "fp32_b"):
+        for ref, got in ((nearest_live, live), (nearest_saved, saved)):
+            assert set(got[name]) == set(ref[name]), (name, sorted(got[name]))
+            assert _state_bytes(got[name]) == _state_bytes(ref[name]), name
+    for name in ("bf16_w", "bf16_g"):
+        for ref, got in ((nearest_live, live), (nearest_saved, saved)):
+            extra = set(got[name]) - set(ref[name])
+            assert extra == ({KAHAN_KEY} if mode == "kahan" else set()), (name, extra)
+            comp = got[name].get(KAHAN_KEY)
+            assert comp is None or (comp.dtype == torch.bfloat16
+                                    and comp.shape == _mixed_params()[name].shape)
