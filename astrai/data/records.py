@@ -14,6 +14,21 @@ from astrai.errors import DataError
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
 
 
+def walk_glob(pattern: str) -> list[str]:
+    """The paths matching `pattern`, sorted, without entering symlinked directories: `**`
+    walks only the real tree below the pattern's fixed prefix (pathlib's glob), where
+    `glob.glob(recursive=True)` follows a link to `/` through the whole filesystem."""
+    parts = Path(pattern).parts
+    fixed = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    root = Path(*parts[:fixed]) if fixed else Path()
+    rest = str(Path(*parts[fixed:]))
+    # as glob.glob, a wildcard does not match hidden names unless the pattern spells a dot
+    hidden_ok = any(part.startswith(".") and part not in (".", "..") for part in parts[fixed:])
+    return sorted(str(p) for p in root.glob(rest)
+                  if hidden_ok or not any(part.startswith(".")
+                                          for part in p.relative_to(root).parts))
+
+
 def expand_inputs(patterns: Sequence[str | Path], what: str = "inputs",
                   dir_suffixes: tuple[str, ...] | None = None) -> list[Path]:
     """Files named by `patterns` (globs allowed), in order, without duplicates. With
@@ -21,7 +36,7 @@ def expand_inputs(patterns: Sequence[str | Path], what: str = "inputs",
     out: list[Path] = []
     for pat in patterns:
         pat = str(pat)
-        hits = sorted(glob.glob(pat, recursive=True)) if glob.has_magic(pat) else [pat]
+        hits = walk_glob(pat) if glob.has_magic(pat) else [pat]
         if dir_suffixes is not None:
             hits = [str(f) for h in hits for f in (
                 sorted(p for p in Path(h).rglob("*")

@@ -5,6 +5,7 @@ import fcntl
 import json
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -186,3 +187,53 @@ def test_booleans_are_not_numbers(tok, tmp_path, key, value):
             "output": str(tmp_path / "out"), key: value}
     with pytest.raises(ConfigError, match="expected a number, got (true|false)"):
         load_spec(data=data)
+
+
+def test_globs_and_directories_do_not_enter_symlinked_directories(tmp_path):
+    """A link to another tree inside the inputs is not walked: `**` and directory inputs
+    see the real tree only (a link to `/` walked the whole filesystem)."""
+    from astrai.data.records import expand_inputs
+
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / "a.jsonl").write_text('{"text": "a"}\n')
+    (data / "sub" / "b.jsonl").write_text('{"text": "b"}\n')
+    (data / ".hidden.jsonl").write_text('{"text": "h"}\n')
+    elsewhere = tmp_path / "elsewhere" / "deep"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "c.jsonl").write_text('{"text": "c"}\n')
+    (data / "link").symlink_to(tmp_path / "elsewhere")
+    want = [data / "a.jsonl", data / "sub" / "b.jsonl"]
+    assert expand_inputs([str(data / "**" / "*.jsonl")]) == want
+    assert expand_inputs([str(data)], dir_suffixes=(".jsonl",)) == [data / ".hidden.jsonl",
+                                                                     *want]
+    assert expand_inputs([str(data / "*.jsonl")]) == [data / "a.jsonl"]
+    assert expand_inputs([str(data / ".*.jsonl")]) == [data / ".hidden.jsonl"]
+    # a link named on purpose is still read
+    assert expand_inputs([str(data / "link" / "deep" / "*.jsonl")]) == [
+        data / "link" / "deep" / "c.jsonl"]
+
+
+GLOB_SCRIPT = """
+import sys
+from astrai.data.records import expand_inputs
+print("\\n".join(str(p) for p in expand_inputs([sys.argv[1]], "inputs")))
+"""
+
+
+def test_a_recursive_glob_through_link_loops_ends(tmp_path):
+    """Links back to the top would make `glob.glob` walk 3^40 paths: bounded in a child."""
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    (data / "a").mkdir(parents=True)
+    (data / "a" / "x.jsonl").write_text('{"text": "a"}\n')
+    for i in range(3):
+        (data / "a" / f"loop{i}").symlink_to(data)
+    repo = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", GLOB_SCRIPT, str(data / "**" / "*.jsonl")],
+                       capture_output=True, text=True, timeout=30, check=False,
+                       env={**os.environ, "PYTHONPATH": str(repo)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(data / "a" / "x.jsonl")]
