@@ -89,7 +89,10 @@ def _schema_text(schema: Any) -> str:
             raise ConfigError(f"structured outputs json: not valid JSON ({e})") from None
     if not isinstance(schema, dict | bool):
         raise ConfigError("structured outputs json: a JSON Schema is an object")
-    return json.dumps(schema, sort_keys=True, ensure_ascii=False)
+    # Not sorted: the grammar writes properties in the schema's order, as OpenAI's and
+    # vLLM's structured outputs do, so two schemas that differ only in property order are
+    # two constraints (and two cache entries).
+    return json.dumps(schema, ensure_ascii=False)
 
 
 def _choices(choice: Any) -> tuple[str, ...]:

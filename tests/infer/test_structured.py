@@ -133,6 +133,21 @@ def test_bad_specs_are_config_errors(kw):
         StructuredOutputs(**kw)
 
 
+def test_keys_come_in_the_schemas_property_order(engine):
+    """OpenAI and vLLM write properties in the schema's order; the grammar forces it, so
+    greedy decoding shows it whatever the weights. The reordered schema is another
+    constraint, not a cache hit on the first."""
+    props = {k: {"type": "integer", "minimum": 0, "maximum": 9} for k in ("z", "a", "m")}
+    out = []
+    for order in (("z", "a", "m"), ("m", "z", "a")):
+        schema = {"type": "object", "properties": {k: props[k] for k in order},
+                  "required": list(order), "additionalProperties": False}
+        params = SamplingParams(max_tokens=40, temperature=0.0,
+                                structured_outputs=StructuredOutputs(json=schema))
+        out.append(engine.generate(["Tell me:"], params)[0].text)
+    assert [list(json.loads(t)) for t in out] == [["z", "a", "m"], ["m", "z", "a"]]
+
+
 def test_the_same_spec_compiles_once(engine):
     g = engine.grammars
     spec = StructuredOutputs(regex=r"\d{4}")
