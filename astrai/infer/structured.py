@@ -54,6 +54,10 @@ class StructuredOutputs:
     grammar: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.json, bool):  # else `False` would read as "not set"
+            what = "false rejects every output" if not self.json else "true accepts any JSON"
+            raise ConfigError(f"structured outputs json: the schema must be a JSON Schema "
+                              f"object, got {str(self.json).lower()} ({what})")
         set_ = [k for k in KINDS if getattr(self, k) not in (None, False)]
         if len(set_) != 1:
             raise ConfigError("structured outputs: set exactly one of json, json_object, "

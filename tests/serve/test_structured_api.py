@@ -170,6 +170,8 @@ def test_json_object(client):
     ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
      "not both"),
     ({"structured_outputs": {"regex": "a" * 70000}}, "at most 65536"),  # bounded work
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": False}}}, "must be a JSON Schema object, got false"),
 ])
 def test_bad_constraints_are_400s_naming_the_problem(client, body, needle):
     with pytest.raises(openai.BadRequestError, match=needle) as e:

@@ -109,7 +109,7 @@ def test_pydantic_schemas_with_defs_and_refs_are_enforced(family):
     class Person(pydantic.BaseModel):
         name: str
         home: Addr
-        friends: list[Addr] = []
+        friends: list[Addr] = pydantic.Field(default_factory=list)
 
     class Addr2(pydantic.BaseModel):  # another function's "Addr": a different schema
         street: str
@@ -118,7 +118,7 @@ def test_pydantic_schemas_with_defs_and_refs_are_enforced(family):
     class Place(pydantic.BaseModel):
         where: Addr2
 
-    name, tok, hf, env, token_id = family
+    _, tok, hf, env, token_id = family
     tools = [{"type": "function", "function": {"name": n, "parameters": m.model_json_schema()}}
              for n, m in (("save", Person), ("go", Place))]
     assert "$defs" in tools[0]["function"]["parameters"]
