@@ -136,6 +136,18 @@ def _llguidance() -> Any:
     return llguidance
 
 
+class ConstraintError(RuntimeError):
+    """A grammar failed while decoding (its request ends with "error"); the message is
+    one line, without llguidance's state dump."""
+
+
+def matcher_error(matcher: Any) -> str:
+    """llguidance's error of a matcher as one short line: its first line (the rest is a
+    multi-kilobyte dump of the parser's state)."""
+    lines = (matcher.get_error() or "").strip().splitlines()
+    return _first_line(lines[0]) if lines else ""
+
+
 class Constraint:
     """One request's walk through its grammar."""
 
@@ -151,8 +163,8 @@ class Constraint:
     def advance(self, token: int) -> None:
         """Consume the drawn token; a token outside the grammar is an error."""
         if not self.matcher.consume_token(token) or self.matcher.is_error():
-            raise RuntimeError(f"token {token} breaks the {self.kind} constraint: "
-                               f"{self.matcher.get_error()}")
+            raise ConstraintError(f"token {token} breaks the {self.kind} constraint: "
+                                  f"{matcher_error(self.matcher)}")
 
     @property
     def done(self) -> bool:
@@ -219,9 +231,7 @@ class GrammarCompiler:
         if error:
             raise ConfigError(f"structured outputs {spec.kind}: {_first_line(error)}")
         matcher = llg.LLMatcher(tok, grammar, log_level=0)
-        if matcher.is_error():
-            raise ConfigError(f"structured outputs {spec.kind}: "
-                              f"{_first_line(matcher.get_error())}")
+        _check_first_mask(matcher, spec.kind, self.vocab_size)
         with self._lock:
             self._cache[key] = matcher
             while len(self._cache) > CACHE_SIZE:
@@ -230,6 +240,20 @@ class GrammarCompiler:
 
     def constraint(self, spec: StructuredOutputs) -> Constraint:
         return Constraint(self.compile(spec), spec.kind)
+
+
+def _check_first_mask(matcher: Any, kind: str, vocab_size: int) -> None:
+    """ConfigError when the matcher fails at once or its first mask allows nothing (e.g.
+    a regex whose language is empty): llguidance reports some grammars only when it
+    computes a mask, so the request is refused here rather than failing while decoding."""
+    if matcher.is_error():
+        raise ConfigError(f"structured outputs {kind}: {matcher_error(matcher)}")
+    probe = matcher.deep_copy()
+    mask = fill_bitmask([Constraint(probe, kind)], vocab_size)
+    if probe.is_error() or not bool(mask.any()):
+        why = matcher_error(probe)
+        raise ConfigError(f"structured outputs {kind}: no output can satisfy it"
+                          + (f" (llguidance: {why})" if why else ""))
 
 
 def _first_line(message: str) -> str:

@@ -167,3 +167,21 @@ def test_constrained_rows_do_not_speculate_and_still_parse(model_dir):
     assert eng.stats().spec_draft_tokens == 0
     eng.generate(["a b a b a b a b a b"], SamplingParams.greedy(24))  # the prompt repeats
     assert eng.stats().spec_draft_tokens > 0
+
+
+def test_a_grammar_failing_mid_decode_is_one_line(engine):
+    """llguidance's error carries a multi-kilobyte dump of its parser state; the request's
+    error and the log keep one line of it (no traceback: the constraint, not a bug)."""
+    from astrai.infer.structured import ConstraintError
+
+    c = engine.grammars.constraint(StructuredOutputs(regex="ab"))
+    bad = engine.tokenizer.encode("z")[-1]
+    with pytest.raises(ConstraintError) as e:
+        c.advance(bad)
+    assert "\n" not in str(e.value) and len(str(e.value)) < 400
+    assert not engine.grammars.constraint(StructuredOutputs(regex="ab")).matcher.is_error()
+
+
+def test_an_empty_language_is_refused_when_compiled(engine):
+    with pytest.raises(ConfigError, match="no output can satisfy it"):
+        engine.grammars.compile(StructuredOutputs(regex=r"[^\x00-\x{10FFFF}]"))
