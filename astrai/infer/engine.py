@@ -53,7 +53,7 @@ from astrai.infer.runner import ModelRunner
 from astrai.infer.sampler import Pick, Sampler
 from astrai.infer.scheduler import Chunk, Scheduler, StepBatch
 from astrai.infer.speculative.speculator import Speculator
-from astrai.infer.structured import GrammarCompiler
+from astrai.infer.structured import ConstraintError, GrammarCompiler
 from astrai.kernels.cpu_linear import cpu_decode_kernels
 from astrai.model import fast_path
 from astrai.model.context import AttentionBackend
@@ -425,8 +425,9 @@ class Engine:
     def _fail(self, req: Request, error: Exception, now: float) -> RequestOutput:
         """Finish `req` with reason "error" (also when it ended in this very step); its
         last output carries the message."""
+        # a grammar failing mid-decode is the request's constraint, not a bug: one line
         log.error("request %s failed: %s: %s", req.id, type(error).__name__, error,
-                  exc_info=error)
+                  exc_info=None if isinstance(error, ConstraintError) else error)
         message = f"{type(error).__name__}: {error}"
         if req.finished:
             req.finish("error", now, error=message)

@@ -10,7 +10,7 @@ import torch
 
 from astrai.infer import sampling_math as S
 from astrai.infer.request import Request
-from astrai.infer.structured import fill_bitmask
+from astrai.infer.structured import ConstraintError, fill_bitmask, matcher_error
 
 
 @dataclass
@@ -128,8 +128,8 @@ class Sampler:
         empty = (~allowed.any(dim=1)).nonzero().flatten().tolist()
         if empty:
             c = reqs[rows[empty[0]]].constraint
-            raise RuntimeError(f"the {c.kind} constraint allows no next token: "
-                               f"{c.matcher.get_error() or 'the grammar is exhausted'}")
+            raise ConstraintError(f"the {c.kind} constraint allows no next token: "
+                                  f"{matcher_error(c.matcher) or 'the grammar is exhausted'}")
         return S.apply_token_mask(logits, torch.tensor(rows, device=self.device), allowed)
 
     def warp(self, logits: torch.Tensor, ps: list) -> torch.Tensor:

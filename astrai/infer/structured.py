@@ -54,9 +54,10 @@ class StructuredOutputs:
     grammar: str | None = None
 
     def __post_init__(self) -> None:
-        if self.json is False:  # JSON Schema's `false`: no instance is valid
-            raise ConfigError("structured outputs json: the schema `false` accepts no output "
-                              "at all; give a JSON Schema object")
+        if isinstance(self.json, bool):  # else `False` would read as "not set"
+            what = "false rejects every output" if not self.json else "true accepts any JSON"
+            raise ConfigError(f"structured outputs json: the schema must be a JSON Schema "
+                              f"object, got {str(self.json).lower()} ({what})")
         set_ = [k for k in KINDS if getattr(self, k) not in (None, False)]
         if len(set_) != 1:
             raise ConfigError("structured outputs: set exactly one of json, json_object, "
@@ -92,8 +93,9 @@ def _schema_text(schema: Any) -> str:
             raise ConfigError(f"structured outputs json: not valid JSON ({e})") from None
     if not isinstance(schema, dict | bool):
         raise ConfigError("structured outputs json: a JSON Schema is an object")
-    # The schema's own key order is kept: the grammar writes an object's properties in the
-    # order the schema lists them (as OpenAI and vLLM do), so two orders are two grammars.
+    # Not sorted: the grammar writes properties in the schema's order, as OpenAI's and
+    # vLLM's structured outputs do, so two schemas that differ only in property order are
+    # two constraints (and two cache entries).
     return json.dumps(schema, ensure_ascii=False)
 
 
@@ -134,6 +136,18 @@ def _llguidance() -> Any:
     return llguidance
 
 
+class ConstraintError(RuntimeError):
+    """A grammar failed while decoding (its request ends with "error"); the message is
+    one line, without llguidance's state dump."""
+
+
+def matcher_error(matcher: Any) -> str:
+    """llguidance's error of a matcher as one short line: its first line (the rest is a
+    multi-kilobyte dump of the parser's state)."""
+    lines = (matcher.get_error() or "").strip().splitlines()
+    return _first_line(lines[0]) if lines else ""
+
+
 class Constraint:
     """One request's walk through its grammar."""
 
@@ -149,8 +163,8 @@ class Constraint:
     def advance(self, token: int) -> None:
         """Consume the drawn token; a token outside the grammar is an error."""
         if not self.matcher.consume_token(token) or self.matcher.is_error():
-            raise RuntimeError(f"token {token} breaks the {self.kind} constraint: "
-                               f"{self.matcher.get_error()}")
+            raise ConstraintError(f"token {token} breaks the {self.kind} constraint: "
+                                  f"{matcher_error(self.matcher)}")
 
     @property
     def done(self) -> bool:
@@ -217,9 +231,7 @@ class GrammarCompiler:
         if error:
             raise ConfigError(f"structured outputs {spec.kind}: {_first_line(error)}")
         matcher = llg.LLMatcher(tok, grammar, log_level=0)
-        if matcher.is_error():
-            raise ConfigError(f"structured outputs {spec.kind}: "
-                              f"{_first_line(matcher.get_error())}")
+        _check_first_mask(matcher, spec.kind, self.vocab_size)
         with self._lock:
             self._cache[key] = matcher
             while len(self._cache) > CACHE_SIZE:
@@ -228,6 +240,20 @@ class GrammarCompiler:
 
     def constraint(self, spec: StructuredOutputs) -> Constraint:
         return Constraint(self.compile(spec), spec.kind)
+
+
+def _check_first_mask(matcher: Any, kind: str, vocab_size: int) -> None:
+    """ConfigError when the matcher fails at once or its first mask allows nothing (e.g.
+    a regex whose language is empty): llguidance reports some grammars only when it
+    computes a mask, so the request is refused here rather than failing while decoding."""
+    if matcher.is_error():
+        raise ConfigError(f"structured outputs {kind}: {matcher_error(matcher)}")
+    probe = matcher.deep_copy()
+    mask = fill_bitmask([Constraint(probe, kind)], vocab_size)
+    if probe.is_error() or not bool(mask.any()):
+        why = matcher_error(probe)
+        raise ConfigError(f"structured outputs {kind}: no output can satisfy it"
+                          + (f" (llguidance: {why})" if why else ""))
 
 
 def _first_line(message: str) -> str:

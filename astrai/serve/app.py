@@ -204,8 +204,10 @@ async def _compile(state: ServerState, job: Job) -> None:
     thread, bounded by llguidance's parser limits, may finish later; its grammar is then
     cached)."""
     grammars = state.loop.engine.grammars
+    tools = job.tools.tools if job.tools is not None and job.tools.enforced else None
     work = asyncio.to_thread(compile_constraints, grammars,
-                             [p.structured_outputs for p in job.params], job.constrained_by)
+                             [p.structured_outputs for p in job.params], job.constrained_by,
+                             tools)
     try:
         await asyncio.wait_for(work, COMPILE_TIMEOUT)
     except TimeoutError:

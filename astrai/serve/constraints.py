@@ -87,9 +87,11 @@ def _spec(kw: dict, where: str) -> StructuredOutputs:
 
 
 def compile_constraints(grammars: Any, specs: list[StructuredOutputs | None],
-                        where: str) -> None:
+                        where: str, tools: list[dict] | None = None) -> None:
     """Compile each distinct constraint once (the engine's cache keeps it for the
-    request); what the grammar engine refuses is a 400 naming `where`."""
+    request); what the grammar engine refuses is a 400 naming `where`, or with `tools`
+    (the request's tools, whose calls the constraint enforces) the tool whose parameters
+    schema it refuses."""
     seen = set()
     for spec in specs:
         if spec is None or (spec.kind, spec.source) in seen:
@@ -98,4 +100,22 @@ def compile_constraints(grammars: Any, specs: list[StructuredOutputs | None],
         try:
             grammars.compile(spec)
         except ConfigError as e:
+            if tools:
+                _blame_tool(grammars, tools)
             raise bad_request(str(e), where) from None
+
+
+def _blame_tool(grammars: Any, tools: list[dict]) -> None:
+    """A 400 naming `tools[i].function.parameters` and the engine's reason, for the first
+    tool whose parameters schema does not compile on its own (the call grammar embeds
+    them all, so its own message names no tool)."""
+    for i, tool in enumerate(tools):
+        params = tool["function"].get("parameters")
+        if not params:
+            continue
+        field = f"tools[{i}].function.parameters"
+        try:
+            grammars.compile(StructuredOutputs(json=params))
+        except ConfigError as e:
+            reason = str(e).removeprefix("structured outputs json: ")
+            raise bad_request(f"'{field}': {reason}", field) from None

@@ -120,7 +120,8 @@ class ResponseBuilder:
         for i, c in enumerate(self.choices):
             if self.chat:
                 msg = ({"role": "assistant", "content": c.text} if self.parser is None
-                       else message(self.parser, c.text, self.limit))
+                       else message(self.parser, c.text, self.limit,
+                                    cut=c.finish_reason == "length"))
                 choices.append({"index": i, "message": msg, "logprobs": self._logprobs(c, 0),
                                 "finish_reason": _finish(c.finish_reason, "tool_calls" in msg)})
             else:

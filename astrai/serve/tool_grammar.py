@@ -8,12 +8,19 @@ function. The JSON is written as the templates write it (`json.dumps` separators
 whitespace), the keys in that order, so the parser reads each call as it was generated and
 its arguments validate against the function's schema. A marker that is one token of the
 vocabulary (Qwen's `<tool_call>`) is required as that token, as the model was trained.
+
+A parameters schema is embedded below the root of the call's schema, so its local
+references (`#/$defs/Addr`, as pydantic's `model_json_schema()` writes them; `#` itself)
+would point into the wrong document (JSON Schema 2020-12, "$ref" resolves against the
+root). Each function's schema and definitions move to the root's `$defs` under a prefix
+of their own (`f0`, `f0.Addr`) and its references are rewritten to match.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 from astrai.serve.tools import ToolPlan
 
@@ -27,11 +34,46 @@ def call_schema(name: str, parameters: dict, key: str) -> dict:
             "required": ["name", key], "additionalProperties": False}
 
 
+DEF_KEYS = ("$defs", "definitions")
+
+
+def _rebase(node: Any, prefix: str) -> Any:
+    """`node` with every local `$ref` of the function `prefix` pointing at the root's
+    `$defs`: `#/$defs/N...` (or `#/definitions/N...`) -> `#/$defs/{prefix}.N...`, any
+    other `#...` -> `#/$defs/{prefix}...` (the function's own schema)."""
+    if isinstance(node, list):
+        return [_rebase(v, prefix) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _rebase(v, prefix) for k, v in node.items()}
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        parts = ref[1:].split("/", 3)
+        if len(parts) >= 3 and parts[0] == "" and parts[1] in DEF_KEYS:
+            out["$ref"] = f"#/$defs/{prefix}.{'/'.join(parts[2:])}"
+        else:
+            out["$ref"] = f"#/$defs/{prefix}{ref[1:]}"
+    return out
+
+
+def _hoist(parameters: dict, prefix: str, defs: dict) -> dict:
+    """Move one function's schema and definitions into `defs`; its reference there."""
+    body = _rebase({k: v for k, v in parameters.items() if k not in DEF_KEYS}, prefix)
+    defs[prefix] = body
+    for key in DEF_KEYS:
+        for name, sub in (parameters.get(key) or {}).items():
+            defs[f"{prefix}.{name}"] = _rebase(sub, prefix)
+    return {"$ref": f"#/$defs/{prefix}"}
+
+
 def _calls_schema(plan: ToolPlan, key: str) -> dict:
     schemas = plan.schemas()
     names = [plan.function] if plan.choice == "function" else list(schemas)
-    options = [call_schema(n, schemas[n], key) for n in names]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    index = {n: i for i, n in enumerate(schemas)}
+    defs: dict[str, Any] = {}
+    options = [call_schema(n, _hoist(schemas[n], f"f{index[n]}", defs), key) for n in names]
+    out = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**out, "$defs": defs}
 
 
 def _json(schema: dict) -> str:
@@ -58,7 +100,8 @@ def tool_grammar(plan: ToolPlan, token_id: Callable[[str], int | None]) -> str:
     if fmt == "llama3_json":
         return f"start: fn\nfn: {_json(_calls_schema(plan, 'parameters'))}\n"
     if fmt == "mistral":
-        items = {"type": "array", "items": _calls_schema(plan, "arguments"), "minItems": 1}
+        call = _calls_schema(plan, "arguments")
+        items = {"type": "array", "items": call, "minItems": 1, "$defs": call.pop("$defs")}
         if not plan.parallel:
             items["maxItems"] = 1
         return f"start: {_mark('[TOOL_CALLS]', token_id)} calls\ncalls: {_json(items)}\n"

@@ -177,11 +177,17 @@ class ToolParser:
     def segments(self, text: str, final: bool) -> list[Segment]:
         raise NotImplementedError
 
-    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """The whole output -> (content or None when only calls, the calls)."""
+    def closed(self, segment: str) -> bool:
+        """Whether a call's text ends with the format's end marker (none: always)."""
+        return True
+
+    def parse(self, text: str, cut: bool = False) -> tuple[str | None, list[ToolCall]]:
+        """The whole output -> (content or None when only calls, the calls). `cut`: the
+        output was cut by max_tokens, so a call without its end marker (the last) is content
+        (docs/serve.md: a call cut off by max_tokens stays content)."""
         content, calls = [], []
         for seg in self.segments(text, final=True):
-            if seg.call is None:
+            if seg.call is None or (cut and not self.closed(seg.text)):
                 content.append(seg.text)
             else:
                 calls.append(ToolCall(seg.call.name, seg.call.args))
@@ -220,6 +226,9 @@ def _text(out: list[Segment], start: int, piece: str, *, hold: str | None = None
 class HermesParser(ToolParser):
     name = "hermes"
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+    def closed(self, segment: str) -> bool:
+        return segment.endswith(self.CLOSE)
 
     def segments(self, text: str, final: bool) -> list[Segment]:
         out: list[Segment] = []

@@ -21,17 +21,18 @@ def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def split_output(parser: ToolParser, text: str, limit: int | None
+def split_output(parser: ToolParser, text: str, limit: int | None, cut: bool = False
                  ) -> tuple[str | None, list[ToolCall]]:
     """The whole output -> (content, calls): at most `limit` calls (None = any number);
-    content None when there are calls and no other text."""
-    content, calls = parser.parse(text)
+    content None when there are calls and no other text; `cut`: max_tokens ended it."""
+    content, calls = parser.parse(text, cut)
     return content, calls[:limit] if limit is not None else calls
 
 
-def message(parser: ToolParser, text: str, limit: int | None) -> dict[str, Any]:
-    """The chat `message` of a finished choice."""
-    content, calls = split_output(parser, text, limit)
+def message(parser: ToolParser, text: str, limit: int | None, cut: bool = False
+            ) -> dict[str, Any]:
+    """The chat `message` of a finished choice (`cut`: finished by max_tokens)."""
+    content, calls = split_output(parser, text, limit, cut)
     out: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         out["tool_calls"] = [{"id": call_id(), "type": "function",

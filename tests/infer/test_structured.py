@@ -147,25 +147,25 @@ def test_a_repeated_spec_is_served_from_the_cache(engine, monkeypatch):
     assert len(built) == 1 and first is not second  # each request gets its own copy
 
 
-def test_objects_keep_the_schemas_property_order(engine):
-    """Keys come out in the order the schema lists them (OpenAI's and vLLM's behaviour),
-    not sorted; two orders of one schema are two grammars."""
-    def schema(order):
-        props = {k: {"type": "integer", "minimum": 0, "maximum": 9} for k in order}
-        return {"type": "object", "properties": props, "required": list(order),
-                "additionalProperties": False}
-
-    for order in (["zeta", "alpha", "mid"], ["alpha", "mid", "zeta"]):
-        p = SamplingParams(max_tokens=60, temperature=0.0,
-                           structured_outputs=StructuredOutputs(json=schema(order)))
-        out = engine.generate(["Tell me:"], p)[0]
-        assert out.finish_reason == "stop", out.text
-        assert list(json.loads(out.text)) == order
+def test_boolean_schemas_are_named():
+    for value, words in ((False, "got false"), (True, "got true")):
+        with pytest.raises(ConfigError, match=words):
+            StructuredOutputs(json=value)
 
 
-def test_the_false_schema_is_named():
-    with pytest.raises(ConfigError, match="schema `false` accepts no output"):
-        StructuredOutputs(json=False)
+def test_keys_come_in_the_schemas_property_order(engine):
+    """OpenAI and vLLM write properties in the schema's order; the grammar forces it, so
+    greedy decoding shows it whatever the weights. The reordered schema is another
+    constraint, not a cache hit on the first."""
+    props = {k: {"type": "integer", "minimum": 0, "maximum": 9} for k in ("z", "a", "m")}
+    out = []
+    for order in (("z", "a", "m"), ("m", "z", "a")):
+        schema = {"type": "object", "properties": {k: props[k] for k in order},
+                  "required": list(order), "additionalProperties": False}
+        params = SamplingParams(max_tokens=40, temperature=0.0,
+                                structured_outputs=StructuredOutputs(json=schema))
+        out.append(engine.generate(["Tell me:"], params)[0].text)
+    assert [list(json.loads(t)) for t in out] == [["z", "a", "m"], ["m", "z", "a"]]
 
 
 def test_the_same_spec_compiles_once(engine):
@@ -187,3 +187,21 @@ def test_constrained_rows_do_not_speculate_and_still_parse(model_dir):
     assert eng.stats().spec_draft_tokens == 0
     eng.generate(["a b a b a b a b a b"], SamplingParams.greedy(24))  # the prompt repeats
     assert eng.stats().spec_draft_tokens > 0
+
+
+def test_a_grammar_failing_mid_decode_is_one_line(engine):
+    """llguidance's error carries a multi-kilobyte dump of its parser state; the request's
+    error and the log keep one line of it (no traceback: the constraint, not a bug)."""
+    from astrai.infer.structured import ConstraintError
+
+    c = engine.grammars.constraint(StructuredOutputs(regex="ab"))
+    bad = engine.tokenizer.encode("z")[-1]
+    with pytest.raises(ConstraintError) as e:
+        c.advance(bad)
+    assert "\n" not in str(e.value) and len(str(e.value)) < 400
+    assert not engine.grammars.constraint(StructuredOutputs(regex="ab")).matcher.is_error()
+
+
+def test_an_empty_language_is_refused_when_compiled(engine):
+    with pytest.raises(ConfigError, match="no output can satisfy it"):
+        engine.grammars.compile(StructuredOutputs(regex=r"[^\x00-\x{10FFFF}]"))

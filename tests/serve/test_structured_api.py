@@ -170,12 +170,17 @@ def test_json_object(client):
     ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
      "not both"),
     ({"structured_outputs": {"regex": "a" * 70000}}, "at most 65536"),  # bounded work
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": False}}}, "must be a JSON Schema object, got false"),
+    # compiles, but its language is empty: refused at admission, not a 200 "error"
+    ({"structured_outputs": {"regex": "[^\\x00-\\x{10FFFF}]"}}, "no output can satisfy it"),
 ])
 def test_bad_constraints_are_400s_naming_the_problem(client, body, needle):
     with pytest.raises(openai.BadRequestError, match=needle) as e:
         client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=8,
                                        extra_body=body)
     assert e.value.status_code == 400
+    assert "\n" not in e.value.body["message"] and len(e.value.body["message"]) < 400
     # the server goes on serving
     ok = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2)
     assert ok.choices[0].finish_reason == "length"

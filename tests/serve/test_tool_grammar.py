@@ -94,3 +94,41 @@ def test_arguments_outside_the_schema_and_other_layouts_are_refused(family):
                 good.replace('"add"', '"sub"'),      # a function that is not in tools
                 good.replace('": ', '":')):          # another JSON layout
         assert not accepts(env, g, hf, bad), bad
+
+
+def test_pydantic_schemas_with_defs_and_refs_are_enforced(family):
+    """pydantic's `model_json_schema()` puts nested models in `$defs` and refers to them
+    by `#/$defs/...`; embedded in the call's schema those references still resolve, per
+    function (two tools may each define their own `Addr`)."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class Addr(pydantic.BaseModel):
+        city: str = pydantic.Field(max_length=8)
+        zip: int
+
+    class Person(pydantic.BaseModel):
+        name: str
+        home: Addr
+        friends: list[Addr] = pydantic.Field(default_factory=list)
+
+    class Addr2(pydantic.BaseModel):  # another function's "Addr": a different schema
+        street: str
+    Addr2.__name__ = "Addr"
+
+    class Place(pydantic.BaseModel):
+        where: Addr2
+
+    _, tok, hf, env, token_id = family
+    tools = [{"type": "function", "function": {"name": n, "parameters": m.model_json_schema()}}
+             for n, m in (("save", Person), ("go", Place))]
+    assert "$defs" in tools[0]["function"]["parameters"]
+    plan = read_tools({"tools": tools, "tool_choice": "required",
+                       "parallel_tool_calls": False}, tok.chat_template, None)
+    g = tool_grammar(plan, token_id)
+    person = {"name": "Al", "home": {"city": "Paris", "zip": 75}, "friends": []}
+    good = rendered_reply(hf, [("save", person)])
+    assert accepts(env, g, hf, good)
+    assert accepts(env, g, hf, rendered_reply(hf, [("go", {"where": {"street": "Main"}})]))
+    assert not accepts(env, g, hf, good.replace('"zip": 75', '"zip": "75"'))
+    assert not accepts(env, g, hf, rendered_reply(hf, [("go", {"where": {"city": "Rome",
+                                                                          "zip": 1}})]))

@@ -147,3 +147,16 @@ def test_parser_is_chosen_from_the_template_call_syntax():
     assert parser_for_template("{{ messages[0]['content'] }}") is None
     assert set(PARSERS) == {"hermes", "llama3_json", "mistral"}
     assert call_id() != call_id()
+
+
+def test_a_call_whose_end_marker_max_tokens_cut_stays_content():
+    """docs/serve.md: a call cut off by max_tokens stays content, also when its JSON is
+    complete and only `</tool_call>` is missing; the same text ended by the model (EOS)
+    is a call, and a closed call cut after its marker is still one."""
+    text = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n'
+    assert message(H, text, None, cut=True) == {"role": "assistant", "content": text}
+    assert message(H, text, None)["tool_calls"][0]["function"]["name"] == "f"
+    closed = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\nMore'
+    msg = message(H, closed, None, cut=True)
+    assert msg["content"] == "More" and msg["tool_calls"][0]["function"]["arguments"] == \
+        '{"a": 1}'

@@ -192,3 +192,62 @@ def test_bad_tools_are_400s_in_openai_shape(family_client):
                                        tool_choice={"type": "function",
                                                     "function": {"name": "nope"}})
     assert e.value.body["param"] == "tool_choice"
+
+
+def test_pydantic_schemas_with_refs_make_valid_calls(family_client):
+    """pydantic's `model_json_schema()` keeps nested models in `$defs`; a required call
+    of such a tool is enforced and its arguments validate (it was a 400 "Pointer
+    '/$defs/Addr' does not exist")."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class Addr(pydantic.BaseModel):  # closed objects: the random model must end them
+        model_config = pydantic.ConfigDict(extra="forbid")
+        city: str = pydantic.Field(max_length=8)
+        zip: int = pydantic.Field(ge=0, le=99)
+
+    class Person(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+        name: str = pydantic.Field(max_length=6)
+        home: Addr
+
+    schema = Person.model_json_schema()
+    _, client, _ = family_client
+    r = client.chat.completions.create(
+        model="tiny", messages=MSGS, max_tokens=120, tool_choice="required",
+        tools=[{"type": "function", "function": {"name": "save", "parameters": schema}}])
+    assert r.choices[0].message.tool_calls, r.choices[0].message.content
+    call = r.choices[0].message.tool_calls[0]
+    Person.model_validate_json(call.function.arguments)
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+
+
+def test_a_refused_tool_schema_names_the_tool_in_one_line(family_client):
+    _, client, _ = family_client
+    bad = {"type": "function", "function": {"name": "g", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string"}},
+        "dependentRequired": {"a": ["b"]}}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=8,
+                                       tools=[WEATHER, bad], tool_choice="required")
+    err = e.value.body
+    assert err["param"] == "tools[1].function.parameters"
+    assert "dependentRequired" in err["message"] and "\n" not in err["message"]
+    assert "%json" not in err["message"] and len(err["message"]) < 400
+
+
+def test_a_call_whose_closing_tag_max_tokens_cut_is_content(family_client):
+    """docs/serve.md: a call cut off by max_tokens stays content (with finish "length"),
+    also when only its closing tag is missing."""
+    family, client, _ = family_client
+    if family != "qwen3":  # llama3_json has no closing marker
+        return
+    now = {"type": "function", "function": {"name": "now"}}
+    kw = {"model": "tiny", "messages": MSGS, "tools": [now], "tool_choice": "required",
+          "parallel_tool_calls": False}
+    whole = client.chat.completions.create(max_tokens=60, **kw)
+    assert whole.choices[0].message.tool_calls and \
+        whole.choices[0].finish_reason == "tool_calls"
+    cut = client.chat.completions.create(max_tokens=whole.usage.completion_tokens - 1, **kw)
+    c = cut.choices[0]
+    assert c.finish_reason == "length" and not c.message.tool_calls
+    assert c.message.content.startswith("<tool_call>") and '"now"' in c.message.content
