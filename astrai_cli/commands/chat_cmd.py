@@ -31,7 +31,6 @@ from astrai_cli.options import (
     Speculative,
     SpeculativeModel,
     checkpoint_path,
-    log_console,
     speculative_config,
     threads_option,
     use_threads,
@@ -267,7 +266,7 @@ def register(app: typer.Typer) -> None:
                                 structured_outputs=read_schema(json_schema))
         spec = speculative_config(speculative, speculative_model, num_speculative_tokens)
         use_threads(threads)
-        err = log_console(stderr=True)
+        err = Console(stderr=True, highlight=False, soft_wrap=True)
         text = None
         if prompt is not None:
             text = sys.stdin.read() if prompt == "-" else prompt
