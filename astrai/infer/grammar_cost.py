@@ -29,8 +29,12 @@ MASK_BUDGET = 0.02
 BATCH_MASK_BUDGET = 0.5
 """CPU seconds the masks of one request's rows may take together per step (n copies of
 one constraint cost n masks)."""
-PROBE_STEPS = 4
-"""Masks computed when a constraint compiles."""
+PROBE_STEPS = 32
+"""Most masks computed when a constraint compiles: enough to walk through a tool call's
+fixed opening into its arguments, or a schema's first property."""
+PROBE_SECONDS = 0.1
+"""CPU seconds after which the probe stops walking (and accepts what it has seen): the
+tests' long regexes take about 3 ms a step."""
 LEXER_FUEL = 200_000
 """llguidance's `initial_lexer_fuel` (its default 1,000,000): the regex-derivative work a
 lexer may do. Five times below the default, the tests' schemas and a 400-token walk through
@@ -53,23 +57,26 @@ def parser_limits(llg: Any) -> Any:
 
 
 def probe(matcher: Any, vocab_size: int, stop_ids: frozenset[int]) -> tuple[float, float, str]:
-    """(worst, total) CPU seconds of the first `PROBE_STEPS` masks and the error the grammar
+    """(worst, first) CPU seconds of the first `PROBE_STEPS` masks and the error the grammar
     engine met ("" if none). The first mask is the matcher's own, so that its copies start
-    with the lexer states it built; the others walk a copy along the lowest allowed token
-    that is not a stop token. Stops early once a mask exceeds `MASK_BUDGET`."""
+    with the lexer states it built (kept with it in the cache); the others walk a copy (whose
+    states go with it) along the lowest allowed token
+    that is not a stop token. Stops early once a mask exceeds `MASK_BUDGET` or all of them
+`PROBE_SECONDS`."""
     import torch
 
     from astrai.infer.sampling_math import unpack_bitmask
 
     row = torch.zeros(1, (vocab_size + 31) // 32, dtype=torch.int32)
-    worst = total = 0.0
+    worst = total = first = 0.0
     m = matcher
     for _ in range(PROBE_STEPS):
         t = time.thread_time()
         m.unsafe_compute_mask_ptr(row.data_ptr(), row.shape[1] * 4)
         spent = time.thread_time() - t
         worst, total = max(worst, spent), total + spent
-        if m.is_error() or m.is_stopped() or worst > MASK_BUDGET:
+        first = first or spent
+        if m.is_error() or m.is_stopped() or worst > MASK_BUDGET or total > PROBE_SECONDS:
             break
         allowed = unpack_bitmask(row, vocab_size)[0].nonzero().flatten().tolist()
         token = next((t for t in allowed if t not in stop_ids), None)
@@ -78,11 +85,11 @@ def probe(matcher: Any, vocab_size: int, stop_ids: frozenset[int]) -> tuple[floa
         if m is matcher:
             m = matcher.deep_copy()
         m.consume_token(token)
-    return worst, total, m.get_error() if m.is_error() else ""
+    return worst, first, m.get_error() if m.is_error() else ""
 
 
 def entry_bytes(grammar: str, mask_seconds: float) -> int:
     """Estimated bytes a cached compiled constraint keeps: a fixed part, its grammar text
     (llguidance keeps it compiled, a few bytes per character), and the lexer states its
-    probe built."""
+    first mask built (`mask_seconds` of CPU)."""
     return ENTRY_BYTES + 4 * len(grammar) + int(BYTES_PER_MASK_SECOND * mask_seconds)

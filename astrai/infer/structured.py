@@ -237,7 +237,7 @@ class GrammarCompiler:
             raise ConfigError(f"structured outputs {spec.kind}: "
                               f"{_first_line(matcher.get_error())}")
         stops = frozenset(getattr(self.tokenizer, "stop_ids", None) or ())
-        worst, total, error = probe(matcher, self.vocab_size, stops)
+        worst, first, error = probe(matcher, self.vocab_size, stops)
         if error:
             raise ConfigError(f"structured outputs {spec.kind}: too complex for the grammar "
                               f"engine's limits ({_first_line(error)}); simplify it")
@@ -245,7 +245,7 @@ class GrammarCompiler:
             raise ConfigError(f"structured outputs {spec.kind}: one token mask takes "
                               f"{worst:.2f} s of grammar work; at most {MASK_BUDGET:g} s: "
                               "simplify it (e.g. smaller repetition counts)")
-        size, fresh = entry_bytes(grammar, total), matcher.deep_copy()
+        size, fresh = entry_bytes(grammar, first), matcher.deep_copy()
         with self._lock:
             if key not in self._cache:
                 self._cache[key] = (matcher, worst, size)
