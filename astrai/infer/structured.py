@@ -26,8 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from astrai.errors import ConfigError
-from astrai.infer.grammar_cost import (BATCH_MASK_BUDGET, CACHE_BYTES, MASK_BUDGET,
-                                         entry_bytes, parser_limits, probe)
+from astrai.infer.grammar_cost import (
+    BATCH_MASK_BUDGET,
+    CACHE_BYTES,
+    MASK_BUDGET,
+    entry_bytes,
+    parser_limits,
+    probe,
+)
 
 MAX_SPEC_CHARS = 64 * 1024
 """Longest schema, regex or grammar (characters): a bound on the work one request may ask

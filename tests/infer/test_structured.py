@@ -196,9 +196,7 @@ def test_many_rows_of_one_constraint_share_one_budget(engine, monkeypatch):
 def test_the_cache_is_bounded_by_bytes(engine, monkeypatch):
     """Entries are dropped (least recently used first) once their estimated bytes pass the
     bound, whatever their count; the total is the sum of what is kept."""
-    from astrai.infer import structured
-
-    from astrai.infer import grammar_cost
+    from astrai.infer import grammar_cost, structured
 
     g = structured.GrammarCompiler(engine.grammars.tokenizer, engine.grammars.vocab_size)
     g._lltok = engine.grammars.lltokenizer()
