@@ -11,7 +11,9 @@ the token. The request ends when the grammar is complete and nothing may follow
 
 Compiling a grammar builds its lexer; the result is kept per constraint (LRU) and each
 request gets a copy (`LLMatcher.deep_copy`), so a schema sent a thousand times compiles
-once. Work per compile is bounded by llguidance's parser limits and by `MAX_SPEC_CHARS`.
+once. Work per compile is bounded by llguidance's parser limits and by `MAX_SPEC_CHARS`;
+the work of each token mask, which llguidance does lazily, by a probe when the constraint
+compiles (grammar_cost).
 """
 
 from __future__ import annotations
@@ -24,6 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from astrai.errors import ConfigError
+from astrai.infer.grammar_cost import (
+    BATCH_MASK_BUDGET,
+    CACHE_BYTES,
+    MASK_BUDGET,
+    entry_bytes,
+    parser_limits,
+    probe,
+)
 
 MAX_SPEC_CHARS = 64 * 1024
 """Longest schema, regex or grammar (characters): a bound on the work one request may ask
@@ -31,7 +41,8 @@ the compiler for."""
 MAX_CHOICES = 1024
 """Most strings a `choice` may list."""
 CACHE_SIZE = 256
-"""Compiled constraints kept (least recently used dropped)."""
+"""Compiled constraints kept (least recently used dropped; also bounded by bytes,
+`grammar_cost.CACHE_BYTES`)."""
 JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 """How JSON is written: `json.dumps`'s layout, no free whitespace (a model cannot pad the
 output with blanks until max_tokens). A schema's own "x-guidance" overrides it."""
@@ -201,7 +212,9 @@ class GrammarCompiler:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self._lltok: Any = None
-        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], tuple[Any, float, int]] = OrderedDict()
+        """(kind, source) -> (compiled matcher, worst mask CPU seconds, estimated bytes)."""
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def lltokenizer(self) -> Any:
@@ -215,28 +228,59 @@ class GrammarCompiler:
                                               n_vocab=self.vocab_size, eos_token=stops)
             return self._lltok
 
-    def compile(self, spec: StructuredOutputs) -> Any:
+    def compile(self, spec: StructuredOutputs, copies: int = 1) -> Any:
         """The spec's fresh matcher (compiled once per distinct spec); raises ConfigError
-        naming what the grammar engine refused (e.g. an unsupported schema keyword)."""
+        naming what the grammar engine refused (e.g. an unsupported schema keyword), or a
+        mask costlier than `MASK_BUDGET` (or, for `copies` rows of it, than
+        `BATCH_MASK_BUDGET`): see grammar_cost."""
         key = (spec.kind, spec.source)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
-                return hit.deep_copy()
+                matcher, seconds = hit[0].deep_copy(), hit[1]
+        if hit is None:
+            matcher, seconds = self._build(spec, key)
+        if copies * seconds > BATCH_MASK_BUDGET:
+            raise ConfigError(f"structured outputs {spec.kind}: {copies} rows of this "
+                              f"constraint take {copies * seconds:.2f} s of grammar work per "
+                              f"token; at most {BATCH_MASK_BUDGET:g} s: ask for fewer choices "
+                              "or simplify it")
+        return matcher
+
+    def _build(self, spec: StructuredOutputs, key: tuple[str, str]) -> tuple[Any, float]:
+        """Compile, probe and cache a spec: (a fresh matcher, worst CPU seconds of a mask)."""
         tok = self.lltokenizer()
         llg = _llguidance()
         grammar = grammar_text(spec)
-        error = llg.LLMatcher.validate_grammar(grammar, tok)
+        limits = parser_limits(llg)
+        error = llg.LLMatcher.validate_grammar(grammar, tok, limits=limits)
         if error:
             raise ConfigError(f"structured outputs {spec.kind}: {_first_line(error)}")
-        matcher = llg.LLMatcher(tok, grammar, log_level=0)
-        _check_first_mask(matcher, spec.kind, self.vocab_size)
+        matcher = llg.LLMatcher(tok, grammar, log_level=0, limits=limits)
+        if matcher.is_error():
+            raise ConfigError(f"structured outputs {spec.kind}: "
+                              f"{_first_line(matcher.get_error())}")
+        stops = frozenset(getattr(self.tokenizer, "stop_ids", None) or ())
+        worst, first, error = probe(matcher, self.vocab_size, stops)
+        if error:
+            raise ConfigError(f"structured outputs {spec.kind}: no output can satisfy it "
+                              "within the grammar engine's limits (an empty language, or too "
+                              f"complex: {_first_line(error)}); simplify it")
+        if worst > MASK_BUDGET:
+            raise ConfigError(f"structured outputs {spec.kind}: one token mask takes "
+                              f"{worst:.2f} s of grammar work; at most {MASK_BUDGET:g} s: "
+                              "simplify it (e.g. smaller repetition counts)")
+        _check_first_mask(matcher, spec.kind, self.vocab_size)  # an empty language, named
+        size, fresh = entry_bytes(grammar, first), matcher.deep_copy()
         with self._lock:
-            self._cache[key] = matcher
-            while len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
-        return matcher.deep_copy()
+            if key not in self._cache:
+                self._cache[key] = (matcher, worst, size)
+                self._bytes += size
+            while self._cache and (len(self._cache) > CACHE_SIZE
+                                   or self._bytes > CACHE_BYTES):
+                self._bytes -= self._cache.popitem(last=False)[1][2]
+        return fresh, worst
 
     def constraint(self, spec: StructuredOutputs) -> Constraint:
         return Constraint(self.compile(spec), spec.kind)

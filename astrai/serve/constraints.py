@@ -7,12 +7,16 @@
                         | {"choice": [S, ...]} | {"grammar": LARK}
 
 Compiling (`compile_constraints`) runs in a worker thread under a time bound
-(`COMPILE_TIMEOUT`), so a hostile schema costs its sender a 400, never the event loop.
+(`COMPILE_TIMEOUT`), so a hostile schema costs its sender a 400, never the event loop; the
+first token masks are computed and timed there too (llguidance builds its lexer lazily,
+inside them), so a constraint whose masks would stall the engine's step is a 400 before
+it reaches the engine (astrai.infer.grammar_cost).
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 from astrai.errors import ConfigError
@@ -89,16 +93,17 @@ def _spec(kw: dict, where: str) -> StructuredOutputs:
 def compile_constraints(grammars: Any, specs: list[StructuredOutputs | None],
                         where: str, tools: list[dict] | None = None) -> None:
     """Compile each distinct constraint once (the engine's cache keeps it for the
-    request); what the grammar engine refuses is a 400 naming `where`, or with `tools`
-    (the request's tools, whose calls the constraint enforces) the tool whose parameters
-    schema it refuses."""
+    request), and time its token masks; what the grammar engine refuses, or a mask over the
+    budget, is a 400 naming `where`, or with `tools` (the request's tools, whose calls the
+    constraint enforces) the tool whose parameters schema it refuses."""
+    rows = Counter((s.kind, s.source) for s in specs if s is not None)
     seen = set()
     for spec in specs:
         if spec is None or (spec.kind, spec.source) in seen:
             continue
         seen.add((spec.kind, spec.source))
-        try:
-            grammars.compile(spec)
+        try:  # its rows' masks together within the grammar-work budget (grammar_cost)
+            grammars.compile(spec, copies=rows[(spec.kind, spec.source)])
         except ConfigError as e:
             if tools:
                 _blame_tool(grammars, tools)

@@ -65,7 +65,7 @@ class Job:
     """How a chat request uses tools (tools.py); None without tools."""
     constrained_by: str | None = None
     """The field whose constraint every choice follows (response_format,
-    structured_outputs, tool_choice); None: free text."""
+    structured_outputs, tools: a required or named tool call); None: free text."""
 
 
 def choice_seed(seed: int, j: int) -> int:
@@ -282,8 +282,8 @@ def _constraint(body: dict, plan: ToolPlan | None, tokenizer: Any
             raise bad_request("a required or named 'tool_choice' already constrains the "
                               "output; drop 'response_format' / 'structured_outputs'",
                               "tool_choice")
-        return StructuredOutputs(grammar=tool_grammar(plan, tokenizer.token_to_id)), \
-            "tool_choice"
+        # what the grammar engine refuses in it comes from the tools' parameters
+        return StructuredOutputs(grammar=tool_grammar(plan, tokenizer.token_to_id)), "tools"
     if spec is None:
         return None, None
     if tokenizer is None:

@@ -133,20 +133,6 @@ def test_bad_specs_are_config_errors(kw):
         StructuredOutputs(**kw)
 
 
-def test_a_repeated_spec_is_served_from_the_cache(engine, monkeypatch):
-    """The second compile of an equal spec builds no grammar and no matcher."""
-    import astrai.infer.structured as st
-
-    g = engine.grammars
-    built = []
-    real = st.grammar_text
-    monkeypatch.setattr(st, "grammar_text", lambda spec: built.append(spec) or real(spec))
-    spec = {"regex": r"[0-9]{3}-cache-hit"}
-    first = g.compile(StructuredOutputs(**spec))
-    second = g.compile(StructuredOutputs(**spec))
-    assert len(built) == 1 and first is not second  # each request gets its own copy
-
-
 def test_boolean_schemas_are_named():
     for value, words in ((False, "got false"), (True, "got true")):
         with pytest.raises(ConfigError, match=words):
@@ -205,3 +191,58 @@ def test_a_grammar_failing_mid_decode_is_one_line(engine):
 def test_an_empty_language_is_refused_when_compiled(engine):
     with pytest.raises(ConfigError, match="no output can satisfy it"):
         engine.grammars.compile(StructuredOutputs(regex=r"[^\x00-\x{10FFFF}]"))
+
+
+def test_a_repeated_spec_is_served_from_the_cache(engine, monkeypatch):
+    """Requests with the same constraint (equal specs, not the same object) compile it once;
+    another constraint compiles anew. Counted at the compiler's one way into llguidance."""
+    from astrai.infer import structured
+
+    built = []
+    real = structured.grammar_text
+    monkeypatch.setattr(structured, "grammar_text", lambda spec: built.append(spec) or real(spec))
+    params = [SamplingParams(max_tokens=2, structured_outputs=StructuredOutputs(regex=rx))
+              for rx in [r"[0-9]{3}-cached"] * 3 + [r"[0-9]{4}-cached"]]
+    outs = engine.generate(["x"] * 4, params)
+    assert [b.regex for b in built] == [r"[0-9]{3}-cached", r"[0-9]{4}-cached"]
+    assert all(re.fullmatch(r"[0-9]{1,2}", o.text) for o in outs)  # each walks its grammar
+
+
+@pytest.mark.parametrize("kw", [{"regex": "a{1000}{300}x"},
+                                {"json": {"type": "string", "pattern": "^a{1000}{300}x$"}},
+                                {"grammar": 'start: "say " /a{1000}{300}x/\n'}])
+def test_a_constraint_whose_masks_cost_too_much_is_refused(engine, kw):
+    """llguidance builds its lexer inside the mask: the compiler times the first masks and
+    refuses one over the budget (these take about 0.5 s of CPU each)."""
+    with pytest.raises(ConfigError, match="grammar work"):
+        engine.grammars.compile(StructuredOutputs(**kw))
+
+
+def test_many_rows_of_one_constraint_share_one_budget(engine, monkeypatch):
+    """n copies of a constraint cost n masks a step: refused when n x the measured mask
+    exceeds the batch budget, accepted below it."""
+    from astrai.infer import structured
+
+    g, spec = engine.grammars, StructuredOutputs(regex=r"[a-z]{2,9}-rows")
+    g.compile(spec)
+    seconds = g._cache[(spec.kind, spec.source)][1]
+    monkeypatch.setattr(structured, "BATCH_MASK_BUDGET", 10.5 * seconds)
+    g.compile(spec, copies=10)
+    with pytest.raises(ConfigError, match="11 rows"):
+        g.compile(spec, copies=11)
+
+
+def test_the_cache_is_bounded_by_bytes(engine, monkeypatch):
+    """Entries are dropped (least recently used first) once their estimated bytes pass the
+    bound, whatever their count; the total is the sum of what is kept."""
+    from astrai.infer import grammar_cost, structured
+
+    g = structured.GrammarCompiler(engine.grammars.tokenizer, engine.grammars.vocab_size)
+    g._lltok = engine.grammars.lltokenizer()
+    monkeypatch.setattr(structured, "CACHE_BYTES", 4 * grammar_cost.ENTRY_BYTES)
+    specs = [StructuredOutputs(regex=f"[a-z]{{{i + 1}}}-bytes") for i in range(6)]
+    for s in specs:
+        g.compile(s)
+    assert all(v[2] >= grammar_cost.ENTRY_BYTES for v in g._cache.values())
+    assert 1 <= len(g._cache) <= 3 and list(g._cache)[-1] == (specs[-1].kind, specs[-1].source)
+    assert g._bytes == sum(v[2] for v in g._cache.values()) <= structured.CACHE_BYTES

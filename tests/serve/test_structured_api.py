@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -184,3 +185,40 @@ def test_bad_constraints_are_400s_naming_the_problem(client, body, needle):
     # the server goes on serving
     ok = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2)
     assert ok.choices[0].finish_reason == "length"
+
+
+HOSTILE = "a{1000}{300}x"
+"""14 characters whose token masks cost llguidance ~0.5 s of CPU each (its lexer is built
+lazily, inside the mask): n=64 copies once stalled every client ~28 s."""
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"x": {"type": "string", "pattern": f"^{HOSTILE}$"}},
+    "required": ["x"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"structured_outputs": {"regex": HOSTILE}}, "structured_outputs"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {
+        "type": "string", "pattern": f"^{HOSTILE}$"}}}}, "response_format"),
+    ({"structured_outputs": {"grammar": f'start: "say " /{HOSTILE}/\n'}},
+     "structured_outputs"),
+    ({"tools": [TOOL], "tool_choice": "required"}, "tools[0].function.parameters"),
+])
+def test_a_costly_constraint_is_a_400_and_others_are_not_stalled(client, body, param):
+    """The hostile constraint, n=64, beside a small free request: the first is refused
+    (its masks are timed when it compiles, off the engine's step) and the second answers
+    within seconds."""
+    def victim() -> float:
+        t = time.monotonic()
+        out = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=16,
+                                             extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == 16
+        return time.monotonic() - t
+
+    with ThreadPoolExecutor(2) as pool:
+        hostile = pool.submit(client.chat.completions.create, model="tiny", messages=MSGS,
+                              max_tokens=32, n=64, extra_body=body)
+        waited = pool.submit(victim).result(timeout=120)
+        assert waited < 5.0, f"a free request waited {waited:.1f} s beside the constraint"
+        with pytest.raises(openai.BadRequestError, match="grammar") as e:
+            hostile.result(timeout=120)
+    assert e.value.status_code == 400 and e.value.body["param"] == param
