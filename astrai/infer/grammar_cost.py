@@ -22,7 +22,7 @@ regexes and grammars of the tests take 0.1-3 ms each; `a{1000}{10}x` 9 ms, `a{10
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 MASK_BUDGET = 0.02
 """CPU seconds one row's token mask may take (the worst of the probe's steps)."""
@@ -56,19 +56,31 @@ def parser_limits(llg: Any) -> Any:
     return llg.LLParserLimits(initial_lexer_fuel=LEXER_FUEL, verbose_errors=False)
 
 
-def probe(matcher: Any, vocab_size: int, stop_ids: frozenset[int]) -> tuple[float, float, str]:
-    """(worst, first) CPU seconds of the first `PROBE_STEPS` masks and the error the grammar
-    engine met ("" if none). The first mask is the matcher's own, so that its copies start
-    with the lexer states it built (kept with it in the cache); the others walk a copy (whose
-    states go with it) along the lowest allowed token
-    that is not a stop token. Stops early once a mask exceeds `MASK_BUDGET` or all of them
-`PROBE_SECONDS`."""
+class Probe(NamedTuple):
+    """What the first masks of a constraint showed."""
+
+    worst: float
+    """CPU seconds of the costliest mask."""
+    first: float
+    """CPU seconds of the first mask (the lexer states it built stay with the matcher)."""
+    error: str
+    """The grammar engine's error, "" if none."""
+    empty: bool
+    """The first mask allows no token at all (e.g. a regex whose language is empty)."""
+
+
+def probe(matcher: Any, vocab_size: int, stop_ids: frozenset[int]) -> Probe:
+    """Time the first `PROBE_STEPS` masks. The first mask is the matcher's own, so that its
+    copies start with the lexer states it built (kept with it in the cache); the others walk
+    a copy (whose states go with it) along the lowest allowed token that is not a stop
+    token. Stops early once a mask exceeds `MASK_BUDGET` or all of them `PROBE_SECONDS`."""
     import torch
 
     row = torch.zeros(1, (vocab_size + 31) // 32, dtype=torch.int32)
     worst = total = first = 0.0
+    empty = False
     m = matcher
-    for _ in range(PROBE_STEPS):
+    for step in range(PROBE_STEPS):
         t = time.thread_time()
         m.unsafe_compute_mask_ptr(row.data_ptr(), row.shape[1] * 4)
         spent = time.thread_time() - t
@@ -80,13 +92,14 @@ def probe(matcher: Any, vocab_size: int, stop_ids: frozenset[int]) -> tuple[floa
         # same way, but importing it here would close a cycle through params
         bits = (row[0].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
         allowed = bits.flatten()[:vocab_size].nonzero().flatten().tolist()
+        empty = step == 0 and not allowed
         token = next((t for t in allowed if t not in stop_ids), None)
         if token is None:
             break
         if m is matcher:
             m = matcher.deep_copy()
         m.consume_token(token)
-    return worst, first, m.get_error() if m.is_error() else ""
+    return Probe(worst, first, m.get_error() if m.is_error() else "", empty)
 
 
 def entry_bytes(grammar: str, mask_seconds: float) -> int:

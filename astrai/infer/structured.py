@@ -262,17 +262,18 @@ class GrammarCompiler:
             raise ConfigError(f"structured outputs {spec.kind}: "
                               f"{_first_line(matcher.get_error())}")
         stops = frozenset(getattr(self.tokenizer, "stop_ids", None) or ())
-        worst, first, error = probe(matcher, self.vocab_size, stops)
-        if error:
+        seen = probe(matcher, self.vocab_size, stops)
+        if seen.error:
             raise ConfigError(f"structured outputs {spec.kind}: no output can satisfy it "
                               "within the grammar engine's limits (an empty language, or too "
-                              f"complex: {_first_line(error)}); simplify it")
-        if worst > MASK_BUDGET:
+                              f"complex: {_first_line(seen.error)}); simplify it")
+        if seen.worst > MASK_BUDGET:
             raise ConfigError(f"structured outputs {spec.kind}: one token mask takes "
-                              f"{worst:.2f} s of grammar work; at most {MASK_BUDGET:g} s: "
-                              "simplify it (e.g. smaller repetition counts)")
-        _check_first_mask(matcher, spec.kind, self.vocab_size)  # an empty language, named
-        size, fresh = entry_bytes(grammar, first), matcher.deep_copy()
+                              f"{seen.worst:.2f} s of grammar work; at most {MASK_BUDGET:g} "
+                              "s: simplify it (e.g. smaller repetition counts)")
+        if seen.empty:  # llguidance reports some grammars only when it computes a mask
+            raise ConfigError(f"structured outputs {spec.kind}: no output can satisfy it")
+        worst, size, fresh = seen.worst, entry_bytes(grammar, seen.first), matcher.deep_copy()
         with self._lock:
             if key not in self._cache:
                 self._cache[key] = (matcher, worst, size)
@@ -284,20 +285,6 @@ class GrammarCompiler:
 
     def constraint(self, spec: StructuredOutputs) -> Constraint:
         return Constraint(self.compile(spec), spec.kind)
-
-
-def _check_first_mask(matcher: Any, kind: str, vocab_size: int) -> None:
-    """ConfigError when the matcher fails at once or its first mask allows nothing (e.g.
-    a regex whose language is empty): llguidance reports some grammars only when it
-    computes a mask, so the request is refused here rather than failing while decoding."""
-    if matcher.is_error():
-        raise ConfigError(f"structured outputs {kind}: {matcher_error(matcher)}")
-    probe = matcher.deep_copy()
-    mask = fill_bitmask([Constraint(probe, kind)], vocab_size)
-    if probe.is_error() or not bool(mask.any()):
-        why = matcher_error(probe)
-        raise ConfigError(f"structured outputs {kind}: no output can satisfy it"
-                          + (f" (llguidance: {why})" if why else ""))
 
 
 def _first_line(message: str) -> str:
