@@ -17,24 +17,19 @@ Requires-Dist with its markers evaluated here), not whatever else the environmen
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from importlib import metadata
 from pathlib import Path
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name as canonical
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = """\
 # Versions the test suite last passed with; the README's set-up installs with -c constraints.txt.
 # Refresh deliberately: python scripts/pin_constraints.py (see its docstring).
 """
-
-
-def canonical(name: str) -> str:
-    """PEP 503's normalised project name."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def wanted(req: Requirement, extras: set[str], env: dict[str, str]) -> bool:

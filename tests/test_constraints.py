@@ -12,13 +12,10 @@ import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name as canonical
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def pins() -> dict[str, Version]:
