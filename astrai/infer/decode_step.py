@@ -30,6 +30,7 @@ from astrai.infer.cache.record import KVCache
 from astrai.infer.scheduler import StepBatch
 from astrai.kernels import library as kernel_lib
 from astrai.kernels.ops import paged_decode
+from astrai.model import fast_path
 from astrai.model.context import ForwardContext
 
 DecodeMode = Literal["auto", "graphs", "static", "eager", "native"]
@@ -56,8 +57,11 @@ class StaticDecodeAttention:
                ctx: ForwardContext) -> torch.Tensor:
         c = ctx.cache
         write_kv(k, v, layer, ctx)
-        out = paged_decode(q[0], c.k_buf[layer], c.v_buf[layer], c.req_to_token,
-                           c.req_pool_indices, c.seq_lens, q.shape[-1] ** -0.5)
+        args = (q[0], c.k_buf[layer], c.v_buf[layer], c.req_to_token, c.req_pool_indices,
+                c.seq_lens, q.shape[-1] ** -0.5)
+        out = fast_path.paged_decode(ctx.kernels, *args)  # a CPU kernel, where the step has one
+        if out is None:
+            out = paged_decode(*args)
         return out.unsqueeze(0)  # (1, B, H, D)
 
 
@@ -106,8 +110,8 @@ class DecodeStep:
     """Runs pure decode steps through per-bucket static buffers (and CUDA graphs)."""
 
     def __init__(self, model: torch.nn.Module, pool: PagePool, lm_head, mode: str,
-                 max_batch: int) -> None:
-        self.model, self.pool, self.lm_head = model, pool, lm_head
+                 max_batch: int, kernels: fast_path.DecodeKernels | None = None) -> None:
+        self.model, self.pool, self.lm_head, self.kernels = model, pool, lm_head, kernels
         self.mode = resolve_decode_mode(mode, model, pool)
         self.buckets = decode_buckets(max_batch)
         dev = pool.storage.k.device
@@ -171,7 +175,7 @@ class DecodeStep:
     def _forward(self, bucket: int) -> torch.Tensor:
         record = self._record(bucket)
         ctx = ForwardContext(positions=record.positions[None], cache=record,
-                             backend=self.attention)
+                             backend=self.attention, kernels=self.kernels)
         out = self.model(self.inputs[0, :bucket][None], ctx, return_hidden=True,
                          compute_logits=False)
         return self.lm_head(out.hidden[0]).float()  # (bucket, V)

@@ -55,7 +55,7 @@ from astrai.infer.scheduler import Chunk, Scheduler, StepBatch
 from astrai.infer.speculative.speculator import Speculator
 from astrai.infer.structured import ConstraintError, GrammarCompiler
 from astrai.kernels.cpu_linear import cpu_decode_kernels
-from astrai.model import fast_path
+from astrai.model.fast_path import DecodeKernels
 from astrai.model.context import AttentionBackend
 
 log = logging.getLogger("astrai.infer")
@@ -70,7 +70,8 @@ class Engine:
                  draft_model: torch.nn.Module | None = None,
                  loras: dict[str, str | Path] | None = None,
                  max_loras: int | None = None, max_lora_rank: int = MAX_LORA_RANK,
-                 max_loaded_loras: int = MAX_LOADED_LORAS) -> None:
+                 max_loaded_loras: int = MAX_LOADED_LORAS,
+                 kernels: DecodeKernels | None | str = "auto") -> None:
         """`backend`: None (the `attn_backend` context / ASTRAI_BACKEND / automatic), a
         backend name, or an AttentionBackend instance. `tokenizer` is duck-typed: encode,
         stream_decoder, eos_id, stop_ids (None: token ids in, token ids out). `decode`: how
@@ -82,7 +83,8 @@ class Engine:
         the base in the same batches (requests pick one with `lora=`); `max_loras`:
         adapters resident in one batch (default: as many as `loras` names, at least 1);
         `max_lora_rank`, `max_loaded_loras`: the largest rank and the most adapters served
-        (astrai.infer.loras)."""
+        (astrai.infer.loras). `kernels`: the CPU decode kernels of the engine's steps
+        ("auto": this machine's, astrai.kernels.cpu_linear, on a CPU; None: torch's)."""
         cfg = model.config
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -102,15 +104,17 @@ class Engine:
         for name, path in (loras or {}).items():
             self.loras.add(name, path)
         self.scheduler = Scheduler(self.pool, sched, self.max_context, self.loras)
-        self.cpu_kernels = cpu_decode_kernels() if p.device.type == "cpu" else None
+        if kernels == "auto":
+            kernels = cpu_decode_kernels() if p.device.type == "cpu" else None
+        self.cpu_kernels = kernels
         """astrai's CPU decode GEMVs for the steps' few-row products (None: torch's)."""
         if self.cpu_kernels is not None:  # decode streams the weights: huge pages
             place_weights(model)
-        self.runner = ModelRunner(model, self.pool)
+        self.runner = ModelRunner(model, self.pool, self.cpu_kernels)
         if decode == "auto" and backend is not None:
             decode = "eager"
         self.decode_step = DecodeStep(model, self.pool, self.runner.lm_head, decode,
-                                      self.scheduler.max_running)
+                                      self.scheduler.max_running, self.cpu_kernels)
         self.native_step = NativeDecodeStep.create(model, self.pool, self.runner.head_operands,
                                                    self.cpu_kernels, decode)
         """Decode and verify steps as one native call on a CPU (None: not here)."""
@@ -324,18 +328,17 @@ class Engine:
         sampling request its new tokens (one, or the proposals kept and the token after
         them), or the error that stopped it."""
         masks = self.sampler.start_masks(batch.sampled, self.vocab_size)  # beside the forward
-        with fast_path.active(self.cpu_kernels):
-            if self.speculator is not None:
-                self.speculator.propose(batch, self.pool, self.backend(),
-                                        {r.id for r in self.scheduler.running})
-            slots = self.loras.token_slots(batch)  # None: no adapter in the step
-            if slots is None and self.native_step and self.native_step.accepts(batch):
-                logits = self.native_step.run(batch)  # every block in one call (CPU)
-            elif slots is None and self.decode_step.accepts(batch):
-                logits = self.decode_step.run(batch)  # static shapes (CUDA graphs on CUDA)
-            else:  # adapters' rows: the eager ragged step, each token's update gathered
-                with self.loras.select(slots):
-                    logits = self.runner.run(batch, self.backend())  # (B_s, V) fp32
+        if self.speculator is not None:
+            self.speculator.propose(batch, self.pool, self.backend(),
+                                    {r.id for r in self.scheduler.running})
+        slots = self.loras.token_slots(batch)  # None: no adapter in the step
+        if slots is None and self.native_step and self.native_step.accepts(batch):
+            logits = self.native_step.run(batch)  # every block in one call (CPU)
+        elif slots is None and self.decode_step.accepts(batch):
+            logits = self.decode_step.run(batch)  # static shapes (CUDA graphs on CUDA)
+        else:  # adapters' rows: the eager ragged step, each token's update gathered
+            logits = self.runner.run(batch, self.backend(),
+                                     self.loras.selection(slots))  # (B_s, V) fp32
         chunks = [c for c in batch.chunks if c.sample]
         if not any(c.draft for c in chunks):
             picks = self._sample(logits, batch.sampled, masks)

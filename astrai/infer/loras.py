@@ -6,7 +6,7 @@ batch's slots (astrai.model.lora_batch).
     loras.names                               # ("sql",): read without any lock
     req.lora = loras.get("sql")               # the request asks for it
     loras.can_admit(req.lora); loras.acquire(req) ... loras.release(req)   # the scheduler
-    with loras.step(batch): runner.run(...)   # each token's slot, for the forward
+    runner.run(batch, backend, loras.selection(loras.token_slots(batch)))   # the forward
 
 Registered adapters wait on the host; `max_loras` of them at a time sit in the bank's
 slots (vLLM's `--max-loras`). A request is admitted only when its adapter has a slot or
@@ -24,7 +24,6 @@ or a metric label).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import re
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from astrai.model.adapter import (
     read_adapter_weights,
 )
 from astrai.model.lora import BLOCK_PART, TARGETS, LoraSpec
-from astrai.model.lora_batch import LoraBank
+from astrai.model.lora_batch import LoraBank, LoraSelection
 
 _uids = itertools.count(1)
 MAX_LORA_RANK = 16
@@ -252,8 +251,6 @@ class LoraSet:
             out.extend([-1 if slot is None else slot] * (c.n + len(c.draft)))  # + proposals
         return out
 
-    def select(self, token_slots: list[int] | None) -> Any:
-        """The context in which the forward adds each token's update."""
-        if token_slots is None:
-            return contextlib.nullcontext()
-        return self._bank.select(token_slots)
+    def selection(self, token_slots: list[int] | None) -> LoraSelection | None:
+        """What the step's forward carries to add each token's update (None: none)."""
+        return self._bank.selection(token_slots)

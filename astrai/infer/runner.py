@@ -16,12 +16,17 @@ from astrai.infer.cache.record import KVCache, build_kv_cache
 from astrai.infer.scheduler import StepBatch
 from astrai.model import fast_path
 from astrai.model.context import AttentionBackend, ForwardContext
+from astrai.model.lora_batch import LoraSelection
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, pool: PagePool) -> None:
+    def __init__(self, model: torch.nn.Module, pool: PagePool,
+                 kernels: fast_path.DecodeKernels | None = None) -> None:
         self.model = model
         self.pool = pool
+        self.kernels = kernels
+        """CPU decode kernels for the steps' few-row work (None: torch's), carried to the
+        model in each step's ForwardContext."""
         self.device = pool.req_to_token.table.device
         self._head_t: torch.Tensor | None = None
         self._head_key: tuple | None = None
@@ -44,12 +49,15 @@ class ModelRunner:
         return ids, sample_rows, record
 
     @torch.inference_mode()
-    def run(self, batch: StepBatch, backend: AttentionBackend) -> torch.Tensor:
-        """Forward the step; returns fp32 logits [n_sampling, V] of the sampling rows (a
-        chunk with proposals has 1 + len(draft) of them, in order)."""
+    def run(self, batch: StepBatch, backend: AttentionBackend,
+            lora: LoraSelection | None = None) -> torch.Tensor:
+        """Forward the step (`lora`: the adapters of its tokens, astrai.model.lora_batch);
+        returns fp32 logits [n_sampling, V] of the sampling rows (a chunk with proposals has
+        1 + len(draft) of them, in order)."""
         ids, sample_rows, record = self.build_record(batch)
         input_ids = torch.tensor(ids, dtype=torch.long).to(self.device)
-        ctx = ForwardContext(positions=record.positions[None], cache=record, backend=backend)
+        ctx = ForwardContext(positions=record.positions[None], cache=record, backend=backend,
+                             kernels=self.kernels, lora=lora)
         out = self.model(input_ids[None], ctx, return_hidden=True, compute_logits=False)
         h = out.hidden[0]  # (N, C)
         if len(sample_rows) != h.shape[0]:
@@ -59,25 +67,27 @@ class ModelRunner:
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
         """h [B_s, C] -> logits [B_s, V]. On CPU a one- or two-row product against the
         [V, C] head is faster against a [C, V] copy (figures in docs/engine.md
-        "Performance"), and decoding a lone request is mostly that product. An active CPU
-        decode kernel (model/fast_path.py) that takes the product reads the weight as it is."""
+        "Performance"), and decoding a lone request is mostly that product. A CPU decode
+        kernel of the runner's (model/fast_path.py) that takes the product reads the weight
+        as it is."""
+        k = self.kernels
         lm = getattr(self.model, "lm_head", None)
         if lm is not None and type(lm) is not torch.nn.Linear:  # int8 (model/quant.py)
-            return lm(h)
+            return lm(h, k) if k is not None else lm(h)
         w = lm.weight if lm is not None else self.model.output_weight()
         bias = lm.bias if lm is not None else None
         if (h.device.type != "cpu" or h.shape[0] > 2 or bias is not None
-                or fast_path.takes(h, w)):  # a CPU decode kernel reads [V, C] as it is
-            return fast_path.linear(h, w, bias)
+                or fast_path.takes(h, w, k)):  # a CPU decode kernel reads [V, C] as it is
+            return fast_path.linear(h, w, bias, k)
         return h @ self._transposed(w)
 
     def head_operands(self, kernels: fast_path.DecodeKernels | None = None
                       ) -> list[torch.Tensor | None]:
         """The LM head as the native decode step takes it: [weight [V, C] (int8 values for an
         int8 head), int8 scale, bias, the [C, V] copy of an fp32 weight on the CPU or None].
-        The copy is made only where one fp32 row stays off `kernels` (torch's GEMV measured
-        faster, cpu_linear.torch_gemv_is_faster): the BLAS's sgemv streams it faster than
-        the [V, C] weight; elsewhere the kernel reads [V, C] as it is."""
+        The copy is made only where one fp32 row stays off `kernels` (torch's GEMV chosen,
+        astrai/kernels/cpu_choice.py): the BLAS's sgemv streams it faster than the [V, C]
+        weight; elsewhere the kernel reads [V, C] as it is."""
         lm = getattr(self.model, "lm_head", None)
         if lm is not None and type(lm) is not torch.nn.Linear:  # int8 (model/quant.py)
             return [lm.qweight, lm.scale, lm.bias, None]

@@ -29,7 +29,9 @@ from pathlib import Path
 
 import torch
 
+from astrai.errors import ConfigError
 from astrai.kernels.build import cache_root, csrc_dir
+from astrai.kernels.cpu_choice import one_row_fp32
 
 log = logging.getLogger("astrai.kernels")
 
@@ -197,7 +199,7 @@ def cpu_status(build: bool = False) -> dict:
     one down (never raises)."""
     out = {"isa": None, "vnni": "avx512_vnni" in cpu_flags(),
            "bf16": "avx512_bf16" in cpu_flags(), "compiler": find_cxx(), "library": None,
-           "built": False, "reason": None}
+           "built": False, "reason": None, "fp32_one_row": None}
     try:
         isa = requested_isa()
         if isa is None:
@@ -212,11 +214,13 @@ def cpu_status(build: bool = False) -> dict:
         lib = build_dir(isa, flags) / f"{lib_name(isa, flags)}.so"
         out["library"] = str(lib)
         out["built"] = lib.is_file()
+        choice = one_row_fp32(build_dir(isa, flags))
+        out["fp32_one_row"] = f"{choice.server} ({choice.source})"
         if failures:
             out["reason"] = "fell back to " + lib_name(isa, flags) + ": " + "; ".join(failures)
         elif not out["built"]:
             out["reason"] = "not built yet: the engine builds it on first use on a CPU " \
                             "(or `astrai kernels --build`)"
-    except CpuKernelUnavailable as e:
+    except (CpuKernelUnavailable, ConfigError) as e:
         out["reason"] = str(e)
     return out

@@ -1,14 +1,15 @@
 """astrai's CPU decode GEMVs (csrc/cpu/decode_gemv.cpp) as the model's few-row products.
 
     kernels = cpu_decode_kernels()      # built (or reused) for this CPU; None: torch only
-    with fast_path.active(kernels):   # what the engine does around each forward pass
-        logits = model(ids, ctx)
+    logits = model(ids, ForwardContext(..., kernels=kernels))   # what an engine's step does
 
 `cpu_decode_kernels()` builds the variant this CPU runs (astrai/kernels/cpu_build.py) and
 wraps its ops for astrai/model/fast_path.py, through which every linear layer of the
-blocks, the int8 layers and the engine's LM head go: while they are active, a product of at
+blocks, the int8 layers and the engine's LM head go: in a pass that carries them, a product of at
 most 16 rows on a CPU (a decode step) runs the kernel, and everything else torch; with fp32
-weights one row stays on torch where its GEMV is measured faster (MKL on an Intel CPU).
+weights one row goes to the kernel unless a calibration the user ran (`astrai kernels
+--calibrate`) or ASTRAI_FP32_ONE_ROW says torch's GEMV (astrai/kernels/cpu_choice.py:
+nothing is timed at start-up).
 On a CPU without AVX2+FMA or with ASTRAI_CPU_KERNELS=0 it returns None (one debug line);
 a build that fails is retried one tier down (AVX-512 without its extensions, then AVX2), and
 when a tier fails, or none builds (no compiler), one warning on the `astrai.kernels` logger
@@ -28,11 +29,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 
 import torch
 
 from astrai.kernels import cpu_build
+from astrai.kernels.cpu_choice import calibrate, one_row_fp32
 from astrai.model import fast_path
 
 log = logging.getLogger("astrai.kernels")
@@ -87,7 +88,7 @@ def decode_kernels(isa: str, int8_act: str | None = None,
     quantized = int8_act == "int8"
     vnni = " vnni" if info["vnni"] and quantized else ""
     vnni += ", bf16 dots" if info["bf16_dot"] else ""
-    fp32_min = 2 if torch_gemv_is_faster(ops) else 1
+    fp32_min = 2 if one_row_fp32(cpu_build.build_dir(isa, flags)).server == "torch" else 1
     return fast_path.DecodeKernels(
         name=f"{isa}, int8 x {int8_act}{vnni}" + (", fp32 row 1 on torch" if fp32_min > 1 else ""),
         float_gemv=ops.gemv, int8_gemv=ops.gemv_q8 if quantized else ops.gemv_int8,
@@ -97,37 +98,33 @@ def decode_kernels(isa: str, int8_act: str | None = None,
         decode_layers=ops.decode_layers, int8_quantized=quantized)
 
 
-@functools.cache
-def torch_gemv_is_faster(ops) -> bool:
-    """Whether torch's own fp32 GEMV (MKL on x86) beats the kernel on one row: timed once,
-    alternating, best of 5, on 16 MB of 768 x 768 matrices (out of L2, as a model's are).
-    On an Intel CPU MKL's sgemv streams a few percent faster; on others it reaches about
-    half the bandwidth (measured on an AMD EPYC), and the kernel takes one row as well."""
-    g = torch.Generator().manual_seed(0)
-    ws = [torch.randn(768, 768, generator=g) for _ in range(7)]
-    x = torch.randn(1, 768, generator=g)
-    best = {"kernel": float("inf"), "torch": float("inf")}
-    with torch.inference_mode():
-        for _ in range(5):
-            for name, f in (("kernel", ops.gemv), ("torch", torch.nn.functional.linear)):
-                t0 = time.perf_counter()
-                for w in ws:
-                    f(x, w)
-                best[name] = min(best[name], time.perf_counter() - t0)
-    return best["torch"] < best["kernel"]
-
-
 _built: dict[tuple, fast_path.DecodeKernels | None] = {}
+
+
+def calibrate_one_row() -> dict:
+    """Time one fp32 row on this machine's kernel build and on torch, and cache the winner
+    beside the build (astrai/kernels/cpu_choice.py; kernels made from now on follow it).
+    Raises cpu_build.CpuKernelUnavailable where there is no build to calibrate."""
+    isa = cpu_build.requested_isa()
+    if isa is None:
+        raise cpu_build.CpuKernelUnavailable("no CPU decode kernels here (no AVX2+FMA, or "
+                                             "ASTRAI_CPU_ISA=none): nothing to calibrate")
+    tier, flags, _ = cpu_build.load_first(isa)
+    ops, _ = load_ops(tier, flags)
+    cal = calibrate(ops.gemv, cpu_build.build_dir(tier, flags))
+    _built.clear()
+    return cal
 
 
 def cpu_decode_kernels(int8_act: str | None = None) -> fast_path.DecodeKernels | None:
     """The CPU decode kernels of this machine (built at first use, then cached), or None
-    where they cannot be had (the module docstring says what is logged); use them with
-    `fast_path.active(kernels)`."""
+    where they cannot be had (the module docstring says what is logged); a forward pass
+    uses them when its ForwardContext carries them (`kernels=`)."""
     if os.environ.get("ASTRAI_CPU_KERNELS", "1") == "0":
         log.debug("CPU decode kernels off (ASTRAI_CPU_KERNELS=0); torch serves decode")
         return None
-    key = (os.environ.get("ASTRAI_CPU_ISA", ""), int8_act)
+    key = (os.environ.get("ASTRAI_CPU_ISA", ""), os.environ.get("ASTRAI_FP32_ONE_ROW", ""),
+           int8_act)
     if key not in _built:
         _built[key] = _try_build(int8_act)
     return _built[key]

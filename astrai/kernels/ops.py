@@ -2,8 +2,8 @@
 
 On CUDA tensors an op runs the csrc kernel when it serves the dtype/head dim (see
 `library.decode_supported` / `prefill_supported`) and the pure-torch reference otherwise; on
-the CPU it runs the reference (paged_decode: astrai's CPU decode kernel while one is active,
-astrai/model/fast_path.py). Each op has a fake (meta) implementation for tracing, and
+the CPU it runs the reference (an engine's CPU steps reach astrai's CPU decode kernels
+through their ForwardContext instead, astrai/model/fast_path.py). Each op has a fake (meta) implementation for tracing, and
 `torch.library.opcheck` exercises all of that on the CPU in CI.
 """
 
@@ -13,7 +13,6 @@ import torch
 
 from astrai.kernels import library as lib
 from astrai.kernels.reference import paged_decode_ref, paged_prefill_ref, rotary_ref_
-from astrai.model import fast_path
 
 Tensor = torch.Tensor
 
@@ -36,11 +35,6 @@ def paged_decode(q: Tensor, k_buf: Tensor, v_buf: Tensor, req_to_token: Tensor,
 @paged_decode.register_kernel("cpu")
 def _paged_decode_cpu(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale,
                       num_splits=0):
-    # the CPU decode kernel while one is active (the engine's steps, model/fast_path.py)
-    out = fast_path.paged_decode(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens,
-                                 scale)
-    if out is not None:
-        return out
     return paged_decode_ref(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale)
 
 

@@ -34,15 +34,15 @@ class Attention(nn.Module):
         # F.linear on the layers' parameters: no nn.Module call per projection (block.py),
         # unless a layer carries a LoRA adapter (lora.py); a decode kernel takes the three
         # in one call (fast_path.py)
-        q, k, v = project_many(x, (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = project_many(x, (self.q_proj, self.k_proj, self.v_proj), ctx)
         q = q.view(B, T, H, D)  # (B, T, H, D)
         k = k.view(B, T, K, D)  # (B, T, K, D)
         v = v.view(B, T, K, D)  # (B, T, K, D)
         if self.q_norm is not None:  # over D, per head, as HF Qwen3
-            q = rms_norm(q, self.q_norm.weight, self.q_norm.eps)
-            k = rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+            q = rms_norm(q, self.q_norm.weight, self.q_norm.eps, ctx.kernels)
+            k = rms_norm(k, self.k_norm.weight, self.k_norm.eps, ctx.kernels)
         # q and k rotated in one pass, before any KV write
         q, k = rotate(torch.cat((q, k), dim=2), *rope).split_with_sizes((H, K), dim=2)
         backend = ctx.backend or SDPA
         out = backend.attend(q, k, v, self.layer, ctx)  # (B, T, H, D)
-        return project(out.reshape(B, T, H * D), self.o_proj)  # (B, T, C)
+        return project(out.reshape(B, T, H * D), self.o_proj, ctx)  # (B, T, C)

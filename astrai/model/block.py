@@ -31,8 +31,9 @@ class DecoderBlock(nn.Module):
                 ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [B, T, C]; rope = `rope_factors` of the positions -> (out [B, T, C], MoE aux)."""
         n1, n2 = self.attn_norm, self.mlp_norm
-        h = x + self.attn(rms_norm(x, n1.weight, n1.eps), rope, ctx)
+        k = ctx.kernels
+        h = x + self.attn(rms_norm(x, n1.weight, n1.eps, k), rope, ctx)
         if self.is_moe:
-            ffn, aux = self.mlp(rms_norm(h, n2.weight, n2.eps))
+            ffn, aux = self.mlp(rms_norm(h, n2.weight, n2.eps, k), ctx)
             return h + ffn, aux
-        return h + self.mlp(rms_norm(h, n2.weight, n2.eps)), None
+        return h + self.mlp(rms_norm(h, n2.weight, n2.eps, k), ctx), None

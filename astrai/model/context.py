@@ -17,10 +17,14 @@ ragged batch flattened as B = 1, T = total tokens of the step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from astrai.model.fast_path import DecodeKernels
+    from astrai.model.lora_batch import LoraSelection
 
 
 @runtime_checkable
@@ -47,6 +51,13 @@ class ForwardContext:
     """Who computes attention; None = `SdpaBackend` (training path)."""
     sliding_window: int | None = None
     """Set by the model from its config: attend only to the last W positions."""
+    kernels: DecodeKernels | None = None
+    """Kernels for the few-row products, norms and decode attention of an engine's steps
+    on a CPU (astrai/model/fast_path.py); None: torch serves all. Per pass, never process
+    state: two engines in one process each pass their own."""
+    lora: LoraSelection | None = None
+    """The adapters of the step's tokens, one slot per flattened token
+    (astrai/model/lora_batch.py); None: no adapter update is added."""
 
 
 def attention_mask(T: int, doc_ids: torch.Tensor | None, sliding_window: int | None,

@@ -1,29 +1,29 @@
-"""The few-row work of a decode step — linear products, norms, decode attention — with a slot
-for faster kernels.
+"""The few-row work of a decode step — linear products, norms, decode attention — through
+faster kernels where a caller hands some in.
 
-    y = fast_path.linear(x, w, b)              # F.linear(x, w, b), or an active kernel
-    y = fast_path.int8_product(x2, q, scale)   # None unless a kernel takes it
-    fast_path.int8_activations()               # int8 products quantize activations?
-    q, k, v = fast_path.project_many(x, (q_proj, k_proj, v_proj))   # or None
-    y = fast_path.rms_norm(x, w, eps)          # None unless a kernel takes it
-    o = fast_path.paged_decode(q, k_buf, v_buf, req_to_token, rows, lens, scale)  # or None
+    y = fast_path.linear(x, w, b, kernels)              # F.linear(x, w, b), or the kernel
+    y = fast_path.int8_product(x2, q, scale, None, kernels)   # None unless a kernel takes it
+    fast_path.int8_activations(kernels)                 # int8 products quantize activations?
+    q, k, v = fast_path.project_many(x, (q_proj, k_proj, v_proj), kernels)   # or None
+    y = fast_path.rms_norm(x, w, eps, kernels)          # None unless a kernel takes it
+    o = fast_path.paged_decode(kernels, q, k_buf, v_buf, req_to_token, rows, lens, scale)
 
 Decoding multiplies one row (a few, with concurrent requests) by every weight matrix once per
 token, so its speed is the bytes of the weights over the memory bandwidth — if nothing else
 costs: torch's int8 and bf16 GEMVs fall well short of it, and each eager op around them
 (a norm: ~25 µs in a decode step) adds up over a model's layers. A set of kernels (`DecodeKernels`) is handed in from above —
-the CPU decode GEMVs of astrai/kernels/cpu_linear.py, active while the engine runs a step on
-a CPU (`with fast_path.active(kernels): ...`) — because the model room may not import the
-kernels room (docs/architecture.md "Order of rooms"); outside such a block every product is
-torch's. A product goes to the kernel only when it takes it: a CPU tensor, a row count in
+the CPU decode GEMVs of astrai/kernels/cpu_linear.py, which an engine on a CPU puts in the
+ForwardContext of its steps (`ForwardContext.kernels`, astrai/model/context.py) — because the
+model room may not import the kernels room (docs/architecture.md "Order of rooms"). Nothing
+here is process state: two engines in one process, each with its own kernels (or none), never
+see each other's; without kernels every product is torch's. A product goes to the kernel only when it takes it: a CPU tensor, a row count in
 the kernel's range for the weights' dtype (`DecodeKernels.rows`), fp32 or bf16
 activations, no gradient; everything else, prefill included, stays on torch.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -72,26 +72,7 @@ class DecodeKernels:
                 torch.int8: self.int8_rows}.get(dtype, (0, 0))
 
 
-_kernels: DecodeKernels | None = None
 _DTYPES = (torch.float32, torch.bfloat16)
-
-
-@contextlib.contextmanager
-def active(kernels: DecodeKernels | None) -> Iterator[None]:
-    """Within the block, `kernels` serve the products they take (None: torch serves all);
-    the engine wraps its forward passes in it. Process-wide while it lasts (a plain global,
-    which torch.compile guards on), restored after."""
-    global _kernels
-    before, _kernels = _kernels, kernels
-    try:
-        yield
-    finally:
-        _kernels = before
-
-
-def installed() -> DecodeKernels | None:
-    """The kernels serving products now, or None."""
-    return _kernels
 
 
 def _takes(k: DecodeKernels, x: Tensor, wdtype: torch.dtype) -> bool:
@@ -103,37 +84,35 @@ def _takes(k: DecodeKernels, x: Tensor, wdtype: torch.dtype) -> bool:
     return lo * x.shape[-1] <= x.numel() <= hi * x.shape[-1]
 
 
-def takes(x: Tensor, w: Tensor) -> bool:
-    """Whether the active kernel takes x · wᵀ (float weights of x's dtype)."""
-    k = _kernels
+def takes(x: Tensor, w: Tensor, k: DecodeKernels | None) -> bool:
+    """Whether kernels `k` take x · wᵀ (float weights of x's dtype)."""
     return k is not None and w.dtype == x.dtype and w.dim() == 2 and _takes(k, x, w.dtype)
 
 
-def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """F.linear(x, w, b), through the active kernel when it takes the product: a few rows,
-    no gradient, fp32 weights with fp32 activations or bf16 with bf16 (the result in x's
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None,
+           k: DecodeKernels | None = None) -> Tensor:
+    """F.linear(x, w, b), through kernels `k` when they take the product: a few rows, no
+    gradient, fp32 weights with fp32 activations or bf16 with bf16 (the result in x's
     dtype, the products in fp32)."""
-    if not takes(x, w):
+    if not takes(x, w, k):
         return F.linear(x, w, b)
-    return _kernels.float_gemv(x, w, b)
+    return k.float_gemv(x, w, b)
 
 
-def int8_product(x: Tensor, q: Tensor, scale: Tensor,
-                 bias: Tensor | None = None) -> Tensor | None:
-    """x [..., K] · (scale · q)ᵀ + bias in x's dtype through the active kernel, or None
-    when no kernel takes it (the caller computes it)."""
-    k = _kernels
+def int8_product(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None = None,
+                 k: DecodeKernels | None = None) -> Tensor | None:
+    """x [..., K] · (scale · q)ᵀ + bias in x's dtype through kernels `k`, or None when
+    they do not take it (the caller computes it)."""
     if k is None or q.dtype != torch.int8 or not _takes(k, x, torch.int8):
         return None
     return k.int8_gemv(x, q, scale, bias)
 
 
-def int8_activations() -> bool:
+def int8_activations(k: DecodeKernels | None) -> bool:
     """Whether int8 products quantize their activations per row and block
-    (astrai/model/quant.py): yes, unless the active kernels keep them fp32
+    (astrai/model/quant.py): yes, unless kernels `k` keep them fp32
     (`DecodeKernels.int8_quantized` False) — torch's products then do the same, so a row's
     result does not depend on which of the two serves it."""
-    k = _kernels
     return k is None or k.int8_quantized
 
 
@@ -141,34 +120,33 @@ NORM_ELEMENTS = 1 << 16
 """Largest x (elements) a norm kernel takes: the rows of a decode step, not a prefill."""
 
 
-def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor | None:
-    """The active kernel's RMSNorm of a few rows (x and w of one dtype, fp32 or bf16, no
+def rms_norm(x: Tensor, w: Tensor, eps: float, k: DecodeKernels | None) -> Tensor | None:
+    """The RMSNorm of kernels `k` for a few rows (x and w of one dtype, fp32 or bf16, no
     gradient), or None: the caller computes it."""
-    k = _kernels
     if (k is None or k.rms_norm is None or x.device.type != "cpu" or x.dtype != w.dtype
             or x.dtype not in _DTYPES or x.numel() > NORM_ELEMENTS or torch.is_grad_enabled()):
         return None
     return k.rms_norm(x, w, eps)
 
 
-def paged_decode(q: Tensor, k_buf: Tensor, v_buf: Tensor, req_to_token: Tensor,
-                 req_pool_indices: Tensor, seq_lens: Tensor, scale: float) -> Tensor | None:
-    """The active kernel's decode attention (one query per request over its first
+def paged_decode(k: DecodeKernels | None, q: Tensor, k_buf: Tensor, v_buf: Tensor,
+                 req_to_token: Tensor, req_pool_indices: Tensor, seq_lens: Tensor,
+                 scale: float) -> Tensor | None:
+    """The decode attention of kernels `k` (one query per request over its first
     seq_lens[b] slots; q and the pool of one dtype, fp32 or bf16), or None."""
-    k = _kernels
     if (k is None or k.paged_decode is None or q.device.type != "cpu" or q.dtype not in _DTYPES
             or k_buf.dtype != q.dtype or torch.is_grad_enabled()):
         return None
     return k.paged_decode(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale)
 
 
-def project_many(x: Tensor, layers: tuple[nn.Module, ...]) -> list[Tensor] | None:
+def project_many(x: Tensor, layers: tuple[nn.Module, ...],
+                 k: DecodeKernels | None) -> list[Tensor] | None:
     """[layer(x) for layer in layers] in one kernel call — several projections of the same
-    activations (q, k, v; gate, up) — or None when the active kernel does not take them
+    activations (q, k, v; gate, up) — or None when kernels `k` do not take them
     all (plain nn.Linear layers of x's dtype, or int8 layers, astrai/model/quant.py): the
     caller projects one by one. Decoding is bound by per-call overhead at this size, so
     the parameters are read from the modules' dicts."""
-    k = _kernels
     if k is None:
         return None
     kind = type(layers[0])

@@ -33,6 +33,7 @@ from torch import nn
 
 from astrai.errors import ConfigError
 from astrai.model import fast_path, lora_batch
+from astrai.model.context import ForwardContext
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The linear layers of a decoder block that can carry an adapter (HF Llama's names)."""
@@ -149,25 +150,34 @@ class LoRALinear(nn.Linear):
                 f"rank={self.lora_A.out_features}, scaling={self.scaling:g}")
 
 
-def project(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+def project(x: torch.Tensor, layer: nn.Module, ctx: ForwardContext | None = None
+            ) -> torch.Tensor:
     """layer(x) as F.linear on a plain layer's parameters (no module call, see block.py;
-    a few rows may take an installed decode kernel, fast_path.py), or through the layer
-    when it is anything else: an adapter, int8 weights (quant.py). Inside an engine step
-    with adapters selected per token (lora_batch.py), their updates are added."""
+    a few rows may take a decode kernel of `ctx.kernels`, fast_path.py), or through the
+    layer when it is anything else: an adapter, int8 weights (quant.py, which takes the
+    kernels too). In an engine step with adapters selected per token (`ctx.lora`,
+    lora_batch.py), their updates are added."""
+    kernels = ctx.kernels if ctx is not None else None
     if type(layer) is nn.Linear:
-        y = fast_path.linear(x, layer.weight, layer.bias)
+        y = fast_path.linear(x, layer.weight, layer.bias, kernels)
+    elif kernels is not None and "qweight" in layer._buffers:  # quant.Int8Linear
+        y = layer(x, kernels)
     else:
         y = layer(x)
-    return lora_batch.apply(x, layer, y)
+    sel = ctx.lora if ctx is not None else None
+    return y if sel is None else lora_batch.apply(sel, x, layer, y)
 
 
-def project_many(x: torch.Tensor, layers: tuple[nn.Module, ...]) -> list[torch.Tensor]:
-    """[project(x, layer) for layer in layers], in one call of an installed decode kernel
-    where it takes them all (fast_path.py)."""
-    out = fast_path.project_many(x, layers)
+def project_many(x: torch.Tensor, layers: tuple[nn.Module, ...],
+                 ctx: ForwardContext | None = None) -> list[torch.Tensor]:
+    """[project(x, layer, ctx) for layer in layers], in one call of a decode kernel of
+    `ctx.kernels` where it takes them all (fast_path.py)."""
+    kernels = ctx.kernels if ctx is not None else None
+    out = fast_path.project_many(x, layers, kernels) if kernels is not None else None
     if out is None:
-        return [project(x, m) for m in layers]
-    return [lora_batch.apply(x, m, y) for m, y in zip(layers, out)]
+        return [project(x, m, ctx) for m in layers]
+    sel = ctx.lora
+    return out if sel is None else [lora_batch.apply(sel, x, m, y) for m, y in zip(layers, out)]
 
 
 def lora_layers(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:

@@ -7,8 +7,8 @@ Punica, Chen et al. 2023, "Punica: Multi-Tenant LoRA Serving", and S-LoRA, Sheng
 A `LoraBank` holds, per slot and adapted layer, the adapter's own `A [r, in]` and
 `B [out, r]` (fp32, each at its own rank: nothing is padded, and a slot emptied frees
 its tensors, so the bank is the size of what is resident). A step selects the slots of
-its tokens (`with bank.select(token_slots):`), which groups the token rows by slot once;
-each layer then computes, per slot in use,
+its tokens (`bank.selection(token_slots)`, which groups the token rows by slot once, rides
+in the step's ForwardContext as `ctx.lora`); each layer then computes, per slot in use,
 
     y[rows_a] += s_a · (x[rows_a] A_aᵀ) B_aᵀ      rows_a = the tokens of adapter a
 
@@ -18,14 +18,14 @@ products, so another adapter's values — whatever they are, NaN included — ca
 it (0 × NaN is NaN: a 0/1 mask over a product of all the slots would spread them), and
 base rows are left as the base computed them, bit for bit. The work is the rows times
 their own adapter's rank, whatever else is resident. The layers reach this through
-`astrai.model.lora.project`, so the model code does not change; outside a `select` block
-(and for layers no selected slot adapts) nothing is added.
+`astrai.model.lora.project`, so the model code does not change; without a selection in the
+context (and for layers no selected slot adapts) nothing is added. A selection belongs to
+one forward pass: nothing here is process state.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -46,7 +46,7 @@ def _rows(token_slots: Sequence[int], slot: int, device: torch.device) -> Rows |
     return torch.tensor(rows, dtype=torch.long).to(device)
 
 
-class _Selection:
+class LoraSelection:
     """The slots of one step's tokens: each used slot with its rows."""
 
     __slots__ = ("bank", "groups", "n", "used")
@@ -55,9 +55,6 @@ class _Selection:
         used = sorted({s for s in token_slots if s >= 0})
         self.bank, self.used, self.n = bank, frozenset(used), len(token_slots)
         self.groups = [(s, _rows(token_slots, s, bank.device)) for s in used]
-
-
-_active: _Selection | None = None
 
 
 class LoraBank:
@@ -94,21 +91,15 @@ class LoraBank:
         return sum(a.nbytes + b.nbytes for held in self._held.values()
                    for a, b, _ in held.values())
 
-    @contextlib.contextmanager
-    def select(self, token_slots: Sequence[int] | None) -> Iterator[None]:
-        """Within the block, every adapted layer adds the update of each token's slot
-        (`token_slots`: one per flattened token, -1 = none). None or all -1: no update."""
-        global _active
-        sel = None
-        if token_slots is not None and any(s >= 0 for s in token_slots):
-            sel = _Selection(self, token_slots)
-        before, _active = _active, sel
-        try:
-            yield
-        finally:
-            _active = before
+    def selection(self, token_slots: Sequence[int] | None) -> LoraSelection | None:
+        """What a forward pass carries (`ForwardContext.lora`) so that every adapted layer
+        adds the update of each token's slot (`token_slots`: one per flattened token,
+        -1 = none). None or all -1: None, no update."""
+        if token_slots is None or not any(s >= 0 for s in token_slots):
+            return None
+        return LoraSelection(self, token_slots)
 
-    def update(self, sel: _Selection, x: Tensor, layer: nn.Module, y: Tensor) -> Tensor:
+    def update(self, sel: LoraSelection, x: Tensor, layer: nn.Module, y: Tensor) -> Tensor:
         """y plus the selected slots' updates of `layer`, each on its own rows only (y
         itself when none adapts it)."""
         held = self._held.get(layer)
@@ -145,7 +136,6 @@ def _add_update(x: Tensor, y: Tensor, rows: Rows | None, a: Tensor, b: Tensor,
         y.index_add_(0, rows, upd)
 
 
-def apply(x: Tensor, layer: nn.Module, y: Tensor) -> Tensor:
-    """y = layer's product of x, plus the active selection's LoRA updates (lora.project)."""
-    sel = _active
-    return y if sel is None else sel.bank.update(sel, x, layer, y)
+def apply(sel: LoraSelection, x: Tensor, layer: nn.Module, y: Tensor) -> Tensor:
+    """y = layer's product of x, plus the LoRA updates `sel` selects (lora.project)."""
+    return sel.bank.update(sel, x, layer, y)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from astrai.model.context import ForwardContext
 from astrai.model.lora import project, project_many
 
 
@@ -16,8 +17,8 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ForwardContext | None = None) -> torch.Tensor:
         # F.linear on the layers' weights: no nn.Module call per projection (block.py),
         # unless a layer carries a LoRA adapter (lora.py)
-        gate, up = project_many(x, (self.gate_proj, self.up_proj))
-        return project(F.silu(gate) * up, self.down_proj)
+        gate, up = project_many(x, (self.gate_proj, self.up_proj), ctx)
+        return project(F.silu(gate) * up, self.down_proj, ctx)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from astrai.model.config import ModelConfig
+from astrai.model.context import ForwardContext
 from astrai.model.mlp import SwiGLU
 
 
@@ -35,7 +36,8 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(SwiGLU(config.dim, config.ffn_dim) for _ in range(config.n_experts))
         self.shared = nn.ModuleList(SwiGLU(config.dim, config.ffn_dim) for _ in range(config.n_shared_experts))
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, ctx: ForwardContext | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         B, T, C = x.shape
         flat = x.reshape(B * T, C)  # (N, C)
         probs = F.softmax(self.router(flat).float(), dim=-1)  # (N, E)
@@ -45,8 +47,8 @@ class MoE(nn.Module):
         for e, expert in enumerate(self.experts):
             token, slot = torch.nonzero(idx == e, as_tuple=True)
             if token.numel():
-                out.index_add_(0, token, expert(flat[token]) * weights[token, slot, None])
+                out.index_add_(0, token, expert(flat[token], ctx) * weights[token, slot, None])
         for expert in self.shared:
-            out = out + expert(flat)
+            out = out + expert(flat, ctx)
         aux = load_balancing_loss(probs, idx, self.n_experts)
         return out.view(B, T, C), aux

@@ -9,12 +9,14 @@ from torch import nn
 from astrai.model import fast_path
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             kernels: fast_path.DecodeKernels | None = None) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) in fp32, cast back to x's dtype, then times the gain
     (HF LlamaRMSNorm). F.rms_norm is that formula as one op (on CPU the same products in
     the same order, bit for bit, forward and backward); fp32 input takes the gain in it.
-    A few rows without gradient go to an active CPU decode kernel (fast_path.py)."""
-    out = fast_path.rms_norm(x, weight, eps)
+    A few rows without gradient go to a CPU decode kernel, where `kernels` has one
+    (fast_path.py)."""
+    out = fast_path.rms_norm(x, weight, eps, kernels)
     if out is not None:
         return out
     if x.dtype is torch.float32 and weight.dtype is torch.float32:

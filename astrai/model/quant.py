@@ -97,14 +97,16 @@ def int8_dot(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
 
 
 def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None,
+                kernels: fast_path.DecodeKernels | None = None) -> torch.Tensor:
     """x [..., K] -> [..., N] ≈ x (s·q)ᵀ + bias in x's dtype, the activations quantized per
-    row and block (the module docstring), through a decode kernel where one takes it."""
-    out = fast_path.int8_product(x, q, scale, bias)  # a decode kernel, where active
+    row and block (the module docstring), through a decode kernel of `kernels` where one
+    takes it."""
+    out = fast_path.int8_product(x, q, scale, bias, kernels)
     if out is not None:
         return out
     x2 = x.reshape(-1, x.shape[-1])  # (M, K), M = all leading dims
-    if fast_path.int8_activations():
+    if fast_path.int8_activations(kernels):
         out = int8_dot(x2, q, scale).to(x.dtype)
     else:  # the kernels keep fp32 activations: so does torch
         out = F.linear(x2, q.to(x.dtype)) * scale.to(x.dtype)  # (M, N)
@@ -141,8 +143,9 @@ class Int8Linear(nn.Module):
         self.scale = scale.to(dev)
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return int8_linear(x, self.qweight, self.scale, self.bias)
+    def forward(self, x: torch.Tensor,
+                kernels: fast_path.DecodeKernels | None = None) -> torch.Tensor:
+        return int8_linear(x, self.qweight, self.scale, self.bias, kernels)
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight [N, K] this layer multiplies by."""

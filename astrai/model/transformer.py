@@ -74,7 +74,7 @@ class Transformer(nn.Module):
             if aux is not None:
                 aux_total = aux if aux_total is None else aux_total + aux
                 n_moe += 1
-        h = rms_norm(x, self.norm.weight, self.norm.eps)
+        h = rms_norm(x, self.norm.weight, self.norm.eps, ctx.kernels)
         logits = None
         if compute_logits:
             logits = self.lm_head(h) if self.lm_head is not None else h @ self.embed_tokens.weight.T

@@ -51,9 +51,31 @@ def render_cpu(cpu: dict, console: Console) -> None:
     t.add_row("compiler", cpu.get("compiler") or "[red]not found[/]")
     if cpu.get("library"):
         t.add_row("library", cpu["library"] + ("" if cpu.get("built") else "  (not built)"))
+    if cpu.get("fp32_one_row"):
+        t.add_row("one fp32 row", cpu["fp32_one_row"])
     if cpu.get("reason"):
         t.add_row("why not", cpu["reason"])
     console.print(t)
+
+
+def run_calibration() -> dict:
+    """Calibrate the CPU decode kernels' one-row choice (builds them first where needed);
+    their absence is the user's to fix: one line, exit 2."""
+    from astrai.errors import ConfigError
+    from astrai.kernels.cpu_build import CpuKernelUnavailable
+    from astrai.kernels.cpu_linear import calibrate_one_row
+
+    log_console(stderr=True).print("timing one fp32 row on the CPU decode kernel and on "
+                                   "torch (a few seconds)...")
+    try:
+        cal = calibrate_one_row()
+    except CpuKernelUnavailable as e:
+        raise ConfigError(f"--calibrate: {e}") from None
+    us = cal["median_us"]
+    log_console(stderr=True).print(
+        f"one fp32 row: {cal['fp32_one_row']} (median of {cal['rounds']} rounds over 16 MB: "
+        f"kernel {us['kernel']:.0f} µs, torch {us['torch']:.0f} µs); kept for this build")
+    return cal
 
 
 def register(app: typer.Typer) -> None:
@@ -67,10 +89,14 @@ def register(app: typer.Typer) -> None:
         archs: Annotated[str | None, typer.Option(
             "--archs", help="Targets, e.g. '80;90' [default: ASTRAI_CUDA_ARCHS or 80;90].")
         ] = None,
+        calibrate: Annotated[bool, typer.Option(
+            "--calibrate", help="Time one fp32 row on the CPU decode kernel and on torch's GEMV "
+            "(a few seconds; run it on an idle machine) and keep the faster for this build.")
+        ] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         """Report the CUDA kernels (built or not, for which GPUs, why not) and the CPU decode
-        kernels (code path, built or not)."""
+        kernels (code path, built or not, who serves one fp32 row)."""
         from astrai.errors import ConfigError
         from astrai.kernels.build import parse_archs
         from astrai.kernels.status import kernel_status
@@ -82,7 +108,10 @@ def register(app: typer.Typer) -> None:
         if build:
             log_console(stderr=True).print("building CUDA kernels (nvcc; a minute or two the first "
                                        "time)...")
+        cal = run_calibration() if calibrate else None
         st = kernel_status(build=build, force=force, archs=arch_list).to_dict()
+        if cal is not None:
+            st["cpu"]["calibration"] = cal
         if as_json:
             typer.echo(json.dumps(st, indent=2))
         else:

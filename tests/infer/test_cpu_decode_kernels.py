@@ -15,6 +15,7 @@ from astrai.infer import CacheConfig, Engine, SamplingParams
 from astrai.infer.loading import load_model
 from astrai.kernels import cpu_build, cpu_linear
 from astrai.model import fast_path
+from astrai.model.context import ForwardContext
 from tests.infer.test_quantized_inference import dequantized_twin
 
 KERNELS = cpu_linear.cpu_decode_kernels()
@@ -22,8 +23,10 @@ needs_kernels = pytest.mark.skipif(KERNELS is None, reason="no CPU decode kernel
                                    "compiler, no AVX2+FMA, or ASTRAI_CPU_ISA=none)")
 
 
-def engine(model: nn.Module) -> Engine:
-    return Engine(model, None, CacheConfig(page_size=16, max_kv_tokens=512, max_requests=2))
+def engine(model: nn.Module, kernels: fast_path.DecodeKernels | None | str = "auto"
+           ) -> Engine:
+    return Engine(model, None, CacheConfig(page_size=16, max_kv_tokens=512, max_requests=2),
+                  kernels=kernels)
 
 
 def greedy(eng: Engine, prompt: list[int], n: int = 32) -> list[int]:
@@ -32,7 +35,7 @@ def greedy(eng: Engine, prompt: list[int], n: int = 32) -> list[int]:
 
 def counted(k: fast_path.DecodeKernels, rows: list[int]) -> fast_path.DecodeKernels:
     """`k` counting the rows of every product it takes, taking fp32 products of one row too
-    (on an Intel CPU torch's GEMV keeps them by measurement, cpu_linear.py)."""
+    (torch's GEMV keeps them where it was chosen, astrai/kernels/cpu_choice.py)."""
     def wrap(f):
         def g(x, *a):
             rows.append(x.numel() // x.shape[-1])
@@ -46,8 +49,7 @@ def counted(k: fast_path.DecodeKernels, rows: list[int]) -> fast_path.DecodeKern
 def separated_prompt(model: nn.Module, ids: torch.Tensor) -> tuple[list[int], list[int]]:
     """(prompt, its greedy continuation on torch) of the start whose continuation is best
     separated (top-1 minus top-2 logit at every step), so rounding cannot flip a token."""
-    eng = engine(model)
-    eng.cpu_kernels = None
+    eng = engine(model, None)
     best = None
     for start in (0, 100, 200, 300, 400):
         prompt = ids[start:start + 8].tolist()
@@ -70,10 +72,9 @@ def test_greedy_tokens_equal_with_and_without_the_kernels(trained, quantize):
     ckpt, _, _, ids = trained
     model = load_model(ckpt, device="cpu", quantize=quantize)
     prompt, ref = separated_prompt(model if quantize is None else dequantized_twin(model), ids)
-    eng = engine(model)
-    assert eng.cpu_kernels is KERNELS
+    assert engine(model).cpu_kernels is KERNELS
     rows: list[int] = []
-    eng.cpu_kernels = counted(KERNELS, rows)
+    eng = engine(model, counted(KERNELS, rows))
     assert greedy(eng, prompt) == ref
     assert rows and max(rows) <= 16
 
@@ -81,9 +82,8 @@ def test_greedy_tokens_equal_with_and_without_the_kernels(trained, quantize):
 @needs_kernels
 def test_prefill_of_many_rows_stays_on_torch(trained):
     ckpt, _, _, ids = trained
-    eng = engine(load_model(ckpt, device="cpu"))
     rows: list[int] = []
-    eng.cpu_kernels = counted(KERNELS, rows)
+    eng = engine(load_model(ckpt, device="cpu"), counted(KERNELS, rows))
     greedy(eng, ids[:40].tolist(), n=3)
     assert rows and 40 not in rows and set(rows) == {1}
 
@@ -99,10 +99,10 @@ def test_int8_activations_cost_under_one_percent_of_loss(trained):
     windows = ids[:1024 - 1024 % 17].view(-1, 17)  # (W, 17)
 
     def loss(model, kernels):
-        with torch.no_grad(), fast_path.active(kernels):
+        with torch.no_grad():
             total = 0.0
             for w in windows:
-                logits = model(w[None, :-1]).logits[0]
+                logits = model(w[None, :-1], ForwardContext(kernels=kernels)).logits[0]
                 total += nn.functional.cross_entropy(logits.float(), w[1:]).item()
         return total / len(windows)
 

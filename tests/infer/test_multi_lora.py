@@ -351,3 +351,82 @@ def test_a_schedule_failing_mid_admission_fails_waiting_and_running_alike(dirs, 
     assert eng.pool.stats().utilization == 0.0 and eng.loras._refs == [0, 0]
     (o,) = eng.generate([PROMPTS[2]], SamplingParams.greedy(N), lora="sql")
     assert o.token_ids == reference[2, "sql"]
+
+
+def tagged_kernels(tag: str, calls: list, gate=None):
+    """Python stand-ins for the CPU decode kernels (torch's products, so no C++ build or ISA
+    matters) that record (tag, thread) for every product they take; `gate(thread)` runs
+    first, to hold a thread at a chosen point of its forward."""
+    import torch.nn.functional as F
+
+    from astrai.model.fast_path import DecodeKernels
+
+    def note():
+        calls.append((tag, threading.get_ident()))
+        if gate is not None:
+            gate()
+
+    def one(x, w, b):
+        note()
+        return F.linear(x, w.to(x.dtype), b)
+
+    def many(x, ws, bs):
+        note()
+        return [F.linear(x, w.to(x.dtype), b) for w, b in zip(ws, bs)]
+
+    def q8(x, q, s, b):
+        raise AssertionError("no int8 weights here")
+
+    return DecodeKernels(tag, one, q8, many, lambda *a: q8(*a), fp32_rows=(1, 16))
+
+
+def test_two_engines_on_two_threads_never_see_each_others_kernels_or_adapters(dirs,
+                                                                            reference):
+    """Two engines over one base module, each with its own adapter and its own kernels,
+    stepped from two threads: thread A is held inside its first product until B is inside
+    its own, then A finishes while B waits. A process-wide kernel or adapter slot would
+    hand A's remaining products to B's kernels and B's adapter selection (B entered last);
+    per-pass contexts keep each engine's own, and each gives the tokens it gives alone."""
+    base, adapters = dirs
+    model, _, _ = load_pretrained(base)
+    model.eval()
+    cache = CacheConfig(page_size=4, max_kv_tokens=512, max_requests=4)
+    a_in, b_in, a_done = threading.Event(), threading.Event(), threading.Event()
+    ident: dict[str, int] = {}
+
+    def gate_a():
+        if not a_in.is_set() and threading.get_ident() == ident.get("A"):
+            a_in.set()
+            assert b_in.wait(60)
+
+    def gate_b():
+        if not b_in.is_set() and threading.get_ident() == ident.get("B"):
+            b_in.set()
+            assert a_done.wait(60)
+
+    calls: list = []
+    eng_a = Engine(model, None, cache, loras={"sql": str(adapters["sql"])},
+                   kernels=tagged_kernels("A", calls, gate_a), decode="eager")
+    eng_b = Engine(model, None, cache, loras={"poet": str(adapters["poet"])},
+                   kernels=tagged_kernels("B", calls, gate_b), decode="eager")
+    got: dict[str, list[int]] = {}
+
+    def run(tag, eng, lora):
+        ident[tag] = threading.get_ident()
+        try:
+            got[tag] = eng.generate(PROMPTS[2], SamplingParams.greedy(N), lora=lora)[0].token_ids
+        finally:
+            if tag == "A":
+                a_done.set()
+            b_in.set()  # never leave A waiting on a B that failed
+
+    ta = threading.Thread(target=run, args=("A", eng_a, "sql"))
+    tb = threading.Thread(target=run, args=("B", eng_b, "poet"))
+    ta.start()
+    assert a_in.wait(60)
+    tb.start()
+    ta.join(120)
+    tb.join(120)
+    assert got == {"A": reference[2, "sql"], "B": reference[2, "poet"]}
+    assert {tag for tag, t in calls if t == ident["A"]} == {"A"}
+    assert {tag for tag, t in calls if t == ident["B"]} == {"B"}

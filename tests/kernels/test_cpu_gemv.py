@@ -17,6 +17,7 @@ from torch import nn
 from astrai.kernels import cpu_build, cpu_linear
 from astrai.kernels.reference import gemv_q8_ref, paged_decode_ref
 from astrai.model import fast_path
+from astrai.model.context import ForwardContext
 from astrai.model.norm import rms_norm
 from astrai.model.quant import Int8Linear, dequantize_rows, quantize_rows
 
@@ -204,9 +205,10 @@ def test_a_model_with_the_kernels_active_compiles_to_one_graph():
     model = build_model(cfg, seed=0).eval()
     ids = torch.randint(0, 128, (1, 3), generator=torch.Generator().manual_seed(0))
     for m in (model, quantize_model(build_model(cfg, seed=0).eval(), "int8")):
-        with torch.no_grad(), fast_path.active(k):
-            ref = m(ids).logits
-            out = torch.compile(m, backend="aot_eager", fullgraph=True)(ids).logits
+        with torch.no_grad():
+            ref = m(ids, ForwardContext(kernels=k)).logits
+            compiled = torch.compile(m, backend="aot_eager", fullgraph=True)
+            out = compiled(ids, ForwardContext(kernels=k)).logits
         torch.testing.assert_close(out, ref, rtol=0, atol=0)
 
 
@@ -216,23 +218,24 @@ def test_dispatch_takes_few_rows_without_grad_and_leaves_the_rest_to_torch():
     lin, other = nn.Linear(32, 8), nn.Linear(32, 8)
     q = Int8Linear.from_linear(nn.Linear(32, 8))
     x = torch.randn(1, 2, 32)
-    with fast_path.active(counting(k, calls)):
-        with torch.no_grad():
-            a = fast_path.linear(x, lin.weight, lin.bias)
-            many = fast_path.project_many(x, (lin, other))
-            q8 = q(x)
-            assert fast_path.project_many(x, (lin, q)) is None  # mixed kinds: one by one
-            fast_path.linear(torch.randn(17, 32), lin.weight)  # 17 rows: prefill, torch
-            fast_path.linear(x.double(), lin.weight.double())  # fp64: torch
-        grad = fast_path.linear(x, lin.weight, lin.bias)  # training: torch (autograd)
+    kc = counting(k, calls)
+    with torch.no_grad():
+        a = fast_path.linear(x, lin.weight, lin.bias, kc)
+        many = fast_path.project_many(x, (lin, other), kc)
+        q8 = q(x, kc)
+        assert fast_path.project_many(x, (lin, q), kc) is None  # mixed kinds: one by one
+        fast_path.linear(torch.randn(17, 32), lin.weight, None, kc)  # 17 rows: prefill, torch
+        fast_path.linear(x.double(), lin.weight.double(), None, kc)  # fp64: torch
+        fast_path.linear(x, lin.weight, lin.bias)  # no kernels given: torch
+    grad = fast_path.linear(x, lin.weight, lin.bias, kc)  # training: torch (autograd)
     assert calls == [(1, 2, 32)] * 3
     calls.clear()
-    with torch.no_grad(), fast_path.active(dataclasses.replace(counting(k, calls),
-                                                                 fp32_rows=(2, 16))):
-        fast_path.linear(x[:, :1], lin.weight)  # one row below the fp32 range: torch
-        fast_path.linear(x, lin.weight)
+    with torch.no_grad():
+        kc = dataclasses.replace(counting(k, calls), fp32_rows=(2, 16))
+        fast_path.linear(x[:, :1], lin.weight, None, kc)  # one row below the fp32 range: torch
+        fast_path.linear(x, lin.weight, None, kc)
     assert calls == [(1, 2, 32)]
-    assert grad.requires_grad and fast_path.installed() is None
+    assert grad.requires_grad
     ref = x @ lin.weight.T + lin.bias
     torch.testing.assert_close(a, ref.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(many[1], (x @ other.weight.T + other.bias).detach(),

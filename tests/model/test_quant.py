@@ -86,15 +86,14 @@ def test_a_row_is_bit_identical_alone_and_in_any_batch():
 
 
 def test_kernels_keeping_fp32_activations_make_torch_keep_them():
-    """With kernels whose int8 products keep fp32 activations active, torch's products for
+    """Given kernels whose int8 products keep fp32 activations, torch's products for
     the rows they leave are the dequantized fp32 product too (one function per model)."""
     g = torch.Generator().manual_seed(1)
     w, x = torch.randn(48, 64, generator=g), torch.randn(40, 64, generator=g)
     q, s = quantize_rows(w)
     fp32_act = fast_path.DecodeKernels("test", *(lambda *a: None,) * 4, int8_quantized=False,
                                        int8_rows=(0, 0))
-    with fast_path.active(fp32_act):
-        got = int8_linear(x, q, s)
+    got = int8_linear(x, q, s, None, fp32_act)
     torch.testing.assert_close(got, F.linear(x, dequantize_rows(q, s)), rtol=1e-5, atol=1e-5)
 
 

@@ -86,9 +86,10 @@ class TorchNativeBackend:
             plan = c.plans[self.name] = plan_step(c, ctx.sliding_window)
         decode, extends = plan
         if decode is not None and decode.q_index is None:  # a pure decode step
-            if ctx.sliding_window is None:  # a CPU decode kernel, where one is active
-                out = fast_path.paged_decode(q[0], kb, vb, c.req_to_token, c.req_pool_indices,
-                                             c.seq_lens, q.shape[-1] ** -0.5)
+            if ctx.sliding_window is None:  # a CPU decode kernel, where the step has one
+                out = fast_path.paged_decode(ctx.kernels, q[0], kb, vb, c.req_to_token,
+                                             c.req_pool_indices, c.seq_lens,
+                                             q.shape[-1] ** -0.5)
                 if out is not None:
                     return out.unsqueeze(0)
             return _decode(q[0], kp, vp, decode, kb.shape[1]).unsqueeze(0)  # (1, N, H, D)

@@ -60,7 +60,7 @@ class DraftProposer:
                              n_layers=cfg.n_layers, n_kv_heads=cfg.kv_heads,
                              head_dim=cfg.hdim, max_context=max_context,
                              dtype=cache_config.torch_dtype(dtype), device=device)
-        self.runner = ModelRunner(self.model, self.pool)
+        self.runner = ModelRunner(self.model, self.pool, kernels)
         self.native = NativeDecodeStep.create(self.model, self.pool, self.runner.head_operands,
                                               kernels, "auto" if native else "eager")
         self.seqs: dict[str, DraftSeq] = {}
