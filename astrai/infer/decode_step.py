@@ -109,6 +109,9 @@ def static_unsupported(model: torch.nn.Module, pool: PagePool) -> str | None:
 class DecodeStep:
     """Runs pure decode steps through per-bucket static buffers (and CUDA graphs)."""
 
+    verifies = False
+    """Speculative verify rows run eager (astrai.infer.decode_path)."""
+
     def __init__(self, model: torch.nn.Module, pool: PagePool, lm_head, mode: str,
                  max_batch: int, kernels: fast_path.DecodeKernels | None = None) -> None:
         self.model, self.pool, self.lm_head, self.kernels = model, pool, lm_head, kernels

@@ -48,9 +48,11 @@ class Intake:
         """Compiles requests' structured-output constraints (once per distinct spec)."""
 
     def request(self, prompt: Prompt, params: SamplingParams | None = None,
-                request_id: str | None = None, index: int | None = None) -> Request:
-        """A new waiting Request (id `req-N` unless given); raises ConfigError / DataError
-        naming what to fix."""
+                request_id: str | None = None, index: int | None = None,
+                lora: Any = None) -> Request:
+        """A new waiting Request (id `req-N` unless given) under the adapter `lora`
+        (astrai.infer.loras.Adapter; None: the base); raises ConfigError / DataError naming
+        what to fix."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ConfigError(f"sampling params must be a SamplingParams, got "
@@ -67,8 +69,10 @@ class Intake:
         spec = params.structured_outputs
         constraint = None if spec is None else self.grammars.constraint(spec)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        return Request(rid, ids, params, time.perf_counter(), stop_ids, truncated=truncated,
-                       text=text, index=index, constraint=constraint)
+        req = Request(rid, ids, params, time.perf_counter(), stop_ids, truncated=truncated,
+                      text=text, index=index, constraint=constraint)
+        req.lora = lora
+        return req
 
     def prompt_ids(self, prompt: Prompt) -> tuple[list[int], bool]:
         """(token ids within the vocabulary and the context, whether they were cut)."""

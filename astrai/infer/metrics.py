@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from astrai.infer.cache.pool import PoolStats
 
@@ -76,3 +77,28 @@ class StepCounters:
         self.decode_tokens += num_decode
         self.prefill_tokens += num_tokens - num_decode
         self.generated_tokens += num_sampled
+
+
+def engine_stats(engine: Any) -> EngineStats:
+    """`engine`'s counters, pool, decode path and speculation now (Engine.stats, which
+    holds the engine's lock around it)."""
+    c, s = engine.counters, engine.scheduler
+    b = engine._backend_choice
+    name = b if isinstance(b, str) else getattr(b, "name", None) or "auto"
+    sp = engine.speculator
+    spec = (None, 0, 0, 0) if sp is None else (sp.config.method, *sp.stats())
+    return EngineStats(len(s.running), len(s.waiting), c.steps, c.prefill_tokens,
+                       c.decode_tokens, c.generated_tokens, s.num_preemptions,
+                       s.peak_running, name, engine.pool.stats(), engine.decode_path.name,
+                       *spec)
+
+
+def count_step(engine: Any, batch: Any, outs: list, t0: float, now: float) -> None:
+    """Add a finished step (its StepBatch and output deltas, begun at `t0`) to `engine`'s
+    counters, and tell its `on_step` listener."""
+    dec = sum(c.num_fed for c in batch.chunks if c.n == 1)
+    engine.counters.count(batch.num_tokens, dec, sum(len(o.delta_token_ids) for o in outs))
+    if engine.on_step is not None:
+        s = engine.scheduler
+        engine.on_step(StepInfo(t0, now - t0, len(batch.chunks), batch.num_tokens,
+                                batch.num_tokens - dec, dec, len(s.running), len(s.waiting)))

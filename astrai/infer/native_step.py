@@ -115,6 +115,9 @@ def max_rows(q_weight: torch.Tensor, kernels: fast_path.DecodeKernels) -> int:
 class NativeDecodeStep:
     """Runs decode and verify steps through decode_layers (see the module docstring)."""
 
+    verifies = True
+    """Takes speculative verify rows (astrai.infer.decode_path)."""
+
     def __init__(self, model: nn.Module, pool: PagePool,
                  head: Callable[[fast_path.DecodeKernels], list[torch.Tensor | None]],
                  kernels: fast_path.DecodeKernels) -> None:

@@ -1,8 +1,7 @@
 """Output assembly: what one step tells the caller about a request.
 
 For each sampled token: detokenize it (holding back text that may begin a stop string),
-decide whether the request ends with it (stop token, stop string, a structured-output
-grammar complete, max_tokens, context),
+decide whether the request ends with it (the stop rule of astrai/infer/stopping.py),
 keep its log-probabilities, and build the `RequestOutput` delta. A request that ends
 without a new token (abort, error) gets a last output flushing the text its detokenizer
 still held.
@@ -11,27 +10,24 @@ still held.
 from __future__ import annotations
 
 from astrai.infer.request import Request, RequestOutput, Usage
-
-End = tuple[str, int | str | None]
-"""How a request ends: (finish reason, the stop token id or stop string)."""
+from astrai.infer.stopping import End, end_after, stop_token
 
 
 def detokenize(req: Request, token: int, max_context: int) -> tuple[str, End | None]:
-    """(text the new `token` releases, how the request ends with it or None). A stop token
-    is never detokenized; a request that ends releases everything its detokenizer held (a
-    stop string completed by that last flush still ends it with "stop")."""
-    if token in req.stop_ids:
+    """(text the new `token` releases, how the request ends with it or None: the stop rule,
+    astrai/infer/stopping.py). A stop token is never detokenized; a request that ends
+    releases everything its detokenizer held (a stop string completed by that last flush
+    still ends it with "stop")."""
+    end = stop_token(req, token)
+    if end is not None:
         text, hit = _flush(req)
-        return text, ("stop", token if hit is None else hit)
+        return text, end if hit is None else ("stop", hit)
     text, hit = req.text.push(token) if req.text is not None else ("", None)
-    if hit is not None:
-        return text, ("stop", hit)
-    done = req.constraint is not None and req.constraint.done  # the grammar is complete
-    if done or req.num_output >= req.params.max_tokens or len(req.tokens) >= max_context:
-        more, hit = _flush(req)
-        return text + more, (("stop" if done else "length"), None) if hit is None \
-            else ("stop", hit)
-    return text, None
+    end = end_after(req, hit, max_context)
+    if end is None or hit is not None:
+        return text, end
+    more, hit = _flush(req)
+    return text + more, end if hit is None else ("stop", hit)
 
 
 def _flush(req: Request) -> tuple[str, str | None]:

@@ -139,6 +139,10 @@ class ServerMetrics:
                  "Generated tokens of finished requests.", self.generation_tokens)]
             for name, kind, doc, value in single:
                 family(name, kind, doc, [("", "", value)])
+            family("astrai:decode_path_info", "gauge",
+                   "How the engine's steps run (native | graphs | static | eager; eager after "
+                   "a fast path failed its first-step check).",
+                   [("", f'path="{_esc(stats.decode)}"', 1)])
             family("vllm:request_success_total", "counter", "Finished requests by reason.",
                    [("", f'finished_reason="{r}"', c) for r, c in sorted(self.finished.items())])
             hist("vllm:time_to_first_token_seconds", "Time to first token.", self.ttft)

@@ -65,6 +65,7 @@ for _name, _key in (("Time to first token", "ttft"), ("Time per output token (ex
     SECTIONS.append((f"{_name} (ms)", [(f"{s.capitalize()}", f"{s}_{_key}_ms", "{:.2f}")
                                        for s in ("mean", "median", "p90", "p99")]))
 SECTIONS.append(("Engine", [
+    ("Decode path", "decode_path", "{}"),
     ("Prefix cache hit rate (%)", "prefix_cache_hit_rate", "pct"),
     ("KV pool utilization, mean (%)", "kv_pool_utilization_mean", "pct"),
     ("KV pool utilization, peak (%)", "kv_pool_utilization_peak", "pct"),

@@ -47,6 +47,7 @@ def test_reply_streams_and_records_history(model, tok):
     list(s.reply("And then?"))
     assert s.last.cached_tokens >= 16 and len(s.messages) == 4
     assert "TTFT" in s.command("/stats").message
+    assert f"decode path: {s.engine.stats().decode}" in s.command("/stats").message
     assert not s.engine.has_unfinished()
 
 

@@ -55,7 +55,7 @@ def test_verify_rows_equal_the_ragged_forward(model):
     request beside them) gives the logits the eager runner gives for the same batch."""
     eng = engine(model, rows=4, speculative=SpeculativeConfig(method="ngram",
                                                              num_speculative_tokens=8))
-    native_run, seen = eng.native_step.run, []
+    native_run, seen = eng.decode_path.fast.run, []
 
     def both(batch):
         ours = native_run(batch)
@@ -64,7 +64,7 @@ def test_verify_rows_equal_the_ragged_forward(model):
         seen.append(max(len(c.draft) for c in batch.chunks))
         return ours
 
-    eng.native_step.run = both
+    eng.decode_path.fast.run = both
     prompts = [p * 3 for p in random_prompts((8, 5, 11), seed=8)]
     eng.generate(prompts, SamplingParams.greedy(16, ignore_eos=True))
     assert max(seen) > 0 and min(seen) == 0  # verify steps and plain ones
@@ -74,10 +74,10 @@ def test_row_limit_follows_the_weight_format(model):
     """fp32 and int8 blocks take the kernels' 16 rows (a verify of 8 proposals runs native),
     bf16 blocks 8."""
     k = cpu_decode_kernels()
-    assert engine(model).native_step.max_rows == k.fp32_rows[1] == 16
+    assert engine(model).decode_path.fast.max_rows == k.fp32_rows[1] == 16
     q = quantize_model(copy.deepcopy(model), "int8")
-    assert engine(q).native_step.max_rows == k.int8_rows[1]
-    assert engine(copy.deepcopy(model).bfloat16()).native_step.max_rows == k.bf16_rows[1] == 8
+    assert engine(q).decode_path.fast.max_rows == k.int8_rows[1]
+    assert engine(copy.deepcopy(model).bfloat16()).decode_path.fast.max_rows == k.bf16_rows[1] == 8
 
 
 def test_speculative_greedy_equals_plain(model):

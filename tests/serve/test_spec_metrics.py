@@ -30,3 +30,12 @@ def test_spec_decode_counters():
     assert m["vllm:spec_decode_num_draft_tokens_total"] == st.spec_draft_tokens > 0
     assert m["vllm:spec_decode_num_accepted_tokens_total"] == st.spec_accepted_tokens
     assert m["vllm:spec_decode_num_drafts_total"] == st.spec_drafts > 0
+
+
+def test_the_decode_path_is_exported():
+    cfg = get_preset("tiny", vocab_size=64, dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                     head_dim=16, ffn_dim=64, max_seq_len=128, init_std=0.2)
+    eng = Engine(build_model(cfg, seed=0).eval(), None,
+                 CacheConfig(page_size=4, max_kv_tokens=512, max_requests=4), decode="static")
+    text = ServerMetrics("m").render(eng.stats(), 0)
+    assert 'astrai:decode_path_info{model_name="m",path="static"} 1' in text

@@ -48,8 +48,13 @@ def load_target(target: str, device: str = "auto", dtype: str | None = None,
                 seed: int = 0, adapter: str | None = None,
                 quantize: str | None = None) -> Target:
     """A checkpoint directory, or a preset with random weights and a trained tiny tokenizer."""
-    from astrai.infer.loading import (load_model, load_tokenizer, resolve_device, resolve_dtype,
-                                      resolve_quantize)
+    from astrai.infer.loading import (
+        load_model,
+        load_tokenizer,
+        resolve_device,
+        resolve_dtype,
+        resolve_quantize,
+    )
     from astrai.model.presets import PRESETS
 
     path = Path(target)
@@ -212,7 +217,7 @@ def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
         metrics.update(res.engine)
         metrics.update(kv_pool_utilization_mean=res.kv_utilization_mean,
                        kv_pool_utilization_peak=res.kv_utilization_peak,
-                       num_steps=res.num_steps)
+                       num_steps=res.num_steps, decode_path=engine.stats().decode)
         runs.append(BenchRun(label, metrics, res.records))
         del engine  # free its KV pool before the next backend allocates one
     return BenchReport(target.info, describe_workload(name, requests, config),

@@ -20,6 +20,7 @@ import torch
 from astrai.errors import ConfigError
 from astrai.infer.cache.pool import KVHandle, PagePool
 from astrai.infer.config import CacheConfig
+from astrai.infer.decode_path import DecodePath
 from astrai.infer.native_step import NativeDecodeStep
 from astrai.infer.request import Request
 from astrai.infer.runner import ModelRunner
@@ -61,8 +62,11 @@ class DraftProposer:
                              head_dim=cfg.hdim, max_context=max_context,
                              dtype=cache_config.torch_dtype(dtype), device=device)
         self.runner = ModelRunner(self.model, self.pool, kernels)
-        self.native = NativeDecodeStep.create(self.model, self.pool, self.runner.head_operands,
-                                              kernels, "auto" if native else "eager")
+        step = NativeDecodeStep.create(self.model, self.pool, self.runner.head_operands,
+                                       kernels, "auto" if native else "eager")
+        self.path = DecodePath("native" if step else "eager", self.runner, step)
+        """The draft's forwards: native where the target's are, checked like the target's
+        on its first step (astrai.infer.decode_path)."""
         self.seqs: dict[str, DraftSeq] = {}
 
     def release(self, live: set[str]) -> None:
@@ -108,10 +112,7 @@ class DraftProposer:
             if not chunks:
                 break
             step = StepBatch(chunks)
-            if self.native is not None and self.native.accepts(step):
-                logits = self.native.run(step)
-            else:
-                logits = self.runner.run(step, backend)
+            logits = self.path.run(step, backend)
             tokens, qs = draw(logits, [r for r, _ in reqs], j)
             for (r, s), tok, q in zip(reqs, tokens, qs):
                 s.num_computed = len(s.tokens)

@@ -133,4 +133,5 @@ def test_speculative_decoding_reports_its_acceptance(tiny_ckpt):
         run["spec_accepted_tokens"] / max(run["spec_draft_tokens"], 1))
     assert d["settings"]["speculative"]["method"] == "ngram"
     assert "spec_draft_tokens" not in plain.runs[0].metrics
+    assert plain.runs[0].metrics["decode_path"] in ("native", "eager")
     assert run["total_output_tokens"] == plain.runs[0].metrics["total_output_tokens"]
