@@ -34,8 +34,8 @@ from typing import Protocol
 
 import torch
 
-from astrai.infer.decode_step import DecodeStep
-from astrai.infer.native_step import NativeDecodeStep
+from astrai.infer.decode_step import DecodeStep, static_unsupported
+from astrai.infer.native_step import NativeDecodeStep, unsupported
 from astrai.infer.runner import ModelRunner
 from astrai.infer.scheduler import StepBatch
 from astrai.model.context import AttentionBackend
@@ -136,5 +136,10 @@ def choose_path(runner: ModelRunner, mode: str, max_batch: int) -> DecodePath:
         path = DecodePath(static.mode, runner, static)
     else:
         path = DecodePath("eager", runner)
-    log.info("decode path: %s", path.name)
+    why = [] if mode in ("eager", path.name) else [
+        f"{name}: {reason}" for name, reason in (
+            ("native", unsupported(model, pool, kernels) if native is None else None),
+            ("static", static_unsupported(model, pool) if not static.enabled else None))
+        if reason is not None]
+    log.info("decode path: %s%s", path.name, f" ({'; '.join(why)})" if why else "")
     return path

@@ -32,6 +32,7 @@ from astrai.kernels import library as kernel_lib
 from astrai.kernels.ops import paged_decode
 from astrai.model import fast_path
 from astrai.model.context import ForwardContext
+from astrai.model.features import ANY, only, refusal, window_covers_context
 
 DecodeMode = Literal["auto", "graphs", "static", "eager", "native"]
 DECODE_MODES: tuple[str, ...] = ("auto", "graphs", "static", "eager", "native")
@@ -99,11 +100,18 @@ def static_unsupported(model: torch.nn.Module, pool: PagePool) -> str | None:
     cfg = model.config
     if pool.scratch_slot is None:
         return "contiguous KV pool (no scratch page for padding rows)"
-    if cfg.sliding_window is not None and cfg.sliding_window < pool.max_context:
-        return "sliding-window attention (the decode kernel attends to the whole context)"
-    if getattr(cfg, "n_experts", 0):
-        return "mixture-of-experts layers (data-dependent expert dispatch)"
-    return None
+    return refusal(cfg, STATIC_FEATURES, pool.max_context, "static decode step")
+
+
+STATIC_FEATURES = {
+    "norm_eps": ANY, "tie_embeddings": ANY, "qkv_bias": ANY, "qk_norm": ANY,
+    # the decode kernel attends to the whole context
+    "sliding_window": window_covers_context,
+    # expert dispatch depends on the data: no static shapes
+    "n_experts": only(0), "n_shared_experts": only(0), "moe_top_k": ANY, "moe_layers": ANY,
+}
+"""The model features the static step serves (astrai.model.features): it runs the model's
+own forward, so every feature but these two."""
 
 
 class DecodeStep:

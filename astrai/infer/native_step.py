@@ -27,10 +27,23 @@ from astrai.infer.scheduler import StepBatch
 from astrai.model import fast_path
 from astrai.model.attention import Attention
 from astrai.model.block import DecoderBlock
+from astrai.model.features import ANY, only, refusal, window_covers_context
 from astrai.model.mlp import SwiGLU
 from astrai.model.norm import RMSNorm
 from astrai.model.quant import Int8Linear
 from astrai.model.transformer import Transformer
+
+NATIVE_FEATURES = {
+    "norm_eps": ANY,            # passed to every norm of decode_layers
+    "tie_embeddings": ANY,      # the head's operands come from ModelRunner.head_operands
+    "qkv_bias": ANY,            # slots 7-9 of a block
+    "qk_norm": ANY,             # slots 10-11
+    "sliding_window": window_covers_context,   # decode_layers attends to the whole context
+    "n_experts": only(0), "n_shared_experts": only(0), "moe_top_k": ANY, "moe_layers": ANY,
+}
+"""The model features decode_layers.h implements (astrai.model.features); RoPE of every
+scaling comes in through the model's own tables. A feature not listed here sends the
+engine to another path, never to a wrong answer."""
 
 LAYER_SLOTS = 21
 """Weights per block in decode_layers' list (the Slot enum of decode_layers.h)."""
@@ -67,18 +80,16 @@ def _own_code(model: nn.Module) -> str | None:
 def unsupported(model: nn.Module, pool: PagePool, kernels: fast_path.DecodeKernels | None
                 ) -> str | None:
     """Why the native step cannot run this model on this pool, or None."""
-    cfg = model.config
     if kernels is None or getattr(kernels, "decode_layers", None) is None:
         return "no CPU decode kernels"
-    if getattr(cfg, "n_experts", 0):
-        return "mixture-of-experts layers"
     if (why := _own_code(model)) is not None:
+        return why
+    why = refusal(model.config, NATIVE_FEATURES, pool.max_context, "native CPU step")
+    if why is not None:
         return why
     dtype = next(model.parameters()).dtype
     if dtype not in (torch.float32, torch.bfloat16) or pool.storage.k.dtype != dtype:
         return f"{dtype} activations over a {pool.storage.k.dtype} KV pool"
-    if cfg.sliding_window is not None and cfg.sliding_window < pool.max_context:
-        return "sliding-window attention"
     for block in model.layers:
         a, f = block.attn, block.mlp
         for m in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, f.gate_proj, f.up_proj, f.down_proj):

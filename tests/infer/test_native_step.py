@@ -125,7 +125,7 @@ def test_models_it_cannot_serve_fall_back(model, window_model):
     k = cpu_decode_kernels()
     eng = engine(model)
     assert unsupported(model, eng.pool, None) == "no CPU decode kernels"
-    assert "sliding-window" in unsupported(window_model, engine(window_model).pool, k)
+    assert "sliding_window=" in unsupported(window_model, engine(window_model).pool, k)
     assert engine(window_model).stats().decode == "eager"
     lora = apply_lora(copy.deepcopy(model), LoraSpec(rank=2, alpha=4.0))
     assert "LoRALinear" in unsupported(lora, eng.pool, k)
