@@ -23,7 +23,8 @@ values) and each row's logits are compared by cosine similarity — rounding dif
 a kernel and torch (fp32, bf16 or int8) stay far above the bound, a wrong kernel (a slot
 misread, a missing term) falls far below it. On a mismatch or an exception the path is
 switched off with one warning naming it and why, the step's eager logits are used, and the
-engine runs eager from then on (`name` becomes "eager"; `Engine.stats().decode`, `chat`'s
+engine runs eager from then on (an exception on a later step — a CUDA graph capture of a
+new batch bucket — switches it off the same way; `name` becomes "eager"; `Engine.stats().decode`, `chat`'s
 /stats, `serve`'s /metrics and `serve-bench` report it).
 """
 
@@ -34,6 +35,7 @@ from typing import Protocol
 
 import torch
 
+from astrai.infer.backends.base import worst_row_similarity
 from astrai.infer.decode_step import DecodeStep, static_unsupported
 from astrai.infer.native_step import NativeDecodeStep, unsupported
 from astrai.infer.runner import ModelRunner
@@ -84,9 +86,12 @@ class DecodePath:
         """fp32 logits [n_sampling, V] of the step's sampling rows, in order."""
         if not self.takes(batch, lora):
             return self.runner.run(batch, backend, lora)
-        if self.checked:
+        if not self.checked:
+            return self._first(batch, backend)
+        try:
             return self.fast.run(batch)
-        return self._first(batch, backend)
+        except Exception as e:  # noqa: BLE001 - e.g. a later bucket's CUDA graph capture
+            return self._switch_off(f"{type(e).__name__}: {e}", batch, backend)
 
     def _first(self, batch: StepBatch, backend: AttentionBackend) -> torch.Tensor:
         """The fast path's first step, compared with the eager runner's on the same batch."""
@@ -113,11 +118,9 @@ def mismatch(fast: torch.Tensor, ref: torch.Tensor) -> str | None:
     """Why `fast` logits [N, V] do not match the reference's, or None."""
     if fast.shape != ref.shape:
         return f"logits of shape {tuple(fast.shape)}, expected {tuple(ref.shape)}"
-    fast, ref = fast.double(), ref.double()
-    if not torch.isfinite(fast).all():
+    worst = worst_row_similarity(fast, ref)
+    if worst != worst:
         return "non-finite logits"
-    cos = torch.nn.functional.cosine_similarity(fast, ref, dim=-1)
-    worst = cos.min().item() if cos.numel() else 1.0
     if not worst >= MIN_COSINE:
         return f"logits differ from the eager step's (cosine {worst:.4f} < {MIN_COSINE})"
     return None

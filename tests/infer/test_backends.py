@@ -217,3 +217,55 @@ def test_fall_through_unless_explicit(how):
     torch.testing.assert_close(out, ref)
     with pytest.raises(ConfigError, match="'picky' cannot serve"):
         BackendChain([_Refuses(how)], explicit=True).attend(q, k, v, 0, ctx)
+
+
+class _Accelerated:
+    """A stand-in for an unproven accelerated backend: torch_native's attention, then
+    `damage` applied to it."""
+
+    def __init__(self, name, damage):
+        from astrai.infer.backends.torch_native import TorchNativeBackend
+
+        self.name, self.inner, self.damage = name, TorchNativeBackend(), damage
+
+    def attend(self, q, k, v, layer, ctx):
+        return self.damage(self.inner.attend(q, k, v, layer, ctx))
+
+
+def _boom(out):
+    raise RuntimeError("illegal memory access")
+
+
+@pytest.mark.parametrize("damage, dropped", [
+    (lambda out: out, False),                      # right: kept after its checks
+    (lambda out: out.roll(1, dims=-2), True),      # heads swapped: a wrong kernel
+    (lambda out: torch.zeros_like(out), True),     # nothing computed
+    (_boom, True),                                 # a crash
+])
+def test_an_automatic_chain_checks_each_accelerated_backend_once(damage, dropped, caplog):
+    """On its first decode call and its first prefill call an accelerated backend is
+    compared with torch_native; a wrong or crashing one is dropped with one warning and the
+    engine's tokens stay torch_native's."""
+    import logging
+
+    from astrai.infer import CacheConfig, Engine, SamplingParams
+    from astrai.infer.backends.registry import BackendChain
+    from astrai.infer.backends.torch_native import TorchNativeBackend
+    from astrai.model import build_model
+
+    from .conftest import random_prompts, small_config
+
+    model = build_model(small_config(), seed=2).eval()
+    prompts, params = random_prompts((6, 3, 9), seed=1), SamplingParams.greedy(6)
+    cache = CacheConfig(page_size=4, max_kv_tokens=512, max_requests=4)
+    ref = Engine(model, None, cache, TorchNativeBackend(), kernels=None).generate(prompts, params)
+    chain = BackendChain([_Accelerated("fast", damage), TorchNativeBackend()])
+    with caplog.at_level(logging.WARNING, logger="astrai.infer"):
+        out = Engine(model, None, cache, chain, kernels=None).generate(prompts, params)
+    assert [o.token_ids for o in out] == [o.token_ids for o in ref]
+    warned = [r for r in caplog.records if "switched off" in r.getMessage()]
+    assert ("fast" in chain.dropped) is dropped and len(warned) == int(dropped)
+    assert [b.name for b in chain.backends] == ["torch_native"] if dropped else ["fast",
+                                                                                 "torch_native"]
+    if not dropped:
+        assert chain.checked == {("fast", True), ("fast", False)}

@@ -109,3 +109,25 @@ def test_the_path_is_chosen_once_and_named(model):
     assert engine(model, "auto", kernels=None).decode_path.name == "eager"  # no kernels
     if KERNELS is not None:
         assert engine(model, "native").decode_path.name == "native"
+
+
+def test_a_fast_step_failing_after_its_check_switches_off_too(model, eager_tokens, monkeypatch,
+                                                              caplog):
+    """A CUDA graph is captured per batch bucket at its first use: a capture failing on a
+    later step (here: the static step raising from its fourth call) goes eager the same way,
+    and the step that failed is answered by the eager runner."""
+    real, calls = DecodeStep.run, []
+
+    def flaky(self, batch):
+        calls.append(len(batch.chunks))
+        if len(calls) >= 4:
+            raise RuntimeError("CUDA graph capture failed")
+        return real(self, batch)
+
+    monkeypatch.setattr(DecodeStep, "run", flaky)
+    eng = engine(model, "static")
+    with caplog.at_level(logging.WARNING, logger="astrai.infer"):
+        out = eng.generate(PROMPTS, PARAMS)
+    assert [o.token_ids for o in out] == eager_tokens
+    assert len(calls) == 4 and eng.stats().decode == "eager"
+    assert "capture failed" in eng.decode_path.failure

@@ -44,3 +44,19 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, layer: int, ctx: ForwardContext) 
         k, v = k.to(kb.dtype), v.to(vb.dtype)
     kb.index_copy_(0, c.out_cache_loc, k)
     vb.index_copy_(0, c.out_cache_loc, v)
+
+
+def worst_row_similarity(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """The least similar row of `out` against `ref` (both [..., D], compared over D): the
+    cosine similarity, or 1 where the two rows are equal to 1e-3 of the reference's norm
+    (rows of zeros included); NaN when `out` is not finite. Accelerated paths are checked
+    against their reference with it: rounding keeps it near 1, a wrong kernel near 0."""
+    a = out.reshape(-1, out.shape[-1]).double()
+    b = ref.reshape(-1, ref.shape[-1]).double()
+    if not torch.isfinite(a).all():
+        return float("nan")
+    if not a.numel():
+        return 1.0
+    cos = torch.nn.functional.cosine_similarity(a, b, dim=-1)
+    close = (a - b).norm(dim=-1) <= 1e-3 * b.norm(dim=-1).clamp_min(1e-12)
+    return cos.masked_fill(close, 1.0).min().item()

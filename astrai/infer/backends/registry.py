@@ -7,6 +7,13 @@ otherwise every available backend in the priority order cuda > flash > torch_nat
 
 Automatic selection falls through: a backend that cannot serve a call (dtype, shape,
 device) hands it to the next in that order. An explicitly requested backend raises instead.
+
+Automatic selection also checks each accelerated backend (every one before torch_native, the
+reference) on its first decode call and its first prefill call: the reference attends the
+same call (writing the same K/V) and the two outputs are compared row by row (cosine
+similarity at least 0.99). A backend that differs, or raises, is dropped from the chain with
+one warning naming it, and the reference's output is used: a kernel never run on this GPU
+before cannot make the engine answer wrongly.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from astrai.errors import ConfigError
-from astrai.infer.backends.base import BackendUnsupported
+from astrai.infer.backends.base import BackendUnsupported, worst_row_similarity
 
 BACKEND_NAMES = ("cuda", "flash", "torch_native")
 """Known backends, in default priority order."""
@@ -95,6 +102,10 @@ class BackendChain:
         self.backends = backends
         self.explicit = explicit
         self._warned: set[tuple[str, str]] = set()
+        self.checked: set[tuple[str, bool]] = set()
+        """(backend, decode call?) pairs compared with the reference once."""
+        self.dropped: dict[str, str] = {}
+        """Backends switched off by their check, and why."""
 
     @property
     def name(self) -> str:
@@ -106,7 +117,7 @@ class BackendChain:
             reason = supports(q, ctx) if supports is not None else None
             if reason is None:
                 try:
-                    return b.attend(q, k, v, layer, ctx)
+                    return self._attend(b, q, k, v, layer, ctx)
                 except BackendUnsupported as e:
                     reason = str(e) or "unsupported call"
             if self.explicit:
@@ -116,6 +127,43 @@ class BackendChain:
                 self._warned.add((b.name, reason))
                 log.warning("attention backend %s falls through: %s", b.name, reason)
         raise ConfigError("no attention backend can serve this call")
+
+
+    def _attend(self, b: Any, q, k, v, layer, ctx):
+        """b's output, compared with the reference's on b's first call of this kind."""
+        ref = self.backends[-1]
+        key = (b.name, bool(getattr(ctx.cache, "is_decode", False)))
+        if self.explicit or b is ref or ref.name != "torch_native" or key in self.checked:
+            return b.attend(q, k, v, layer, ctx)
+        self.checked.add(key)
+        try:
+            out = b.attend(q, k, v, layer, ctx)
+        except BackendUnsupported:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure of an unproven kernel: drop it
+            return self._drop(b, f"{type(e).__name__}: {e}", ref.attend(q, k, v, layer, ctx))
+        expected = ref.attend(q, k, v, layer, ctx)  # rewrites the same K/V
+        why = attention_mismatch(out, expected)
+        return out if why is None else self._drop(b, why, expected)
+
+    def _drop(self, b: Any, why: str, out: Any) -> Any:
+        log.warning("attention backend %s switched off: %s; %s serves instead", b.name, why,
+                    self.backends[-1].name)
+        self.dropped[b.name] = why
+        self.backends = [x for x in self.backends if x is not b]
+        return out
+
+
+def attention_mismatch(out: Any, ref: Any) -> str | None:
+    """Why attention output `out` [..., D] differs from the reference's, or None."""
+    if out.shape != ref.shape:
+        return f"output of shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+    worst = worst_row_similarity(out, ref)
+    if worst != worst:
+        return "non-finite output"
+    if not worst >= 0.99:
+        return f"output differs from torch_native's (cosine {worst:.4f} < 0.99)"
+    return None
 
 
 def select_backend(name: str | None = None) -> BackendChain:
