@@ -45,8 +45,6 @@ NATIVE_FEATURES = {
 scaling comes in through the model's own tables. A feature not listed here sends the
 engine to another path, never to a wrong answer."""
 
-LAYER_SLOTS = 21
-"""Weights per block in decode_layers' list (the Slot enum of decode_layers.h)."""
 
 
 def _linear(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -99,25 +97,41 @@ def unsupported(model: nn.Module, pool: PagePool, kernels: fast_path.DecodeKerne
     return None
 
 
-def pack_weights(model: nn.Module) -> list[torch.Tensor | None]:
-    """The blocks' weights in decode_layers' order, LAYER_SLOTS per block."""
-    out: list[torch.Tensor | None] = []
-    for block in model.layers:
-        a, f = block.attn, block.mlp
-        (q, qs, qb), (k, ks, kb), (v, vs, vb) = map(_linear, (a.q_proj, a.k_proj, a.v_proj))
-        o, os_, _ = _linear(a.o_proj)
-        (g, gs, _), (u, us, _), (d, ds, _) = map(_linear, (f.gate_proj, f.up_proj, f.down_proj))
-        qn = a.q_norm.weight if a.q_norm is not None else None
-        kn = a.k_norm.weight if a.k_norm is not None else None
-        out += [block.attn_norm.weight, q, k, v, qs, ks, vs, qb, kb, vb, qn, kn, o, os_,
-                block.mlp_norm.weight, g, u, d, gs, us, ds]
-    assert len(out) == LAYER_SLOTS * len(model.layers)
+def block_weights(block: nn.Module) -> dict[str, torch.Tensor | None]:
+    """One block's weights by decode_layers' slot names (the `slot_names` op of
+    csrc/cpu/decode_layers.h): None where the block has no such weight."""
+    a, f = block.attn, block.mlp
+    out: dict[str, torch.Tensor | None] = {"attn_norm": block.attn_norm.weight,
+                                           "mlp_norm": block.mlp_norm.weight}
+    for name, m in (("q", a.q_proj), ("k", a.k_proj), ("v", a.v_proj), ("o", a.o_proj),
+                    ("gate", f.gate_proj), ("up", f.up_proj), ("down", f.down_proj)):
+        out[name], out[f"{name}_scale"], bias = _linear(m)
+        if name in ("q", "k", "v"):
+            out[f"{name}_bias"] = bias
+    out["q_norm"] = a.q_norm.weight if a.q_norm is not None else None
+    out["k_norm"] = a.k_norm.weight if a.k_norm is not None else None
     return out
 
 
-def max_rows(q_weight: torch.Tensor, kernels: fast_path.DecodeKernels) -> int:
+def pack_weights(model: nn.Module, slots: tuple[str, ...]) -> list[torch.Tensor | None]:
+    """The blocks' weights in decode_layers' order: per block, one per slot name of
+    `slots` (DecodeKernels.layer_slots, read from the library), so Python and C++ agree
+    on the order by name; a slot Python does not fill, or a weight C++ has no slot for,
+    raises."""
+    out: list[torch.Tensor | None] = []
+    for block in model.layers:
+        named = block_weights(block)
+        if set(named) != set(slots):
+            raise RuntimeError(f"decode_layers' slots {sorted(slots)} differ from the block's "
+                               f"weights {sorted(named)}")
+        out += [named[s] for s in slots]
+    return out
+
+
+def max_rows(q_proj: nn.Module, kernels: fast_path.DecodeKernels) -> int:
     """The most rows a step takes: the kernels' row limit for the blocks' weight format
     (int8 values, bf16 or fp32), beyond which their products would go to torch's GEMM."""
+    q_weight = _linear(q_proj)[0]
     if q_weight.dtype == torch.int8:
         return kernels.int8_rows[1]
     return (kernels.bf16_rows if q_weight.dtype == torch.bfloat16 else kernels.fp32_rows)[1]
@@ -134,8 +148,8 @@ class NativeDecodeStep:
                  kernels: fast_path.DecodeKernels) -> None:
         self.model, self.pool, self.head, self.kernels = model, pool, head, kernels
         cfg = model.config
-        self.weights = pack_weights(model)
-        self.max_rows = max_rows(self.weights[1], kernels)  # slot 1: block 0's q weight
+        self.weights = pack_weights(model, kernels.layer_slots)
+        self.max_rows = max_rows(model.layers[0].attn.q_proj, kernels)
         self.shape = [cfg.n_heads, cfg.kv_heads, cfg.hdim, *kernels.fp32_rows,
                       *kernels.bf16_rows, int(kernels.int8_quantized)]
         self.eps = float(cfg.norm_eps)

@@ -95,7 +95,8 @@ def decode_kernels(isa: str, int8_act: str | None = None,
         float_many=ops.gemv_many, int8_many=ops.gemv_q8_many if quantized else ops.gemv_int8_many,
         fp32_rows=(fp32_min, MAX_ROWS["fp32"]), bf16_rows=(1, MAX_ROWS["bf16"]),
         int8_rows=(1, MAX_ROWS["int8"]), rms_norm=ops.rms_norm, paged_decode=ops.paged_decode,
-        decode_layers=ops.decode_layers, int8_quantized=quantized)
+        decode_layers=ops.decode_layers, layer_slots=tuple(ops.slot_names()),
+        int8_quantized=quantized)
 
 
 _built: dict[tuple, fast_path.DecodeKernels | None] = {}

@@ -56,6 +56,9 @@ class DecodeKernels:
     decode_layers: Callable[..., Tensor] | None = None
     """Every block of a Llama-family model for a few query rows, then the final norm
     (csrc/cpu/decode_layers.h; astrai/infer/native_step.py calls it)."""
+    layer_slots: tuple[str, ...] = ()
+    """decode_layers' per-block weight slots by name, in its order (the library's
+    `slot_names`)."""
     int8_quantized: bool = False
     """int8 products quantize the activations (int8_gemv is the q8 dot)."""
     fp32_rows: tuple[int, int] = (1, 16)

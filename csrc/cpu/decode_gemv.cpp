@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <string>
 #include <vector>
 
 #ifndef ASTRAI_CPU_NS
@@ -836,6 +837,27 @@ void attend_piece(const float* qf, const T* kb, const T* vb, const int32_t* slot
   }
 }
 
+// Checks the indices a caller hands the decode attention before any memory is read through
+// them — each row's request row of req_to_token, its KV length, and every slot of its first
+// `len` entries — so an upstream bug raises instead of reading (or, with `slots`, writing)
+// outside the pool. O(total KV length): the attention reads those slots anyway.
+void check_kv_indices(const char* op, const int32_t* r2t, int64_t n_rows, int64_t ldr,
+                      const int64_t* rows, const int32_t* lens, int64_t B, int64_t S,
+                      const int64_t* slots = nullptr) {
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(rows[b] >= 0 && rows[b] < n_rows, op, ": request row ", rows[b],
+                " outside req_to_token's ", n_rows, " rows");
+    TORCH_CHECK(lens[b] >= 1 && lens[b] <= ldr, op, ": KV length ", lens[b], " outside 1..", ldr);
+    if (slots != nullptr)
+      TORCH_CHECK(slots[b] >= 0 && slots[b] < S, op, ": K/V slot ", slots[b],
+                  " outside the pool's ", S, " slots");
+    const int32_t* r = r2t + rows[b] * ldr;
+    for (int64_t j = 0; j < lens[b]; ++j)
+      TORCH_CHECK(r[j] >= 0 && r[j] < S, op, ": req_to_token[", rows[b], ", ", j, "] = ", r[j],
+                  " outside the pool's ", S, " slots");
+  }
+}
+
 template <typename T>
 void paged_decode_rows(const T* q, const T* kb, const T* vb, const int32_t* r2t, int64_t ldr,
                        const int64_t* rows, const int32_t* lens, int64_t B, int64_t H,
@@ -879,6 +901,10 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_buf, const at::
   const at::Tensor lens = seq_lens.to(at::kInt).contiguous();
   at::Tensor out = at::empty_like(qc);
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), Kh = k_buf.size(1);
+  TORCH_CHECK(r2t.dim() == 2 && rows.numel() == B && lens.numel() == B,
+              "paged_decode: one request row and one length per query, req_to_token 2-D");
+  check_kv_indices("paged_decode", r2t.data_ptr<int32_t>(), r2t.size(0), r2t.size(1),
+                   rows.data_ptr<int64_t>(), lens.data_ptr<int32_t>(), B, k_buf.size(0));
   const float sc = static_cast<float>(scale);
   if (q.scalar_type() == at::kFloat)
     paged_decode_rows(qc.data_ptr<float>(), k_buf.data_ptr<float>(), v_buf.data_ptr<float>(),
@@ -898,6 +924,12 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_buf, const at::
 // AVX512-BF16 dots (1/0).
 std::vector<int64_t> info() { return {VL, kVnni ? 1 : 0, QK, kBf16Dot ? 1 : 0}; }
 
+// decode_layers' per-block weight order by name: astrai/infer/native_step.py packs each
+// block's weights by these names, so the order lives here alone.
+std::vector<std::string> slot_names() {
+  return std::vector<std::string>(kSlotNames, kSlotNames + kSlots);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
@@ -915,6 +947,7 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
         "Tensor?[] head) "
         "-> Tensor");
   m.def("info() -> int[]", &info);
+  m.def("slot_names() -> str[]", &slot_names);
   m.impl("gemv", c10::DispatchKey::CPU, &gemv);
   m.impl("gemv_int8", c10::DispatchKey::CPU, &gemv_int8);
   m.impl("gemv_q8", c10::DispatchKey::CPU, &gemv_q8);

@@ -135,6 +135,13 @@ enum Slot : int64_t {
   ATTN_NORM, Q, K, V, Q_SCALE, K_SCALE, V_SCALE, Q_BIAS, K_BIAS, V_BIAS, Q_NORM, K_NORM,
   O, O_SCALE, MLP_NORM, GATE, UP, DOWN, GATE_SCALE, UP_SCALE, DOWN_SCALE
 };
+// The names of the slots, in the enum's order (the `slot_names` op hands them to Python).
+constexpr const char* kSlotNames[] = {
+  "attn_norm", "q", "k", "v", "q_scale", "k_scale", "v_scale", "q_bias", "k_bias", "v_bias",
+  "q_norm", "k_norm", "o", "o_scale", "mlp_norm", "gate", "up", "down", "gate_scale",
+  "up_scale", "down_scale"};
+static_assert(sizeof(kSlotNames) / sizeof(kSlotNames[0]) == kSlots && DOWN_SCALE == kSlots - 1,
+              "one name per slot");
 
 struct Step {  // one call's shared inputs
   int64_t N, C, H, Kh, D;
@@ -255,6 +262,8 @@ at::Tensor decode_layers(const at::Tensor& rows5, const at::Tensor& embed,
     std::memcpy(sn.data() + n * h2, sin.data_ptr<float>() + pos[n] * h2, h2 * sizeof(float));
     lens[n] = static_cast<int32_t>(ids[3 * N + n]);
   }
+  check_kv_indices("decode_layers", req_to_token.data_ptr<int32_t>(), req_to_token.size(0),
+                   req_to_token.size(1), ids + 2 * N, lens.data(), N, k_buf.size(1), ids + 4 * N);
   const Step s{N, C, shape[0], shape[1], shape[2], static_cast<float>(eps), cs.data(), sn.data(),
                req_to_token.data_ptr<int32_t>(), req_to_token.size(1), ids + 2 * N, ids + 4 * N,
                lens.data(), {shape[3], shape[4], shape[5], shape[6], shape[7] != 0}};

@@ -102,6 +102,7 @@ def test_the_kernels_take_one_fp32_row_as_chosen_and_time_nothing(monkeypatch):
 @needs_kernels
 def test_kernels_calibrate_reports_and_keeps_the_choice(tmp_path, monkeypatch):
     real = cpu_choice.calibrate
+    monkeypatch.setattr(cpu_linear, "_built", dict(cpu_linear._built))  # it clears its own
     monkeypatch.setattr(cpu_linear, "calibrate",
                         lambda gemv, d: real(gemv, tmp_path, rounds=3))
     res = CliRunner().invoke(app, ["kernels", "--calibrate", "--json"])
