@@ -113,21 +113,16 @@ def formats(model: torch.nn.Module, bf16: bool) -> dict[str, torch.nn.Module]:
 
 def engine(model: torch.nn.Module, rows: int = 4) -> Engine:
     cache = CacheConfig(page_size=16, max_kv_tokens=rows * 512, max_requests=rows)
-    return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=1024))
+    return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=1024),
+                  huge_pages=True)  # the benchmark's own models, as `chat` and `serve` do
 
 
 def engine_without_kernels(model: torch.nn.Module) -> Engine:
-    """The engine as `engine` builds it, with astrai's CPU kernels off (read at Engine()):
-    no native step, every product on torch."""
-    before = os.environ.get("ASTRAI_CPU_KERNELS")
-    os.environ["ASTRAI_CPU_KERNELS"] = "0"
-    try:
-        eng = engine(model, rows=BATCH)
-    finally:
-        if before is None:
-            os.environ.pop("ASTRAI_CPU_KERNELS")
-        else:
-            os.environ["ASTRAI_CPU_KERNELS"] = before
+    """The engine as `engine` builds it, with astrai's CPU kernels off: no native step,
+    every product on torch."""
+    cache = CacheConfig(page_size=16, max_kv_tokens=BATCH * 512, max_requests=BATCH)
+    eng = Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=1024),
+                 kernels=None)
     assert eng.cpu_kernels is None and eng.stats().decode == "eager"
     return eng
 

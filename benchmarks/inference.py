@@ -52,7 +52,8 @@ def make_engine(model, radix=True, max_running=64, decode="auto", speculative=No
     cache = CacheConfig(page_size=16, max_kv_tokens=64 * 1024, max_requests=max_running,
                         radix=radix)
     return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=2048),
-                  decode=decode, speculative=speculative, draft_model=draft_model)
+                  decode=decode, speculative=speculative, draft_model=draft_model,
+                  huge_pages=True)  # the benchmark's own models, as `chat` and `serve` do
 
 
 def prompts_of(lengths, vocab, seed):

@@ -235,7 +235,7 @@ def open_chat(path: str | Path, *, params: SamplingParams | None = None,
     cache = CacheConfig.from_dict(dict(page_size=page, max_kv_tokens=2 * (ctx + page),
                                        max_requests=4, max_context=max_context))
     engine = Engine(model, tok, cache, backend, seed=seed, decode=decode,
-                    speculative=speculative)
+                    speculative=speculative, huge_pages=True)
     return ChatSession(engine, tok, params, system=system, template=template)
 
 

@@ -66,7 +66,8 @@ class Engine:
                  loras: dict[str, str | Path] | None = None,
                  max_loras: int | None = None, max_lora_rank: int = MAX_LORA_RANK,
                  max_loaded_loras: int = MAX_LOADED_LORAS,
-                 kernels: DecodeKernels | None | str = "auto") -> None:
+                 kernels: DecodeKernels | None | str = "auto", huge_pages: bool = False
+                 ) -> None:
         """`backend`: None (the `attn_backend` context / ASTRAI_BACKEND / automatic), a
         backend name, or an AttentionBackend instance. `tokenizer` is duck-typed: encode,
         stream_decoder, eos_id, stop_ids (None: token ids in, token ids out). `decode`: how
@@ -79,7 +80,10 @@ class Engine:
         adapters resident in one batch (default: as many as `loras` names, at least 1);
         `max_lora_rank`, `max_loaded_loras`: the largest rank and the most adapters served
         (astrai.infer.loras). `kernels`: the CPU decode kernels of the engine's steps
-        ("auto": this machine's, astrai.kernels.cpu_linear, on a CPU; None: torch's)."""
+        ("auto": this machine's, astrai.kernels.cpu_linear, on a CPU; None: torch's).
+        `huge_pages`: move the weights' storage into huge pages for the kernels (the same
+        Parameters, new storage: off for a module the caller still trains or holds
+        pointers into; `from_checkpoint` and the CLI turn it on)."""
         cfg = model.config
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -103,7 +107,7 @@ class Engine:
             kernels = cpu_decode_kernels() if p.device.type == "cpu" else None
         self.cpu_kernels = kernels
         """astrai's CPU decode GEMVs for the steps' few-row products (None: torch's)."""
-        if self.cpu_kernels is not None:  # decode streams the weights: huge pages
+        if huge_pages and self.cpu_kernels is not None:  # decode streams the weights
             place_weights(model)
         self.runner = ModelRunner(model, self.pool, self.cpu_kernels)
         self.decode_path = choose_path(self.runner, "eager" if decode == "auto" and backend
@@ -133,6 +137,7 @@ class Engine:
         from astrai.infer.loading import load_model, load_tokenizer
 
         model = load_model(path, device=device, dtype=dtype, adapter=adapter, quantize=quantize)
+        options.setdefault("huge_pages", True)  # the engine's own model
         return cls(model, load_tokenizer(path), options.pop("cache_config", None), **options)
 
     # -- requests --------------------------------------------------------------------------

@@ -51,7 +51,7 @@ def load_engine(config: ServeConfig) -> Any:
                   decode=config.decode, speculative=config.speculative,
                   loras=config.loras, max_loras=config.max_loras,
                   max_lora_rank=config.max_lora_rank,
-                  max_loaded_loras=config.max_loaded_loras)
+                  max_loaded_loras=config.max_loaded_loras, huge_pages=True)
 
 
 def check_template(tok: Any, where: str) -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from astrai.infer import SamplingParams
+from astrai.infer import CacheConfig, Engine, SamplingParams
 from astrai.infer.hugepages import HUGE_PAGE, huge_copy, movable, place_weights, thp_mode
 from astrai.kernels.cpu_linear import cpu_decode_kernels
 from astrai.model import build_model
@@ -53,12 +53,17 @@ def test_weights_move_and_keep_their_parameters():
 @needs_thp
 @pytest.mark.skipif(cpu_decode_kernels() is None, reason="astrai's CPU decode kernels are not here")
 def test_an_engine_decodes_from_moved_weights():
-    """A tied embedding of one huge page: the engine moves it (the table and the head stay one
-    tensor) and its tokens equal full recomputation's."""
+    """A tied embedding of one huge page: an engine asked to (`huge_pages=True`, as the CLI
+    and from_checkpoint do) moves it (the table and the head stay one tensor), one over a
+    caller's module by default does not, and the tokens equal full recomputation's."""
     model = build_model(small_config(vocab_size=ROWS, tie_embeddings=True), seed=2).eval()
     prompts = random_prompts((5, 12), seed=3, vocab=ROWS)
     want = [naive_greedy(model, p, 6) for p in prompts]
-    eng = paged_engine(model)
+    before = model.embed_tokens.weight.data_ptr()
+    paged_engine(model)  # a caller's module: left where it is
+    assert model.embed_tokens.weight.data_ptr() == before
+    eng = Engine(model, None, CacheConfig(page_size=4, max_kv_tokens=1024, max_requests=8),
+                 huge_pages=True)
     assert model.embed_tokens.weight.data_ptr() % HUGE_PAGE == 0
     outs = eng.generate(prompts, SamplingParams.greedy(6))
     assert [o.token_ids for o in outs] == want

@@ -204,7 +204,7 @@ def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
                         decode=config.decode, speculative=config.speculative,
                         loras=config.loras, max_loras=config.max_loras,
                         max_lora_rank=config.max_lora_rank,
-                        max_loaded_loras=max(1, len(config.loras)))
+                        max_loaded_loras=max(1, len(config.loras)), huge_pages=True)
         label = backend or f"auto ({engine.backend().name})"
         warm_up(engine, warm)
         cb: Progress | None = None
