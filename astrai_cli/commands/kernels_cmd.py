@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from astrai_cli.options import log_console
@@ -58,6 +59,26 @@ def render_cpu(cpu: dict, console: Console) -> None:
     console.print(t)
 
 
+def run_verify(as_json: bool) -> None:
+    """Print every check's row (astrai.infer.verify); exit 1 when one failed."""
+    from astrai.infer.verify import verify_all
+
+    checks = verify_all()
+    if as_json:
+        typer.echo(json.dumps([c._asdict() for c in checks], indent=2))
+    else:
+        t = Table(title="Accelerated paths against their references", title_justify="left")
+        for col in ("check", "status", "detail"):
+            t.add_column(col, overflow="fold")
+        style = {"ok": "green", "FAILED": "red"}
+        for c in checks:
+            t.add_row(escape(c.name), f"[{style.get(c.status, 'dim')}]{c.status}[/]",
+                      escape(c.detail))
+        log_console().print(t)
+    if any(c.status == "FAILED" for c in checks):
+        raise typer.Exit(1)
+
+
 def run_calibration() -> dict:
     """Calibrate the CPU decode kernels' one-row choice (builds them first where needed);
     their absence is the user's to fix: one line, exit 2."""
@@ -93,6 +114,10 @@ def register(app: typer.Typer) -> None:
             "--calibrate", help="Time one fp32 row on the CPU decode kernel and on torch's GEMV "
             "(a few seconds; run it on an idle machine) and keep the faster for this build.")
         ] = False,
+        verify: Annotated[bool, typer.Option(
+            "--verify", help="Check every accelerated path here (CPU kernels, decode paths, "
+            "CUDA attention) against its reference on tiny inputs; exit 1 if one fails.")
+        ] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         """Report the CUDA kernels (built or not, for which GPUs, why not) and the CPU decode
@@ -108,6 +133,9 @@ def register(app: typer.Typer) -> None:
         if build:
             log_console(stderr=True).print("building CUDA kernels (nvcc; a minute or two the first "
                                        "time)...")
+        if verify:
+            run_verify(as_json)
+            return
         cal = run_calibration() if calibrate else None
         st = kernel_status(build=build, force=force, archs=arch_list).to_dict()
         if cal is not None:
