@@ -37,6 +37,8 @@ HELP = """commands:
   /set KEY VALUE   change a sampling setting ({keys}); /set alone shows them
   /system TEXT     set the system prompt (/system alone clears it); history is kept
   /reset           forget the conversation (the system prompt stays)
+  /lora NAME       reply with the LoRA adapter NAME (given with --lora); /lora none: the
+                   base; /lora alone lists them
   /stats           tokens/s and time to first token of the last reply
   /help            this text
   /exit            leave (also /quit or Ctrl-D)
@@ -71,6 +73,9 @@ class ChatSession:
         """User and assistant turns, oldest first (no system message)."""
         self.last: ReplyStats | None = None
         self.max_context: int = engine.max_context
+        names = engine.lora_names()
+        self.lora: str | None = names[0] if names else None
+        """The adapter replies run under (the first --lora; None: the base)."""
 
     # -- prompts ---------------------------------------------------------------------------
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
@@ -120,7 +125,7 @@ class ChatSession:
         if dropped:
             turns = "turn" if dropped == 1 else f"{dropped} turns"
             notice = f"the context is full: dropped the oldest {turns}"
-        stream = self.engine.generate(ids, self.params, stream=True)
+        stream = self.engine.generate(ids, self.params, stream=True, lora=self.lora)
         return Reply(self, stream, user, len(ids), notice)
 
     def _record(self, reply: Reply) -> None:
@@ -161,7 +166,24 @@ class ChatSession:
                                  f"{self.engine.stats().decode}" + speculation_line(self.engine))
         if name == "/set":
             return self._set(arg)
+        if name == "/lora":
+            return self._lora(arg)
         return CommandResult(f"unknown command {name}: type /help", error=True)
+
+    def _lora(self, arg: str) -> CommandResult:
+        names = self.engine.lora_names()
+        if not arg:
+            listed = ", ".join(names) if names else "none (give --lora NAME=DIR)"
+            return CommandResult(f"adapter: {self.lora or 'none (the base)'}; served: {listed}")
+        if arg.lower() == "none":
+            self.lora = None
+            return CommandResult("replies use the base model")
+        if arg not in names:
+            return CommandResult(f"/lora {arg}: not served; use one of "
+                                 f"{', '.join(names) or 'none (give --lora NAME=DIR)'}",
+                                 error=True)
+        self.lora = arg
+        return CommandResult(f"replies use the adapter {arg}")
 
     def settings(self) -> dict[str, Any]:
         return {k: getattr(self.params, k) for k in SETTABLE}
@@ -197,14 +219,15 @@ def open_chat(path: str | Path, *, params: SamplingParams | None = None,
               max_context: int | None = None, seed: int = 0,
               adapter: str | Path | None = None,
               quantize: str | None = None, decode: str = "auto",
-              speculative: Any = None) -> ChatSession:
+              speculative: Any = None, loras: dict[str, str] | None = None) -> ChatSession:
     """A ChatSession on a checkpoint directory (astrai or HF) holding its tokenizer.
 
     `chat_template`: a template name (chatml, llama3, qwen2.5, mistral, llama2) or .jinja
     file replacing the tokenizer's own; `template=False` chats with a base model.
     `adapter`: a PEFT LoRA directory merged into the weights, `quantize`: 'int8' weights
     (`load_model`); `decode`: how decode steps run (astrai.infer.decode_step);
-    `speculative`: a SpeculativeConfig (docs/engine.md "Speculative decoding")."""
+    `speculative`: a SpeculativeConfig (docs/engine.md "Speculative decoding"); `loras`:
+    name -> PEFT LoRA directory served unmerged, the first one replying (`/lora`)."""
     from astrai.infer.config import CacheConfig
     from astrai.infer.engine import Engine
     from astrai.infer.loading import load_model, load_tokenizer
@@ -235,7 +258,7 @@ def open_chat(path: str | Path, *, params: SamplingParams | None = None,
     cache = CacheConfig.from_dict(dict(page_size=page, max_kv_tokens=2 * (ctx + page),
                                        max_requests=4, max_context=max_context))
     engine = Engine(model, tok, cache, backend, seed=seed, decode=decode,
-                    speculative=speculative, huge_pages=True)
+                    speculative=speculative, huge_pages=True, loras=loras)
     return ChatSession(engine, tok, params, system=system, template=template)
 
 

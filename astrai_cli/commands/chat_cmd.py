@@ -31,6 +31,7 @@ from astrai_cli.options import (
     Speculative,
     SpeculativeModel,
     checkpoint_path,
+    parse_loras,
     speculative_config,
     threads_option,
     use_threads,
@@ -250,6 +251,9 @@ def register(app: typer.Typer) -> None:
         speculative_model: SpeculativeModel = None,
         num_speculative_tokens: NumSpeculativeTokens = 4,
         adapter: Adapter = None,
+        lora: Annotated[list[str] | None, typer.Option(
+            "--lora", metavar="NAME=DIR", help="Serve the PEFT LoRA adapter DIR unmerged as "
+            "NAME (repeatable); replies use the first, /lora NAME switches.")] = None,
         backend: Backend = None,
         max_context: MaxContext = None,
         history_file: Annotated[Path | None, typer.Option(
@@ -257,7 +261,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         threads: Annotated[str | None, threads_option()] = None,
     ) -> None:
-        """Chat with a model: streamed replies, /set, /system, /reset, /stats, /exit."""
+        """Chat with a model: streamed replies, /set, /system, /reset, /lora, /stats, /exit."""
         from astrai.infer.chat_session import open_chat
         from astrai.infer.params import SamplingParams
 
@@ -280,7 +284,8 @@ def register(app: typer.Typer) -> None:
                             device=device, dtype=dtype,
                             backend=backend, max_context=max_context, seed=seed or 0,
                             adapter=adapter, quantize=quantize,
-                            decode="eager" if enforce_eager else "auto", speculative=spec)
+                            decode="eager" if enforce_eager else "auto", speculative=spec,
+                            loras=parse_loras(lora))
         if json_schema is not None:  # refused schema features: exit 2 before chatting
             check_schema(session, params, json_schema)
         if text is not None:

@@ -184,3 +184,29 @@ def test_dropped_turns_are_counted_in_words(model, tok):
     assert "the context is full: dropped the oldest turn" in dropped  # one: no "1 turn"
     assert all(re.fullmatch(r"the context is full: dropped the oldest (turn|[2-9]\d* turns)",
                             n) for n in dropped), dropped
+
+
+def test_chat_serves_lora_adapters_and_switches_between_them(tmp_path):
+    """`chat --lora NAME=DIR`: replies use the first adapter, `/lora NAME` switches, `/lora
+    none` is the base; each reply equals the engine's own generation under that adapter."""
+    pytest.importorskip("peft")
+    from .lora_fixtures import make_adapters, tiny_llama
+
+    t = tiny_tokenizer(tmp_path)
+    base = tiny_llama(tmp_path, tokenizer_dir=t.path)
+    adapters = {k: str(v) for k, v in make_adapters(tmp_path, base).items()}
+    s = open_chat(base, params=SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
+                  device="cpu", loras=adapters)
+    assert s.lora == "sql" and "served: sql, poet" in s.command("/lora").message
+    ids = s.encode([{"role": "user", "content": "Hello"}])
+    want = {name: s.engine.generate(ids, s.params, lora=name)[0].text
+            for name in (None, "sql", "poet")}
+    assert len(set(want.values())) == 3  # the adapters change the reply
+    for cmd, name in (("", "sql"), ("/lora poet", "poet"), ("/lora none", None)):
+        if cmd:
+            assert not s.command(cmd).error
+        s.command("/reset")
+        r = s.reply("Hello")
+        assert "".join(r) == want[name] and s.lora == name
+    bad = s.command("/lora nope")
+    assert bad.error and "not served; use one of sql, poet" in bad.message
