@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from astrai.diskfull import writing
 from astrai.errors import CheckpointError
 from astrai.tempdir import follow_umask, sibling_tempdir
 
@@ -28,7 +29,7 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with writing(path), os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         follow_umask(tmp)  # mkstemp creates the file private (0600)
         os.replace(tmp, path)

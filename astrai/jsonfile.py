@@ -21,6 +21,9 @@ def read_json_object(path: str | Path, error: type[AstraiError] = ConfigError,
         raise error(f"{path}: file not found{tail}") from None
     except json.JSONDecodeError as e:
         raise error(f"{path}: line {e.lineno}: invalid JSON ({e.msg}){tail}") from None
+    except RecursionError:  # json nests by recursion: thousands of [ or { exhaust the stack
+        raise error(f"{path}: JSON nested too deeply to read (over ~1000 levels){tail}"
+                    ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise error(f"{path}: unreadable ({e}){tail}") from None
     if not isinstance(data, dict):

@@ -23,6 +23,12 @@ USAGE_ERRORS = tuple({click.UsageError, *(c for c in typer.BadParameter.__mro__
                                           if c.__name__ == "UsageError")})
 
 
+def escape_text(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
 def _stderr():
     from rich.console import Console
 
@@ -120,3 +126,14 @@ class AstraiGroup(HelpMixin, TyperGroup):
         except KeyboardInterrupt:
             _stderr().print("interrupted")
             ctx.exit(130)
+        except Exception as e:  # a full disk, however the writer said it: one line too
+            from astrai.diskfull import full_message, is_disk_full
+
+            if not is_disk_full(e):
+                raise
+            if ctx.params.get("debug"):
+                _stderr().print(traceback.format_exc(), markup=False)
+            path = getattr(e, "filename", None) or "."
+            _stderr().print(f"[bold red]error:[/] {escape_text(full_message(path))}",
+                            markup=True)
+            ctx.exit(2)

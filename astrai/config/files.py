@@ -28,6 +28,9 @@ def read_config_file(path: str | Path, what: str = "a mapping of train options",
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    except RecursionError:  # both parsers nest by recursion
+        raise ConfigError(f"{path}: nested too deeply to read (over ~1000 levels); expected "
+                          f"{what}{hint}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
@@ -45,7 +48,7 @@ def key_line(path: Path, key: str | tuple[str, ...]) -> int | None:
     or the path of a nested one (`("optimizer", "max_lr")`)."""
     try:
         node = yaml.compose(path.read_text())
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         return None
     line = None
     for part in (key,) if isinstance(key, str) else key:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from astrai.diskfull import writing
 from astrai.config.preprocess import PreprocessSpec
 from astrai.data.encode import RecordEncoder
 from astrai.data.manifest import MANIFEST, write_manifest
@@ -261,7 +262,7 @@ def build_dataset(spec: PreprocessSpec, *, workers: int | None = 1, on_error: st
         size = sum(u.size for units in splits.values() for u in units)
         workers = min(default_workers(), 1 + size // CHUNK_BYTES)
     inputs = [u.path for units in splits.values() for u in units] + [Path(spec.tokenizer)]
-    with dataset_output(out, spec.overwrite, inputs) as tmp:
+    with writing(out), dataset_output(out, spec.overwrite, inputs) as tmp:
         encoders = Encoders(spec, tok, Path(spec.tokenizer), max(1, workers))
         startup = time.perf_counter() - t0
         t1 = time.perf_counter()

@@ -18,9 +18,60 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from astrai.diskfull import DiskFullError, full_message, is_disk_full
 from astrai.errors import DataError
 
 _FLUSH_VALUES = 1 << 20  # buffered values per key before an append to disk
+
+
+class _WriteGuard:
+    """The shard file as HDF5 sees it (h5py's file-object driver): a write that fails for a
+    full disk is recorded and reported to HDF5 as done, so the library finishes and closes
+    cleanly — after a failed write of its own, HDF5 crashes the process (SIGSEGV) when it
+    frees its objects — and `ShardWriter.close` raises DiskFullError."""
+
+    def __init__(self, f) -> None:
+        self.f, self.error = f, None
+
+    def write(self, b) -> int:
+        if self.error is None:
+            try:
+                return self.f.write(b)
+            except OSError as e:
+                if not is_disk_full(e):
+                    raise
+                self.error = e
+        return len(memoryview(b))
+
+    def read(self, n: int = -1) -> bytes:
+        return self.f.read(n)
+
+    def readinto(self, b) -> int:
+        return self.f.readinto(b)
+
+    def seek(self, *args) -> int:
+        return self.f.seek(*args)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def truncate(self, n: int | None = None) -> int:
+        try:
+            return self.f.truncate(n)
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            self.error = self.error or e
+            return n or 0
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self.f.flush()
+            except OSError as e:
+                if not is_disk_full(e):
+                    raise
+                self.error = e
 
 
 class ShardWriter:
@@ -33,7 +84,9 @@ class ShardWriter:
         self._buffered = 0
         self._offsets: dict[str, list[int]] = {k: [0] for k in dtypes}
         if fmt == "h5":
-            self._h5 = h5py.File(self.path, "w")
+            self._raw = open(self.path, "w+b")  # noqa: SIM115 - closed by close()
+            self._guard = _WriteGuard(self._raw)
+            self._h5 = h5py.File(self._guard, "w")
             for k, dt in dtypes.items():
                 self._h5.create_dataset(k, shape=(0,), maxshape=(None,), dtype=dt,
                                         chunks=(1 << 16,))
@@ -63,10 +116,25 @@ class ShardWriter:
                 start = ds.shape[0]
                 ds.resize((start + flat.size,))
                 ds[start:] = flat
+                if self._guard.error is not None:  # stop before HDF5 reads what it lost
+                    self._abort()
+                    raise DiskFullError(full_message(self.path))
             else:
                 self._files[k].write(flat.tobytes())
             self._buf[k] = []
         self._buffered = 0
+
+    def _abort(self) -> None:
+        """Close the HDF5 file after a lost write (its writes go nowhere from now on): left
+        open, HDF5 would crash the interpreter freeing it at exit."""
+        try:
+            self._h5.close()
+        except Exception:  # noqa: BLE001, S110 - the shard is discarded either way
+            pass
+        try:
+            self._raw.close()
+        except OSError:
+            pass
 
     def close(self) -> None:
         self._flush()
@@ -78,6 +146,14 @@ class ShardWriter:
                 arr.tofile(self.path / f"{k}.idx")
         if self.fmt == "h5":
             self._h5.close()
+            try:
+                self._raw.close()
+            except OSError as e:
+                if not is_disk_full(e):
+                    raise
+                self._guard.error = self._guard.error or e
+            if self._guard.error is not None:
+                raise DiskFullError(full_message(self.path))
         else:
             for f in self._files.values():
                 f.close()

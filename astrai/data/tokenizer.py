@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,11 @@ import tokenizers
 from astrai.data.chat import render
 from astrai.data.chat_ids import conversation_ids
 from astrai.data.detokenize import StreamDecoder
+from astrai.diskfull import writing
 from astrai.errors import ConfigError, NoTemplateError
 from astrai.jsonfile import read_json_object
 from astrai.model.tokenizer_files import END_OF_TURN
+from astrai.tempdir import sibling_tempdir
 
 
 
@@ -98,9 +101,20 @@ class Tokenizer:
         return out
 
     def save(self, path: str | Path) -> None:
-        """Write tokenizer.json, tokenizer_config.json and chat_template.jinja into `path`."""
+        """Write tokenizer.json, tokenizer_config.json and chat_template.jinja into `path`:
+        all of them into a directory beside it first, then moved in, so a write that fails
+        (a full disk) leaves neither a partial file nor a new directory behind; other files
+        in `path` are left alone."""
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+        with writing(path), sibling_tempdir(path) as tmp:
+            self._write(tmp)
+            path.mkdir(parents=True, exist_ok=True)
+            for f in sorted(tmp.iterdir()):
+                os.replace(f, path / f.name)
+            tmp.rmdir()
+        self.path = path
+
+    def _write(self, path: Path) -> None:
         self._tok.save(str(path / "tokenizer.json"))
         added = {
             str(i): {"content": t.content, "special": t.special, "lstrip": t.lstrip,
@@ -119,7 +133,6 @@ class Tokenizer:
                                                     encoding="utf-8")
         if self.chat_template is not None:
             (path / "chat_template.jinja").write_text(self.chat_template, encoding="utf-8")
-        self.path = path
 
     # ---- ids ---------------------------------------------------------------------------
     @property

@@ -13,6 +13,7 @@ leaves a half checkpoint that looks complete.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from safetensors.torch import save_file
 
 from astrai import __version__
 from astrai.atomic import atomic_dir
+from astrai.diskfull import writing
 from astrai.errors import CheckpointError
 from astrai.jsonfile import read_json_object
 from astrai.model.config import ModelConfig
@@ -70,7 +72,7 @@ def save_checkpoint(
     `{name}.pt` files (optimizer, scheduler, trainer_state); `write_more(tmp)` adds files
     inside the directory before it appears (a LoRA run's adapter/)."""
     state = model.state_dict() if isinstance(model, torch.nn.Module) else model
-    with atomic_dir(path) as tmp:
+    with writing(path), atomic_dir(path) as tmp:
         config.save(tmp / CONFIG)
         save_weights(state, tmp / WEIGHTS)
         if tokenizer_dir is not None:
@@ -114,6 +116,22 @@ def read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
     return out
 
 
+def header_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape from the safetensors headers alone (no tensor data read); a
+    corrupt file is a CheckpointError."""
+    out: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for key in fh.keys():  # noqa: SIM118 (safe_open is not iterable)
+                    out[key] = tuple(fh.get_slice(key).get_shape())
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise CheckpointError(
+                f"{f}: not a readable safetensors file ({e}); re-export or re-download it"
+            ) from None
+    return out
+
+
 def check_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """One error listing every missing, unexpected or mis-shaped tensor."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -134,6 +152,31 @@ def check_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], sou
         raise CheckpointError(
             f"{source}: weights do not match config.json: {'; '.join(problems)}"
         )
+
+
+_BLOCK = re.compile(r"^layers\.(\d+)\.")
+_EXPERT = re.compile(r"^layers\.(\d+)\.mlp\.experts\.(\d+)\.")
+
+
+def check_config_shapes(config: ModelConfig, shapes: dict[str, tuple[int, ...]],
+                        source: str) -> None:
+    """config.json against the weights before a model is built from it: the blocks, the
+    experts and the embedding the weights hold must be the ones the config describes (a
+    config claiming 10^9 layers, or experts, over a small file is refused here, in one line,
+    instead of building them). Names are astrai's (HF names mapped first)."""
+    blocks = {int(m.group(1)) for k in shapes if (m := _BLOCK.match(k))}
+    if len(blocks) != config.n_layers:
+        raise CheckpointError(f"{source}: config.json says n_layers {config.n_layers} but the "
+                              f"weights hold {len(blocks)} blocks; fix config.json")
+    experts = {int(m.group(2)) for k in shapes if (m := _EXPERT.match(k))}
+    if len(experts) != config.n_experts:
+        raise CheckpointError(f"{source}: config.json says n_experts {config.n_experts} but "
+                              f"the weights hold {len(experts)} experts; fix config.json")
+    embed = shapes.get("embed_tokens.weight")
+    if embed is not None and embed != (config.vocab_size, config.dim):
+        raise CheckpointError(f"{source}: config.json says vocab_size {config.vocab_size} and "
+                              f"dim {config.dim} but embed_tokens.weight is {list(embed)}; fix "
+                              "config.json")
 
 
 def _few(items: list[str], n: int = 8) -> str:
@@ -212,6 +255,8 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     path = require_checkpoint_dir(path)
     config = ModelConfig.load(path / CONFIG)
     state = read_safetensors([path / WEIGHTS])
+    check_config_shapes(config, {k: tuple(v.shape) for k, v in state.items()},
+                        str(path / WEIGHTS))
     with torch.device("meta"):
         model = _model_class(state)(config)
     check_state_dict(model, state, str(path / WEIGHTS))

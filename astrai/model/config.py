@@ -17,6 +17,16 @@ from astrai.typed_config import TypedConfig
 
 RopeScalingType = Literal["none", "linear", "ntk", "llama3", "yarn"]
 
+LIMITS = {"vocab_size": 1 << 22, "dim": 1 << 16, "n_layers": 1024, "n_heads": 1024,
+          "head_dim": 1024, "ffn_dim": 1 << 20, "max_seq_len": 1 << 20, "n_experts": 1024,
+          "n_shared_experts": 64}
+"""The largest value each size field takes. Far above any model astrai serves (Llama 3.1
+405B: 126 layers, dim 16384, vocab 128256, context 131072; Qwen2.5-1M: context 1,010,000;
+DeepSeek-V3: 256 experts), and far below what a hostile config.json could make a loader
+allocate or loop over: a model is built from the config before any weight is read."""
+ROPE_TABLE_LIMIT = 1 << 28
+"""max_seq_len x head_dim: the RoPE cos/sin tables' floats (1 GiB of fp32 together)."""
+
 
 class RopeScaling(TypedConfig):
     """RoPE frequency scaling for context extension (HF `rope_scaling` semantics)."""
@@ -43,21 +53,21 @@ class RopeScaling(TypedConfig):
 class ModelConfig(TypedConfig):
     """Architecture of a pre-norm decoder-only transformer (Llama, Qwen2, Qwen3, Mistral)."""
 
-    vocab_size: int = Field(32000, gt=0)
+    vocab_size: int = Field(32000, gt=0, le=LIMITS["vocab_size"])
     """Number of token embeddings."""
-    dim: int = Field(512, gt=0)
+    dim: int = Field(512, gt=0, le=LIMITS["dim"])
     """Residual stream width."""
-    n_layers: int = Field(8, gt=0)
+    n_layers: int = Field(8, gt=0, le=LIMITS["n_layers"])
     """Number of decoder blocks (L)."""
-    n_heads: int = Field(8, gt=0)
+    n_heads: int = Field(8, gt=0, le=LIMITS["n_heads"])
     """Query heads (H)."""
     n_kv_heads: int | None = None
     """Key/value heads (K) for grouped-query attention; None means n_heads (MHA)."""
-    head_dim: int | None = None
+    head_dim: int | None = Field(None, gt=0, le=LIMITS["head_dim"])
     """Per-head width (D); None means dim // n_heads."""
-    ffn_dim: int = Field(1376, gt=0)
+    ffn_dim: int = Field(1376, gt=0, le=LIMITS["ffn_dim"])
     """Hidden width of the SwiGLU MLP (and of each MoE expert)."""
-    max_seq_len: int = Field(2048, gt=0)
+    max_seq_len: int = Field(2048, gt=0, le=LIMITS["max_seq_len"])
     """Longest sequence the RoPE table covers."""
     rope_theta: float = Field(10000.0, gt=0)
     """RoPE base frequency."""
@@ -75,11 +85,11 @@ class ModelConfig(TypedConfig):
     sliding_window: int | None = Field(None, gt=0)
     """Attend only to the last `sliding_window` positions (Mistral); None = full causal."""
     # Mixture of experts
-    n_experts: int = Field(0, ge=0)
+    n_experts: int = Field(0, ge=0, le=LIMITS["n_experts"])
     """Routed experts per MoE layer; 0 disables MoE."""
     moe_top_k: int = Field(2, gt=0)
     """Experts each token is routed to."""
-    n_shared_experts: int = Field(0, ge=0)
+    n_shared_experts: int = Field(0, ge=0, le=LIMITS["n_shared_experts"])
     """Always-on experts added to every token's output."""
     moe_layers: list[int] | None = None
     """Indices of the blocks that use MoE; None = every block (when n_experts > 0)."""
@@ -109,6 +119,14 @@ class ModelConfig(TypedConfig):
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
+        if self.head_dim > LIMITS["head_dim"]:
+            raise ValueError(f"head_dim ({self.head_dim}, dim / n_heads) is above "
+                             f"{LIMITS['head_dim']}: set head_dim or n_heads")
+        if self.max_seq_len * self.head_dim > ROPE_TABLE_LIMIT:
+            raise ValueError(
+                f"max_seq_len {self.max_seq_len} x head_dim {self.head_dim} needs RoPE tables "
+                f"of {self.max_seq_len * self.head_dim * 4 / 2**30:.1f} GiB; at most "
+                f"{ROPE_TABLE_LIMIT // self.head_dim} positions for this head_dim")
         if self.n_experts:
             if self.moe_top_k > self.n_experts:
                 raise ValueError(

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from astrai import __version__
+from astrai.diskfull import writing
 from astrai.errors import CheckpointError, MissingExtraError, UnsupportedModelError
 from astrai.model.config import ModelConfig
 from astrai.model.gguf_names import gguf_arch, gguf_tensors
@@ -113,7 +114,7 @@ def _write_atomic(out: Path, write) -> None:
     from astrai.model.export_output import export_tempdir
     from astrai.tempdir import follow_umask
 
-    with export_tempdir(out, "path") as tmp:
+    with writing(out), export_tempdir(out, "path") as tmp:
         write(tmp / out.name)
         follow_umask(tmp / out.name)
         os.replace(tmp / out.name, out)

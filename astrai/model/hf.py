@@ -23,7 +23,9 @@ from astrai.model.checkpoint import (
     CONFIG,
     TOKENIZER_FILES,
     WEIGHTS,
+    check_config_shapes,
     check_state_dict,
+    header_shapes,
     load_checkpoint,
     read_safetensors,
 )
@@ -52,11 +54,34 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
         raise CheckpointError(f"{path}: not a checkpoint (no {CONFIG}); expected {EXPECTED}")
     data = read_json_object(f, CheckpointError)
     if not is_hf_config(data):
-        return ModelConfig.from_dict(data, source=str(f)), {"format": "astrai"}
+        config = ModelConfig.from_dict(data, source=str(f))
+        _check_against_header(config, [path / WEIGHTS] if (path / WEIGHTS).is_file() else [],
+                              str(f), lambda name: name)
+        return config, {"format": "astrai"}
     config, notes = config_from_hf(data, source=str(f))
+    try:
+        files = hf_weight_files(path)
+    except CheckpointError:  # no weights: the loader says so when it needs them
+        files = []
+    _check_against_header(config, files, str(f), hf_to_astrai_name)
     info = {"format": "hf", "model_type": data["model_type"],
             "architectures": data.get("architectures"), "notes": notes}
     return config, info
+
+
+def _check_against_header(config: ModelConfig, files: list[Path], source: str,
+                          rename: Any) -> None:
+    """The config against the shapes in the weights' headers (no tensor data read): a
+    config claiming more blocks or experts than the weights hold is refused before anything
+    is built or reported from it (checkpoint.check_config_shapes)."""
+    if not files:
+        return  # no weights here: the loader says so when it needs them
+    shapes = {}
+    for name, shape in header_shapes(files).items():
+        ours = rename(name)
+        if ours is not None:
+            shapes[ours] = shape
+    check_config_shapes(config, shapes, source)
 
 
 def hf_weight_files(path: Path) -> list[Path]:
@@ -118,6 +143,7 @@ def load_pretrained(path: str | Path, device: str | torch.device = "cpu",
         if ours is None or (ours == "lm_head.weight" and config.tie_embeddings):
             continue  # recomputed RoPE buffer, or a tied head some exporters store twice
         state[ours] = tensor
+    check_config_shapes(config, {k: tuple(v.shape) for k, v in state.items()}, str(path))
     dtype = dtype or _target_dtype(state, hf)
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     with torch.device("meta"):

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from astrai import __version__
+from astrai.diskfull import writing
 from astrai.errors import CheckpointError, UnsupportedModelError
 from astrai.model.checkpoint import CONFIG, WEIGHTS, save_weights
 from astrai.model.hf import HF_DTYPES, HF_TOKENIZER_FILES, load_pretrained, read_config
@@ -57,7 +58,7 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, dtype: torch.dtype
     hf_config = config_to_hf(config, dtype_name, family=info.get("model_type"))
     special = special_token_ids(checkpoint)
     hf_config.update({k: v for k, v in special.items() if v is not None})
-    with export_output(out_dir, checkpoint) as tmp:
+    with writing(out_dir), export_output(out_dir, checkpoint) as tmp:
         (tmp / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
         save_weights(state, tmp / WEIGHTS)
         gen = {"_from_model_config": True, "producer": f"astrai {__version__}",

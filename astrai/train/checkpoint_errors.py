@@ -12,10 +12,12 @@ directory is data anyone may hand you (docs/resume.md).
 
 from __future__ import annotations
 
-import errno
 import re
 import shutil
 from pathlib import Path
+
+from astrai.diskfull import DiskFullError
+from astrai.diskfull import is_disk_full as full_anywhere
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _SENTENCE_END = re.compile(r"(?<=\.)\s+")
@@ -45,16 +47,14 @@ def load_failure(e: BaseException) -> str:
     return "not a file torch.save wrote with plain tensors" if refused else type(e).__name__
 
 
-_FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
-_FULL_TEXT = ("no space left on device", "disk quota exceeded", "unexpected pos",
-              "pytorchstreamwriter failed", "os error 28", "os error 122", "storagefull")
+_FULL_TEXT = ("unexpected pos", "storagefull")
 
 
 def is_disk_full(e: BaseException) -> bool:
-    """OSError ENOSPC / EDQUOT, or what torch.save and safetensors raise for them (torch's
-    zip writer reports a short write as `PytorchStreamWriter failed writing file ...` or
-    `unexpected pos N vs M`; safetensors as `os error 28`)."""
-    if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
+    """astrai.diskfull's test (ENOSPC / EDQUOT / EFBIG however a writer says it, and its
+    DiskFullError), or what torch's zip writer and safetensors also say for a short write
+    (`unexpected pos N vs M`, `StorageFull`)."""
+    if isinstance(e, DiskFullError) or full_anywhere(e):
         return True
     return any(t in str(e).lower() for t in _FULL_TEXT)
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from safetensors import SafetensorError, safe_open
 
 from astrai.atomic import write_text_atomic
+from astrai.diskfull import DiskFullError
 from astrai.errors import CheckpointError
 from astrai.inspect.names import clean_name
 from astrai.model.checkpoint import CONFIG, META, WEIGHTS, load_extra, read_meta, save_checkpoint
@@ -205,7 +206,7 @@ def save_training_checkpoint(ctx: TrainContext, callbacks: list[Any]) -> Path | 
             save_checkpoint(path, weights, ctx.model_config, tokenizer_dir=ctx.tokenizer_dir,
                             meta=meta, extras=extras, write_more=write_adapter)
             write_pointer(ctx.paths.run_dir, path)
-        except (OSError, RuntimeError, SafetensorError) as e:
+        except (OSError, RuntimeError, SafetensorError, DiskFullError) as e:
             if not is_disk_full(e):
                 raise
             # the temporary directory of the save is gone (atomic_dir); the older
