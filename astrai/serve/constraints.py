@@ -96,6 +96,11 @@ def compile_constraints(grammars: Any, specs: list[StructuredOutputs | None],
     request), and time its token masks; what the grammar engine refuses, or a mask over the
     budget, is a 400 naming `where`, or with `tools` (the request's tools, whose calls the
     constraint enforces) the tool whose parameters schema it refuses."""
+    if tools and any(s is not None for s in specs):
+        # each tool's parameters on its own first: the call grammar's probe walks one
+        # branch of it (one tool, its first properties), so a schema the grammar engine
+        # cannot follow in another branch would fail mid-decode instead of here
+        _blame_tool(grammars, tools)
     rows = Counter((s.kind, s.source) for s in specs if s is not None)
     seen = set()
     for spec in specs:

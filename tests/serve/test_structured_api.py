@@ -222,3 +222,63 @@ def test_a_costly_constraint_is_a_400_and_others_are_not_stalled(client, body, p
         with pytest.raises(openai.BadRequestError, match="grammar") as e:
             hostile.result(timeout=120)
     assert e.value.status_code == 400 and e.value.body["param"] == param
+
+
+WIDE = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1000)}}
+OPTIONAL_600 = {"type": "object", "properties": {f"o{i}": {"type": "string"} for i in range(600)}}
+NESTED_600 = {"type": "object", "properties": {"inner": OPTIONAL_600}, "required": ["inner"]}
+ALL_OF_ANY_OF = {"allOf": [{"anyOf": [obj({f"a{i}{j}": {"type": "string"}}) for j in range(8)]}
+                           for i in range(6)]}
+
+
+@pytest.mark.parametrize("schema", [OPTIONAL_600, WIDE, NESTED_600, ALL_OF_ANY_OF],
+                         ids=["600-optional", "1000-properties", "nested-600", "allOf-x-anyOf"])
+def test_a_schema_the_grammar_engine_cannot_follow_is_a_400(client, schema):
+    """Schemas that compile but outgrow llguidance's limits once decoding starts (its Earley
+    rows, its schema size) are refused when the request arrives, naming the field and the
+    reason in one line — not answered with 200, empty content and finish "error" — while a
+    free request beside them answers."""
+    def victim() -> float:
+        t = time.monotonic()
+        out = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=8,
+                                             extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == 8
+        return time.monotonic() - t
+
+    body = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    with ThreadPoolExecutor(2) as pool:
+        hostile = pool.submit(client.chat.completions.create, model="tiny", messages=MSGS,
+                              max_tokens=64, response_format=body)
+        assert pool.submit(victim).result(timeout=120) < 5.0
+        with pytest.raises(openai.BadRequestError) as e:
+            hostile.result(timeout=120)
+    err = e.value.body
+    assert e.value.status_code == 400 and err["param"] == "response_format"
+    assert "\n" not in err["message"] and len(err["message"]) < 400
+
+
+def test_a_tool_schema_the_grammar_engine_cannot_follow_names_the_tool():
+    """The same for a tool's parameters under tool_choice required, in every call format:
+    the call grammar is refused, and the 400 names the tool whose schema is at fault."""
+    from astrai.data.testing import tiny_tokenizer
+    from astrai.infer.params import StructuredOutputs
+    from astrai.infer.structured import GrammarCompiler
+    from astrai.serve.constraints import compile_constraints
+    from astrai.serve.errors import APIError
+    from astrai.serve.tool_grammar import tool_grammar
+    from astrai.serve.tool_parsers import PARSERS
+    from astrai.serve.tools import ToolPlan
+
+    import tempfile
+    from pathlib import Path
+
+    tok = tiny_tokenizer(Path(tempfile.mkdtemp()))
+    grammars = GrammarCompiler(tok, tok.vocab_size)
+    tools = [{"type": "function", "function": {"name": "ok", "parameters": obj({"x": I})}},
+             {"type": "function", "function": {"name": "wide", "parameters": WIDE}}]
+    for fmt in ("hermes", "llama3_json", "mistral"):
+        plan = ToolPlan(tools, "required", None, False, PARSERS[fmt]())
+        spec = StructuredOutputs(grammar=tool_grammar(plan, tok.token_to_id))
+        with pytest.raises(APIError) as e:
+            compile_constraints(grammars, [spec], "tools", tools)
+        assert e.value.param == "tools[1].function.parameters", fmt

@@ -251,3 +251,4 @@ def test_a_call_whose_closing_tag_max_tokens_cut_is_content(family_client):
     c = cut.choices[0]
     assert c.finish_reason == "length" and not c.message.tool_calls
     assert c.message.content.startswith("<tool_call>") and '"now"' in c.message.content
+
