@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from astrai.diskfull import writing
 from astrai.config.preprocess import PreprocessSpec
 from astrai.data.encode import RecordEncoder
 from astrai.data.manifest import MANIFEST, write_manifest
@@ -26,6 +25,7 @@ from astrai.data.sources import check_units, corpus_files, file_units, shard_uni
 from astrai.data.store import ShardWriter
 from astrai.data.tokenizer import Tokenizer
 from astrai.data.workers import CHUNK_BYTES, Encoders, default_workers, iter_chunks
+from astrai.diskfull import writing
 from astrai.errors import ConfigError, DataError
 
 MAX_LISTED_ERRORS = 5

@@ -26,7 +26,6 @@ from astrai.model.tokenizer_files import END_OF_TURN
 from astrai.tempdir import sibling_tempdir
 
 
-
 def _token_str(value: Any) -> str | None:
     """tokenizer_config.json stores a special token as a string or {"content": ...}."""
     if isinstance(value, dict):

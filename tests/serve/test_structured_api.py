@@ -195,6 +195,15 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {
     "required": ["x"], "additionalProperties": False}}}
 
 
+def victim(client, n: int) -> float:
+    """Seconds a small free request of `n` tokens takes (beside a hostile one)."""
+    t = time.monotonic()
+    out = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=n,
+                                         extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == n
+    return time.monotonic() - t
+
+
 @pytest.mark.parametrize("body,param", [
     ({"structured_outputs": {"regex": HOSTILE}}, "structured_outputs"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {
@@ -207,17 +216,10 @@ def test_a_costly_constraint_is_a_400_and_others_are_not_stalled(client, body, p
     """The hostile constraint, n=64, beside a small free request: the first is refused
     (its masks are timed when it compiles, off the engine's step) and the second answers
     within seconds."""
-    def victim() -> float:
-        t = time.monotonic()
-        out = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=16,
-                                             extra_body={"ignore_eos": True})
-        assert out.usage.completion_tokens == 16
-        return time.monotonic() - t
-
     with ThreadPoolExecutor(2) as pool:
         hostile = pool.submit(client.chat.completions.create, model="tiny", messages=MSGS,
                               max_tokens=32, n=64, extra_body=body)
-        waited = pool.submit(victim).result(timeout=120)
+        waited = pool.submit(victim, client, 16).result(timeout=120)
         assert waited < 5.0, f"a free request waited {waited:.1f} s beside the constraint"
         with pytest.raises(openai.BadRequestError, match="grammar") as e:
             hostile.result(timeout=120)
@@ -238,18 +240,11 @@ def test_a_schema_the_grammar_engine_cannot_follow_is_a_400(client, schema):
     rows, its schema size) are refused when the request arrives, naming the field and the
     reason in one line — not answered with 200, empty content and finish "error" — while a
     free request beside them answers."""
-    def victim() -> float:
-        t = time.monotonic()
-        out = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=8,
-                                             extra_body={"ignore_eos": True})
-        assert out.usage.completion_tokens == 8
-        return time.monotonic() - t
-
     body = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
     with ThreadPoolExecutor(2) as pool:
         hostile = pool.submit(client.chat.completions.create, model="tiny", messages=MSGS,
                               max_tokens=64, response_format=body)
-        assert pool.submit(victim).result(timeout=120) < 5.0
+        assert pool.submit(victim, client, 8).result(timeout=120) < 5.0
         with pytest.raises(openai.BadRequestError) as e:
             hostile.result(timeout=120)
     err = e.value.body
@@ -260,6 +255,9 @@ def test_a_schema_the_grammar_engine_cannot_follow_is_a_400(client, schema):
 def test_a_tool_schema_the_grammar_engine_cannot_follow_names_the_tool():
     """The same for a tool's parameters under tool_choice required, in every call format:
     the call grammar is refused, and the 400 names the tool whose schema is at fault."""
+    import tempfile
+    from pathlib import Path
+
     from astrai.data.testing import tiny_tokenizer
     from astrai.infer.params import StructuredOutputs
     from astrai.infer.structured import GrammarCompiler
@@ -268,9 +266,6 @@ def test_a_tool_schema_the_grammar_engine_cannot_follow_names_the_tool():
     from astrai.serve.tool_grammar import tool_grammar
     from astrai.serve.tool_parsers import PARSERS
     from astrai.serve.tools import ToolPlan
-
-    import tempfile
-    from pathlib import Path
 
     tok = tiny_tokenizer(Path(tempfile.mkdtemp()))
     grammars = GrammarCompiler(tok, tok.vocab_size)
