@@ -34,19 +34,19 @@ class RopeScaling(TypedConfig):
     type: RopeScalingType = "none"
     """Scaling method: none, linear (position interpolation), ntk (static NTK-aware base
     change), llama3 (Llama 3.1 wavelength-banded), yarn (NTK-by-parts + attention factor)."""
-    factor: float = 1.0
+    factor: float = Field(1.0, gt=0, allow_inf_nan=False)
     """Context extension factor."""
     original_max_position_embeddings: int | None = None
     """Context length the model was pre-trained with (llama3, yarn)."""
-    low_freq_factor: float = 1.0
+    low_freq_factor: float = Field(1.0, allow_inf_nan=False)
     """llama3: wavelengths above original_len / low_freq_factor are fully scaled."""
-    high_freq_factor: float = 4.0
+    high_freq_factor: float = Field(4.0, allow_inf_nan=False)
     """llama3: wavelengths below original_len / high_freq_factor are left unscaled."""
-    beta_fast: float = 32.0
+    beta_fast: float = Field(32.0, allow_inf_nan=False)
     """yarn: rotations at which interpolation starts."""
-    beta_slow: float = 1.0
+    beta_slow: float = Field(1.0, allow_inf_nan=False)
     """yarn: rotations at which interpolation is complete."""
-    attention_factor: float | None = None
+    attention_factor: float | None = Field(None, allow_inf_nan=False)
     """yarn: scale applied to cos/sin; default 0.1 * ln(factor) + 1."""
 
 
@@ -69,11 +69,11 @@ class ModelConfig(TypedConfig):
     """Hidden width of the SwiGLU MLP (and of each MoE expert)."""
     max_seq_len: int = Field(2048, gt=0, le=LIMITS["max_seq_len"])
     """Longest sequence the RoPE table covers."""
-    rope_theta: float = Field(10000.0, gt=0)
+    rope_theta: float = Field(10000.0, gt=0, allow_inf_nan=False)
     """RoPE base frequency."""
     rope_scaling: RopeScaling = Field(default_factory=RopeScaling)
     """RoPE scaling for context extension."""
-    norm_eps: float = Field(1e-5, gt=0)
+    norm_eps: float = Field(1e-5, gt=0, allow_inf_nan=False)
     """RMSNorm epsilon."""
     tie_embeddings: bool = False
     """Share the token embedding with the output projection (stored once)."""
@@ -93,9 +93,9 @@ class ModelConfig(TypedConfig):
     """Always-on experts added to every token's output."""
     moe_layers: list[int] | None = None
     """Indices of the blocks that use MoE; None = every block (when n_experts > 0)."""
-    moe_aux_loss_coef: float = Field(0.01, ge=0)
+    moe_aux_loss_coef: float = Field(0.01, ge=0, allow_inf_nan=False)
     """Default weight of the load-balancing loss (the train config may override)."""
-    init_std: float = Field(0.02, gt=0)
+    init_std: float = Field(0.02, gt=0, allow_inf_nan=False)
     """Std of the normal init; W_o and W_down use init_std / sqrt(2L)."""
     zero_init_proj: bool = False
     """Initialise W_o and W_down to zero (modded-nanogpt): each block starts as the identity

@@ -6,9 +6,11 @@ line per request) and the "listening on" line go to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -16,25 +18,45 @@ import typer
 
 from astrai_cli.options import (
     Adapter,
-    EnforceEager,
     Backend,
-    Loras,
-    MaxLoraRank,
-    MaxLoras,
     Device,
     Dtype,
+    EnforceEager,
+    Loras,
     MaxContext,
+    MaxLoraRank,
+    MaxLoras,
     NumSpeculativeTokens,
+    Quantize,
     Speculative,
     SpeculativeModel,
-    Quantize,
     checkpoint_path,
+    parse_loras,
     speculative_config,
     threads_option,
     use_threads,
-    parse_loras,
     warn_dtype,
 )
+
+
+@contextlib.contextmanager
+def server_logs() -> Iterator[None]:
+    """The library's INFO lines (the decode path, failed steps, kernels) on stderr while the
+    server runs; the handler and levels are taken back after, so a process that runs more
+    than one command (tests, notebooks) never logs into the stderr of a finished one."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    loggers = [logging.getLogger(n) for n in ("astrai.serve", "astrai.infer", "astrai.kernels")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
 
 
 def register(app: typer.Typer) -> None:
@@ -134,16 +156,10 @@ def register(app: typer.Typer) -> None:
                   flush=True)
         if threads is not None:
             use_threads(threads)
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-        for name in ("astrai.serve", "astrai.infer", "astrai.kernels"):
-            logger = logging.getLogger(name)
-            logger.addHandler(handler)
-            logger.setLevel(logging.INFO)
-
         def ready(url: str) -> None:
             name = config.served_model_name or checkpoint.resolve().name
             print(f"astrai serve: listening on {url} (model '{name}')", file=sys.stderr,
                   flush=True)
 
-        serve(config, on_ready=ready)
+        with server_logs():
+            serve(config, on_ready=ready)

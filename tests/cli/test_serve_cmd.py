@@ -104,3 +104,23 @@ def test_a_missing_lora_directory_is_one_line_before_the_model_loads(tmp_path):
     r = runner.invoke(app, ["serve", str(tmp_path), "--lora", f"sql={tmp_path / 'nope'}"])
     assert r.exit_code == 2, r.output
     assert "--lora sql=" in r.output and "not a directory" in r.output
+
+
+def test_serve_takes_its_log_handler_back_when_it_returns(tmp_path, monkeypatch):
+    """In one process that runs several commands (tests, a notebook), a finished `serve`
+    must not leave a handler on the library's loggers writing to its (closed) stderr: a
+    later command's INFO line would print "--- Logging error ---" into that command's
+    output (it broke `serve-bench --json` run after it)."""
+    import logging
+
+    import astrai.serve
+
+    loggers = [logging.getLogger(n) for n in ("astrai.serve", "astrai.infer", "astrai.kernels")]
+    before = [(list(lg.handlers), lg.level) for lg in loggers]
+    seen = []
+    monkeypatch.setattr(astrai.serve, "serve", lambda config, on_ready=None: seen.append(
+        [lg.level for lg in loggers]))
+    r = runner.invoke(app, ["serve", str(_ckpt(tmp_path))])
+    assert r.exit_code == 0, r.output
+    assert seen == [[logging.INFO] * 3]  # INFO while it served
+    assert [(list(lg.handlers), lg.level) for lg in loggers] == before

@@ -29,6 +29,10 @@ HOSTILE = [  # (field values, the field the error names)
     ({"n_layers": 2.5}, "n_layers"), ({"n_layers": True}, "n_layers"),
     ({"head_dim": 1 << 20}, "head_dim"),
     ({"max_seq_len": 1 << 20, "head_dim": 512}, "max_seq_len"),  # 2 GiB of RoPE tables
+    *[(json.loads(f'{{"{k}": {v}}}'), k) for k, v in (  # JSON's own literals
+        ("norm_eps", "Infinity"), ("rope_theta", "NaN"), ("init_std", "-Infinity"),
+        ("moe_aux_loss_coef", "Infinity"))],
+    ({"rope_scaling": {"type": "linear", "factor": float("inf")}}, "rope_scaling.factor"),
 ]
 
 

@@ -32,9 +32,10 @@ HOSTILE = (
     "{% endfor %}{% endfor %}{% endif %}" + CHATML)
 LIMIT_AS = 4 << 30
 """The server's address-space cap: an idle `astrai serve` maps ~1 GiB; the bomb asks 10."""
-VICTIM_BOUND_S = 3.0
+VICTIM_BOUND_S = 8.0
 """A /health probe and a one-token completion while the hostile requests run (measured:
-well under 0.5 s on a loaded 2-core host; unbounded templates held them for minutes)."""
+well under 0.5 s on a quiet 2-core host, 3.2 s once with a second test run beside it;
+unbounded templates held them for minutes)."""
 
 
 @pytest.fixture(scope="module")
