@@ -10,9 +10,10 @@ declared capabilities cover and hands every other one (prefill, adapters' rows, 
 it takes) to the eager ragged runner, which serves everything. Capabilities are what a path
 declares, never branches in the engine's step:
 
-* `verify` — speculative verify rows (a request's token and its k proposals in one step);
-* `adapters` — rows of unmerged LoRA adapters (only the eager runner adds their updates);
+* `verifies` — speculative verify rows (a request's token and its k proposals in one step);
 * the step's shape (`accepts`: one token per request, within the path's row limit).
+
+Rows of unmerged LoRA adapters always run eager: only the runner adds their updates.
 
 Int8 and bf16 weights, and sliding windows, are decided at construction: a path that cannot
 serve the model is never chosen (`native_step.unsupported`, `decode_step.static_unsupported`).
@@ -35,7 +36,7 @@ from typing import Protocol
 
 import torch
 
-from astrai.infer.backends.base import worst_row_similarity
+from astrai.infer.backends.base import mismatch
 from astrai.infer.decode_step import DecodeStep, static_unsupported
 from astrai.infer.native_step import NativeDecodeStep, unsupported
 from astrai.infer.runner import ModelRunner
@@ -101,7 +102,7 @@ class DecodePath:
         except Exception as e:  # noqa: BLE001 - any failure of an accelerated path: eager
             return self._switch_off(f"{type(e).__name__}: {e}", batch, backend)
         ref = self.runner.run(batch, backend)  # rewrites the step's K/V slots, eagerly
-        why = mismatch(fast, ref)
+        why = mismatch(fast, ref, "logits", "the eager step's", MIN_COSINE)
         if why is not None:
             self._switch_off(why, None, None)
         return ref
@@ -112,18 +113,6 @@ class DecodePath:
         self.failure = f"{self.name}: {why}"
         self.name, self.fast = "eager", None
         return None if batch is None else self.runner.run(batch, backend)
-
-
-def mismatch(fast: torch.Tensor, ref: torch.Tensor) -> str | None:
-    """Why `fast` logits [N, V] do not match the reference's, or None."""
-    if fast.shape != ref.shape:
-        return f"logits of shape {tuple(fast.shape)}, expected {tuple(ref.shape)}"
-    worst = worst_row_similarity(fast, ref)
-    if worst != worst:
-        return "non-finite logits"
-    if not worst >= MIN_COSINE:
-        return f"logits differ from the eager step's (cosine {worst:.4f} < {MIN_COSINE})"
-    return None
 
 
 def choose_path(runner: ModelRunner, mode: str, max_batch: int) -> DecodePath:

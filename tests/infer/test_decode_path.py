@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from astrai.infer import CacheConfig, Engine, SamplingParams
-from astrai.infer.decode_path import MIN_COSINE, mismatch
+from astrai.infer.backends.base import mismatch as output_mismatch
+from astrai.infer.decode_path import MIN_COSINE
 from astrai.infer.decode_step import DecodeStep
 from astrai.kernels.cpu_linear import cpu_decode_kernels
 
@@ -32,6 +33,11 @@ def engine(model, decode="auto", kernels="auto"):
 @pytest.fixture(scope="module")
 def eager_tokens(model):
     return [o.token_ids for o in engine(model, "eager").generate(PROMPTS, PARAMS)]
+
+
+def mismatch(fast, ref):
+    """The decode path's first-step comparison."""
+    return output_mismatch(fast, ref, "logits", "the eager step's", MIN_COSINE)
 
 
 def test_mismatch_tolerates_rounding_and_catches_wrong_logits():

@@ -17,6 +17,7 @@ A backend may also raise `BackendUnsupported` from `attend` before writing anyth
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import torch
@@ -60,3 +61,18 @@ def worst_row_similarity(out: torch.Tensor, ref: torch.Tensor) -> float:
     cos = torch.nn.functional.cosine_similarity(a, b, dim=-1)
     close = (a - b).norm(dim=-1) <= 1e-3 * b.norm(dim=-1).clamp_min(1e-12)
     return cos.masked_fill(close, 1.0).min().item()
+
+
+def mismatch(out: torch.Tensor, ref: torch.Tensor, what: str, reference: str,
+             min_cosine: float = 0.99) -> str | None:
+    """Why an accelerated path's `out` differs from its reference's `ref` (a shape, a
+    non-finite value, a row less similar than `min_cosine`), or None: the first-use check
+    of the decode paths and of the attention backends."""
+    if out.shape != ref.shape:
+        return f"{what} of shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+    worst = worst_row_similarity(out, ref)
+    if math.isnan(worst):
+        return f"non-finite {what}"
+    if not worst >= min_cosine:
+        return f"{what}: cosine {worst:.4f} against {reference}, below {min_cosine}"
+    return None

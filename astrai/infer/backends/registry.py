@@ -27,7 +27,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from astrai.errors import ConfigError
-from astrai.infer.backends.base import BackendUnsupported, worst_row_similarity
+from astrai.infer.backends.base import BackendUnsupported, mismatch
 
 BACKEND_NAMES = ("cuda", "flash", "torch_native")
 """Known backends, in default priority order."""
@@ -143,7 +143,7 @@ class BackendChain:
         except Exception as e:  # noqa: BLE001 - any failure of an unproven kernel: drop it
             return self._drop(b, f"{type(e).__name__}: {e}", ref.attend(q, k, v, layer, ctx))
         expected = ref.attend(q, k, v, layer, ctx)  # rewrites the same K/V
-        why = attention_mismatch(out, expected)
+        why = mismatch(out, expected, "output", f"{ref.name}'s")
         return out if why is None else self._drop(b, why, expected)
 
     def _drop(self, b: Any, why: str, out: Any) -> Any:
@@ -152,18 +152,6 @@ class BackendChain:
         self.dropped[b.name] = why
         self.backends = [x for x in self.backends if x is not b]
         return out
-
-
-def attention_mismatch(out: Any, ref: Any) -> str | None:
-    """Why attention output `out` [..., D] differs from the reference's, or None."""
-    if out.shape != ref.shape:
-        return f"output of shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
-    worst = worst_row_similarity(out, ref)
-    if worst != worst:
-        return "non-finite output"
-    if not worst >= 0.99:
-        return f"output differs from torch_native's (cosine {worst:.4f} < 0.99)"
-    return None
 
 
 def select_backend(name: str | None = None) -> BackendChain:
