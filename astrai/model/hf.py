@@ -143,7 +143,6 @@ def load_pretrained(path: str | Path, device: str | torch.device = "cpu",
         if ours is None or (ours == "lm_head.weight" and config.tie_embeddings):
             continue  # recomputed RoPE buffer, or a tied head some exporters store twice
         state[ours] = tensor
-    check_config_shapes(config, {k: tuple(v.shape) for k, v in state.items()}, str(path))
     dtype = dtype or _target_dtype(state, hf)
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     with torch.device("meta"):
