@@ -54,6 +54,7 @@ from pathlib import Path
 import torch
 
 from astrai.infer import CacheConfig, Engine, SamplingParams, SchedulerConfig
+from astrai.infer.build import EngineOptions, build_engine
 from astrai.model import build_model, get_preset
 from astrai.model.checkpoint import save_checkpoint
 from astrai.model.gguf_export import export_gguf
@@ -113,8 +114,9 @@ def formats(model: torch.nn.Module, bf16: bool) -> dict[str, torch.nn.Module]:
 
 def engine(model: torch.nn.Module, rows: int = 4) -> Engine:
     cache = CacheConfig(page_size=16, max_kv_tokens=rows * 512, max_requests=rows)
-    return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=1024),
-                  huge_pages=True)  # the benchmark's own models, as `chat` and `serve` do
+    # the builder chat, serve and serve-bench use (huge pages on: the benchmark's own models)
+    return build_engine(model, None, EngineOptions(), cache,
+                        scheduler=SchedulerConfig(max_step_tokens=1024))
 
 
 def engine_without_kernels(model: torch.nn.Module) -> Engine:

@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 from peers import hf_twin  # benchmarks/peers.py
 
-from astrai.infer import CacheConfig, Engine, SamplingParams, SchedulerConfig
+from astrai.infer import CacheConfig, SamplingParams, SchedulerConfig
+from astrai.infer.build import EngineOptions, build_engine
 from astrai.infer.config import SpeculativeConfig
 from astrai.model import build_model, get_preset
 
@@ -51,9 +52,10 @@ def make_engine(model, radix=True, max_running=64, decode="auto", speculative=No
                 draft_model=None):
     cache = CacheConfig(page_size=16, max_kv_tokens=64 * 1024, max_requests=max_running,
                         radix=radix)
-    return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=2048),
-                  decode=decode, speculative=speculative, draft_model=draft_model,
-                  huge_pages=True)  # the benchmark's own models, as `chat` and `serve` do
+    # the builder chat, serve and serve-bench use (huge pages on: the benchmark's own models)
+    return build_engine(model, None, EngineOptions(decode=decode, speculative=speculative),
+                        cache, scheduler=SchedulerConfig(max_step_tokens=2048),
+                        draft_model=draft_model)
 
 
 def prompts_of(lengths, vocab, seed):

@@ -24,7 +24,8 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 from astrai.errors import CheckpointError
 from astrai.eval.score import Scorer
 from astrai.infer import CacheConfig, Engine, SamplingParams
-from astrai.infer.loading import load_model, load_tokenizer
+from astrai.infer.build import EngineOptions, build_engine, load_weights
+from astrai.infer.loading import load_tokenizer
 
 
 def render_chat(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> str:
@@ -47,11 +48,12 @@ class AstraiLM(TemplateLM):
         lm-eval's batch_size /
         max_batch_size are accepted and ignored: batches are sized in tokens."""
         super().__init__()
+        self.options = EngineOptions(device=device or "auto", dtype=dtype, adapter=adapter,
+                                     quantize=quantize, decode=decode, seed=int(seed))
         if model is None:
             if pretrained is None:
                 raise ValueError("model_args needs pretrained=CHECKPOINT_DIR")
-            model = load_model(pretrained, device=device or "auto", dtype=dtype,
-                               adapter=adapter, quantize=quantize)
+            model = load_weights(pretrained, self.options)
             tok = load_tokenizer(pretrained)
             if tok is None:
                 raise CheckpointError(f"{pretrained} has no tokenizer.json: lm-eval tasks are "
@@ -74,8 +76,9 @@ class AstraiLM(TemplateLM):
     def engine(self) -> Engine:
         """The inference engine, built on first generation."""
         if self._engine is None:
-            self._engine = Engine(self.model, self.tok, self._cache, seed=self.seed,
-                                  decode=self.decode)
+            # huge_pages off: the scorer holds the same module
+            self._engine = build_engine(self.model, self.tok, self.options, self._cache,
+                                        huge_pages=False)
         return self._engine
 
     # -- tokens ----------------------------------------------------------------------------

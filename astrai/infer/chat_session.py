@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from astrai.errors import CheckpointError, ConfigError, DataError
+from astrai.infer.build import EngineOptions
 from astrai.infer.chat_reply import Reply, ReplyStats, speculation_line
 from astrai.infer.params import SamplingParams
 
@@ -212,26 +213,23 @@ class ChatSession:
         return CommandResult(f"{key} = {value}")
 
 
-def open_chat(path: str | Path, *, params: SamplingParams | None = None,
-              system: str | None = None, template: bool = True,
-              chat_template: str | None = None, device: str = "auto",
-              dtype: str | None = None, backend: str | None = None,
-              max_context: int | None = None, seed: int = 0,
-              adapter: str | Path | None = None,
-              quantize: str | None = None, decode: str = "auto",
-              speculative: Any = None, loras: dict[str, str] | None = None) -> ChatSession:
+def open_chat(path: str | Path, options: EngineOptions | None = None, *,
+              params: SamplingParams | None = None, system: str | None = None,
+              template: bool = True, chat_template: str | None = None,
+              backend: str | None = None, max_context: int | None = None) -> ChatSession:
     """A ChatSession on a checkpoint directory (astrai or HF) holding its tokenizer.
 
-    `chat_template`: a template name (chatml, llama3, qwen2.5, mistral, llama2) or .jinja
-    file replacing the tokenizer's own; `template=False` chats with a base model.
-    `adapter`: a PEFT LoRA directory merged into the weights, `quantize`: 'int8' weights
-    (`load_model`); `decode`: how decode steps run (astrai.infer.decode_step);
-    `speculative`: a SpeculativeConfig (docs/engine.md "Speculative decoding"); `loras`:
-    name -> PEFT LoRA directory served unmerged, the first one replying (`/lora`)."""
+    `options`: how the model loads and decodes (astrai.infer.build.EngineOptions: device,
+    dtype, a merged `adapter`, `quantize`, `decode`, `speculative`, and `loras` served
+    unmerged, the first one replying until `/lora` switches); `chat_template`: a template
+    name (chatml, llama3, qwen2.5, mistral, llama2) or .jinja file replacing the
+    tokenizer's own; `template=False` chats with a base model."""
+    from astrai.infer.build import build_engine, load_weights
     from astrai.infer.config import CacheConfig
-    from astrai.infer.engine import Engine
-    from astrai.infer.loading import load_model, load_tokenizer
+    from astrai.infer.loading import load_tokenizer
 
+    options = options or EngineOptions()
+    options.validate_engine()
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory")
@@ -250,15 +248,14 @@ def open_chat(path: str | Path, *, params: SamplingParams | None = None,
         tok.chat_template = resolve_template(chat_template)
     if template:
         tok.require_template()  # before the weights load
-    model = load_model(path, device=device, dtype=dtype, adapter=adapter, quantize=quantize)
+    model = load_weights(path, options)
     ctx = model.config.max_seq_len if max_context is None else max_context
     page = 16
     # Room for two conversations' worth of pages: the previous turn stays in the radix
     # cache while the next one (which extends it) is prefilled.
     cache = CacheConfig.from_dict(dict(page_size=page, max_kv_tokens=2 * (ctx + page),
                                        max_requests=4, max_context=max_context))
-    engine = Engine(model, tok, cache, backend, seed=seed, decode=decode,
-                    speculative=speculative, huge_pages=True, loras=loras)
+    engine = build_engine(model, tok, options, cache, backend=backend)
     return ChatSession(engine, tok, params, system=system, template=template)
 
 

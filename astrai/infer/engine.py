@@ -132,8 +132,8 @@ class Engine:
                         dtype: str | torch.dtype | None = None, adapter: str | Path | None = None,
                         quantize: str | None = None, **options: Any) -> Engine:
         """An engine over an astrai checkpoint or a HF Llama/Qwen2/Mistral directory with its
-        tokenizer (None without one), `adapter` merged, `quantize="int8"` weights
-        (astrai.infer.loading.load_model); `options` are __init__'s."""
+        tokenizer (None without one), `adapter` merged, `quantize="int8"` weights; `options`
+        are __init__'s. The commands build theirs the same way (astrai.infer.build)."""
         from astrai.infer.loading import load_model, load_tokenizer
 
         model = load_model(path, device=device, dtype=dtype, adapter=adapter, quantize=quantize)

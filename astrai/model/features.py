@@ -2,7 +2,7 @@
 
 Every executor of the model — the Python blocks (`Transformer.forward`), the native CPU step
 (astrai/infer/native_step.py, a C++ twin of the blocks), the static decode step and the
-exporters — reads a model through this table, so a new config value can never be silently
+exporters (GGUF: astrai.model.gguf_names, HF: astrai.model.hf_config) — reads a model through this table, so a new config value can never be silently
 ignored by one of them:
 
 * `shape`   sizes every executor takes from the config or the weights;
@@ -65,13 +65,14 @@ def forward_features(config: ModelConfig) -> dict[str, Any]:
 
 
 def refusal(config: ModelConfig, declared: Mapping[str, Accepts], context: int,
-            executor: str) -> str | None:
+            executor: str, reasons: Mapping[str, str] | None = None) -> str | None:
     """Why `executor`, which declares the features `declared`, cannot serve `config` at
-    `context` tokens, or None: every feature declared, and its value accepted."""
+    `context` tokens, or None: every feature declared, and its value accepted. `reasons`:
+    field -> the line to give instead when its value is refused (what to do about it)."""
     for name, value in forward_features(config).items():
         accepts = declared.get(name)
         if accepts is None:
             return f"{name}={value!r} is a model feature the {executor} does not declare"
         if not accepts(value, context):
-            return f"{name}={value!r} is not served by the {executor}"
+            return (reasons or {}).get(name) or f"{name}={value!r} is not served by the {executor}"
     return None

@@ -16,6 +16,7 @@ import torch
 
 from astrai.errors import UnsupportedModelError
 from astrai.model.config import ModelConfig
+from astrai.model.features import ANY, only, refusal
 
 _LAYER = {
     "attn_norm.weight": "attn_norm.weight",
@@ -31,14 +32,27 @@ _TOP = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.
 _LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
+GGUF_FEATURES = {
+    "norm_eps": ANY, "tie_embeddings": ANY,  # {arch}.attention.layer_norm_rms_epsilon; no output.weight
+    "qkv_bias": ANY, "qk_norm": ANY,          # the qwen2 / qwen3 architectures
+    "sliding_window": ANY,                    # caps {arch}.context_length (gguf_export)
+    "n_experts": only(0), "n_shared_experts": only(0), "moe_top_k": ANY, "moe_layers": ANY,
+}
+"""The model features a GGUF file of llama.cpp's dense llama, qwen2 and qwen3 architectures
+holds (astrai.model.features); a feature not declared here is refused, never dropped."""
+
+DENSE_ONLY = ("mixture-of-experts models cannot be exported to GGUF (astrai maps only the "
+              "dense llama, qwen2 and qwen3 architectures); export a dense model")
+
+
 def gguf_arch(c: ModelConfig) -> str:
     """llama.cpp's architecture for `c`: qwen3 with QK-norm, qwen2 with q/k/v biases, llama
-    otherwise (Mistral included, as llama.cpp's own converter does). MoE and QK-norm with
-    biases are refused."""
-    if c.n_experts:
-        raise UnsupportedModelError(
-            "mixture-of-experts models cannot be exported to GGUF (astrai maps only the dense "
-            "llama, qwen2 and qwen3 architectures); export a dense model")
+    otherwise (Mistral included, as llama.cpp's own converter does). A feature GGUF_FEATURES
+    does not serve (MoE), and QK-norm with biases, are refused."""
+    why = refusal(c, GGUF_FEATURES, c.max_seq_len, "GGUF export",
+                  {"n_experts": DENSE_ONLY, "n_shared_experts": DENSE_ONLY})
+    if why is not None:
+        raise UnsupportedModelError(why)
     if c.qk_norm and c.qkv_bias:
         raise UnsupportedModelError(
             "qk_norm with qkv_bias cannot be exported to GGUF: llama.cpp's qwen3 has QK-norm "

@@ -17,6 +17,7 @@ from typing import Any
 
 from astrai.errors import ConfigError, UnsupportedModelError
 from astrai.model.config import ModelConfig, RopeScaling
+from astrai.model.features import ANY, only, refusal
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -173,17 +174,29 @@ def _sliding_window(hf: dict, mt: str, source: str) -> int | None:
 
 # -- export -------------------------------------------------------------------------------
 
+HF_FEATURES = {
+    "norm_eps": ANY, "tie_embeddings": ANY,  # rms_norm_eps, tie_word_embeddings
+    "qkv_bias": ANY, "qk_norm": ANY,          # the qwen2 / qwen3 model types
+    "sliding_window": ANY,                    # mistral's / qwen's sliding_window
+    "n_experts": only(0), "n_shared_experts": only(0), "moe_top_k": ANY, "moe_layers": ANY,
+}
+"""The model features the HF Llama / Qwen2 / Qwen3 / Mistral configs written here hold
+(astrai.model.features); a feature not declared here is refused, never dropped."""
+
+HF_DENSE_ONLY = ("mixture-of-experts models cannot be exported to HF format (no Llama/Qwen2/"
+                 "Qwen3/Mistral equivalent); export a dense model")
+
+
 def config_to_hf(c: ModelConfig, dtype: str = "float32", family: str | None = None
                  ) -> dict[str, Any]:
     """HF config.json for `c`: qwen3 when it has QK-norm, qwen2 when it has q/k/v biases,
     mistral when it has a sliding window or `family` (the source's model_type) is mistral,
     llama otherwise. MoE, and QK-norm with q/k/v biases, have no HF counterpart here and are
-    refused."""
-    if c.n_experts:
-        raise UnsupportedModelError(
-            "mixture-of-experts models cannot be exported to HF format (no Llama/Qwen2/Qwen3/"
-            "Mistral equivalent); export a dense model"
-        )
+    refused, as is any feature HF_FEATURES does not declare."""
+    why = refusal(c, HF_FEATURES, c.max_seq_len, "HF export",
+                  {"n_experts": HF_DENSE_ONLY, "n_shared_experts": HF_DENSE_ONLY})
+    if why is not None:
+        raise UnsupportedModelError(why)
     if c.qk_norm and c.qkv_bias:
         raise UnsupportedModelError(
             "qk_norm with qkv_bias cannot be exported to HF format: Qwen3 (the HF model with "

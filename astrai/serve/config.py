@@ -5,17 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from astrai.errors import ConfigError
-from astrai.infer.config import CacheConfig, SchedulerConfig, SpeculativeConfig
-from astrai.infer.loading import resolve_quantize
-from astrai.infer.loras import MAX_LOADED_LORAS, MAX_LORA_RANK, check_name
-from astrai.model.adapter import MAX_PATH_CHARS
+from astrai.infer.build import EngineOptions
+from astrai.infer.config import CacheConfig, SchedulerConfig
 from astrai.serve.auth import key_problem
 from astrai.serve.tool_parsers import PARSERS
 
 
 @dataclass
-class ServeConfig:
-    """One server over one checkpoint (typed, validated; the CLI fills it from flags)."""
+class ServeConfig(EngineOptions):
+    """One server over one checkpoint (typed, validated; the CLI fills it from flags); the
+    model and decode options are EngineOptions'."""
 
     model_path: str
     """An astrai checkpoint or a HF Llama / Qwen2 / Mistral directory with tokenizer.json."""
@@ -41,38 +40,11 @@ class ServeConfig:
     """Largest request body accepted; larger gets 413."""
     drain_timeout: float = 30.0
     """Seconds in-flight requests may take to finish after SIGTERM / Ctrl-C."""
-    device: str = "auto"
-    """auto | cpu | cuda | cuda:N."""
-    dtype: str | None = None
-    """Model dtype: None (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16."""
-    adapter: str | None = None
-    """A PEFT LoRA adapter directory merged into the weights; None = the checkpoint's own
-    adapter/ when it is a LoRA run's checkpoint."""
-    loras: dict[str, str] = field(default_factory=dict)
-    """LoRA adapters served beside the base, unmerged (`--lora NAME=DIR`): a request's
-    `model` picks one by name (docs/serve.md "Multiple LoRA adapters")."""
-    max_loras: int | None = None
-    """Adapters resident in one batch; None = as many as `loras`, at least 1."""
-    max_lora_rank: int = MAX_LORA_RANK
-    """The largest adapter rank served (`--max-lora-rank`, as vLLM's); a higher-rank
-    adapter is refused at load."""
-    max_loaded_loras: int = MAX_LOADED_LORAS
-    """The most adapters served at once, `--lora` ones included (`--max-loaded-loras`); a
-    runtime load beyond it is refused until one is unloaded."""
     enable_lora_loading: bool = False
     """Open POST /v1/load_lora_adapter and /v1/unload_lora_adapter (they read server paths:
     they also need `api_key`)."""
-    quantize: str | None = None
-    """Weight format: None (as loaded) | int8 (astrai.model.quant, docs/engine.md)."""
     backend: str | None = None
     """Attention backend: torch_native | flash | cuda; None = automatic."""
-    decode: str = "auto"
-    """How pure decode steps run: auto (CUDA graphs where they serve) | eager
-    (`--enforce-eager`); astrai.infer.decode_step."""
-    speculative: SpeculativeConfig | None = None
-    """Speculative decoding (`--speculative ngram`, `--speculative-model DIR`); None = off."""
-    seed: int = 0
-    """Seed of requests that give no seed of their own."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     """The KV pool (page size, pool tokens, radix prefix sharing, context)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -92,30 +64,13 @@ class ServeConfig:
         if self.tool_call_parser is not None and self.tool_call_parser not in PARSERS:
             raise ConfigError(f"--tool-call-parser {self.tool_call_parser}: not a parser; use "
                               f"one of {', '.join(PARSERS)}")
-        resolve_quantize(self.quantize)
+        self.validate_engine()
         self._validate_loras()
         problem = key_problem(self.api_key)
         if problem is not None:
             raise ConfigError(problem)
 
     def _validate_loras(self) -> None:
-        for flag, value in (("--max-loras", self.max_loras),
-                            ("--max-lora-rank", self.max_lora_rank),
-                            ("--max-loaded-loras", self.max_loaded_loras)):
-            if value is not None and value < 1:
-                raise ConfigError(f"{flag} {value}: must be >= 1")
-        if len(self.loras) > self.max_loaded_loras:
-            raise ConfigError(f"--lora: {len(self.loras)} adapters given, more than "
-                              f"--max-loaded-loras {self.max_loaded_loras}; raise it")
-        for name, path in self.loras.items():
-            try:
-                check_name(name)
-            except ConfigError as e:
-                raise ConfigError(f"--lora: {e}") from None
-            if len(path) > MAX_PATH_CHARS:
-                raise ConfigError(f"--lora {name}: the path has {len(path)} characters, "
-                                  f"more than a file system takes ({MAX_PATH_CHARS}); give "
-                                  "a PEFT LoRA adapter directory")
-            if name == self.served_model_name:
-                raise ConfigError(f"--lora {name}: the name is the base model's "
-                                  "(--served-model-name); choose another")
+        if self.served_model_name in self.loras:
+            raise ConfigError(f"--lora {self.served_model_name}: the name is the base model's "
+                              "(--served-model-name); choose another")

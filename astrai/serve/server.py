@@ -31,8 +31,8 @@ log = logging.getLogger("astrai.serve")
 
 def load_engine(config: ServeConfig) -> Any:
     """The Engine over config.model_path, its KV rows sized for max_running requests."""
-    from astrai.infer.engine import Engine
-    from astrai.infer.loading import load_model, load_tokenizer
+    from astrai.infer.build import build_engine, load_weights
+    from astrai.infer.loading import load_tokenizer
 
     path = check_paths(config)
     tok = load_tokenizer(path)
@@ -43,15 +43,10 @@ def load_engine(config: ServeConfig) -> Any:
         tok.chat_template = tpl.read_text(encoding="utf-8")
     check_template(tok, f"--chat-template {config.chat_template}"
                    if config.chat_template is not None else f"{path}: the chat template")
-    model = load_model(path, device=config.device, dtype=config.dtype, adapter=config.adapter,
-                       quantize=config.quantize)
+    model = load_weights(path, config)
     cache = config.cache.model_copy(update={"max_requests": config.max_running})
     sched = config.scheduler.model_copy(update={"max_running": config.max_running})
-    return Engine(model, tok, cache, config.backend, scheduler_config=sched, seed=config.seed,
-                  decode=config.decode, speculative=config.speculative,
-                  loras=config.loras, max_loras=config.max_loras,
-                  max_lora_rank=config.max_lora_rank,
-                  max_loaded_loras=config.max_loaded_loras, huge_pages=True)
+    return build_engine(model, tok, config, cache, backend=config.backend, scheduler=sched)
 
 
 def check_template(tok: Any, where: str) -> None:

@@ -13,30 +13,24 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from astrai_cli.engine_flags import engine_flags
 from astrai_cli.options import (
-    Adapter,
     Backend,
-    Device,
-    Dtype,
-    EnforceEager,
     MaxContext,
-    NumSpeculativeTokens,
-    Quantize,
-    Speculative,
-    SpeculativeModel,
     checkpoint_path,
-    parse_loras,
-    speculative_config,
     threads_option,
     use_threads,
     warn_dtype,
 )
+
+if TYPE_CHECKING:
+    from astrai.infer.build import EngineOptions
 
 
 @contextlib.contextmanager
@@ -214,6 +208,7 @@ def check_schema(session: Any, params: Any, path: Path) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command("chat")
+    @engine_flags()
     def chat_cmd(
         checkpoint: Annotated[Path, typer.Argument(
             metavar="CHECKPOINT_OR_HF_DIR",
@@ -243,23 +238,13 @@ def register(app: typer.Typer) -> None:
         json_schema: Annotated[Path | None, typer.Option(
             "--json-schema", metavar="FILE", help="Every reply is JSON valid against this "
             "JSON Schema (a grammar masks the tokens; needs llguidance).")] = None,
-        device: Device = "auto",
-        dtype: Dtype = "auto",
-        quantize: Quantize = "none",
-        enforce_eager: EnforceEager = False,
-        speculative: Speculative = "none",
-        speculative_model: SpeculativeModel = None,
-        num_speculative_tokens: NumSpeculativeTokens = 4,
-        adapter: Adapter = None,
-        lora: Annotated[list[str] | None, typer.Option(
-            "--lora", metavar="NAME=DIR", help="Serve the PEFT LoRA adapter DIR unmerged as "
-            "NAME (repeatable); replies use the first, /lora NAME switches.")] = None,
         backend: Backend = None,
         max_context: MaxContext = None,
         history_file: Annotated[Path | None, typer.Option(
             "--history-file", help="Keep input history across sessions in this file.")
         ] = None,
         threads: Annotated[str | None, threads_option()] = None,
+        *, engine: EngineOptions,
     ) -> None:
         """Chat with a model: streamed replies, /set, /system, /reset, /lora, /stats, /exit."""
         from astrai.infer.chat_session import open_chat
@@ -268,7 +253,7 @@ def register(app: typer.Typer) -> None:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed,  # invalid values: exit 2 here
                                 structured_outputs=read_schema(json_schema))
-        spec = speculative_config(speculative, speculative_model, num_speculative_tokens)
+        engine.seed = seed or 0
         use_threads(threads)
         err = Console(stderr=True, highlight=False, soft_wrap=True)
         text = None
@@ -278,14 +263,10 @@ def register(app: typer.Typer) -> None:
                 from astrai.errors import ConfigError
                 raise ConfigError("--prompt is empty: give the message to answer")
         checkpoint = checkpoint_path(checkpoint, err)
-        warn_dtype(device, dtype, err)
-        session = open_chat(checkpoint, params=params, system=system,
+        warn_dtype(engine.device, engine.dtype, err)
+        session = open_chat(checkpoint, engine, params=params, system=system,
                             template=not no_template, chat_template=chat_template,
-                            device=device, dtype=dtype,
-                            backend=backend, max_context=max_context, seed=seed or 0,
-                            adapter=adapter, quantize=quantize,
-                            decode="eager" if enforce_eager else "auto", speculative=spec,
-                            loras=parse_loras(lora))
+                            backend=backend, max_context=max_context)
         if json_schema is not None:  # refused schema features: exit 2 before chatting
             check_schema(session, params, json_schema)
         if text is not None:

@@ -5,22 +5,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from astrai_cli.engine_flags import LOADING, engine_flags
 from astrai_cli.options import (
-    Adapter,
-    EnforceEager,
-    Quantize,
     checkpoint_path,
     log_console,
     threads_option,
     use_threads,
     warn_dtype,
 )
+
+if TYPE_CHECKING:
+    from astrai.infer.build import EngineOptions
 
 METRICS = ("bpb", "ppl")
 
@@ -78,6 +79,7 @@ def _offline_unless_hub_reachable() -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command("eval")
+    @engine_flags(LOADING)
     def eval_cmd(
         checkpoint: Annotated[Path, typer.Argument(
             help="An astrai checkpoint, a training run directory (its newest checkpoint) or "
@@ -106,11 +108,6 @@ def register(app: typer.Typer) -> None:
             "template.")] = False,
         seed: Annotated[int, typer.Option("--seed", help="Seed for few-shot sampling and "
                                           "sampled generation.")] = 0,
-        device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")
-                          ] = "auto",
-        dtype: Annotated[str | None, typer.Option(
-            "--dtype", help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on "
-            "CPU).")] = None,
         batch_tokens: Annotated[int, typer.Option(
             "--batch-tokens", min=1, help="Tokens scored per forward pass.")] = 1024,
         as_json: Annotated[bool, typer.Option(
@@ -118,9 +115,7 @@ def register(app: typer.Typer) -> None:
         json_out: Annotated[Path | None, typer.Option(
             "--out", metavar="FILE", help="Also write the results as JSON to FILE.")] = None,
         threads: Annotated[str | None, threads_option()] = None,
-        adapter: Adapter = None,
-        quantize: Quantize = "none",
-        enforce_eager: EnforceEager = False,
+        *, engine: EngineOptions,
     ) -> None:
         """Bits per byte / perplexity on held-out data, or lm-evaluation-harness tasks."""
         from astrai.atomic import write_json_atomic
@@ -132,7 +127,9 @@ def register(app: typer.Typer) -> None:
         _check_limit(limit, data is not None)
         use_threads(threads)
         checkpoint = checkpoint_path(checkpoint)  # a run directory: its newest checkpoint
-        warn_dtype(device, dtype)
+        warn_dtype(engine.device, engine.dtype)
+        loading = {"device": engine.device, "dtype": engine.dtype, "adapter": engine.adapter,
+                   "quantize": engine.quantize}
         console = log_console()
         if data is not None:
             from astrai.eval.perplexity import evaluate_perplexity
@@ -143,9 +140,8 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"--metric {metric}: use a comma-separated subset of "
                                   f"{', '.join(METRICS)}")
             n = None if limit is None else int(limit)
-            res = evaluate_perplexity(checkpoint, data, field=field, device=device,
-                                      dtype=dtype, batch_tokens=batch_tokens, limit=n,
-                                      adapter=adapter, quantize=quantize).to_dict()
+            res = evaluate_perplexity(checkpoint, data, field=field,
+                                      batch_tokens=batch_tokens, limit=n, **loading).to_dict()
             out: dict = res
         else:
             from astrai.eval.tasks import require_lm_eval, result_rows, run_tasks
@@ -155,10 +151,8 @@ def register(app: typer.Typer) -> None:
             n = None if limit is None else (limit if limit < 1 else int(limit))
             results = run_tasks(checkpoint, _split(tasks), num_fewshot=num_fewshot, limit=n,
                                 seed=seed, apply_chat_template=apply_chat_template,
-                                include_path=include_path, device=device, dtype=dtype,
-                                batch_tokens=batch_tokens, adapter=adapter,
-                                quantize=quantize,
-                                decode="eager" if enforce_eager else "auto")
+                                include_path=include_path, batch_tokens=batch_tokens,
+                                decode=engine.decode, **loading)
             rows = result_rows(results)
             out = {"rows": rows, "results": results.get("results", {}),
                    "n-shot": results.get("n-shot", {}), "versions": results.get("versions", {})}

@@ -8,34 +8,25 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from astrai_cli.engine_flags import engine_flags
 from astrai_cli.options import (
-    Adapter,
-    EnforceEager,
     Backend,
-    Device,
-    Dtype,
-    Loras,
     MaxContext,
-    MaxLoraRank,
-    MaxLoras,
-    NumSpeculativeTokens,
-    Speculative,
-    SpeculativeModel,
-    Quantize,
     checkpoint_path,
-    parse_loras,
-    speculative_config,
     threads_option,
     use_threads,
     warn_dtype,
 )
+
+if TYPE_CHECKING:
+    from astrai.infer.build import EngineOptions
 
 # (label, key, format) rows of the table, in sections; a row whose value is None in every
 # run (not measured there, e.g. the KV pool of a remote server) is left out.
@@ -133,6 +124,7 @@ def _backends(backend: str | None, compare: str | None) -> list[str | None]:
 
 def register(app: typer.Typer) -> None:
     @app.command("serve-bench")
+    @engine_flags()
     def serve_bench_cmd(
         target: Annotated[str, typer.Argument(
             metavar="CHECKPOINT_OR_PRESET",
@@ -182,18 +174,7 @@ def register(app: typer.Typer) -> None:
         compare_backends: Annotated[str | None, typer.Option(
             "--compare-backends", help="Comma-separated backends (or 'all' available) run in "
             "turn: one column each.")] = None,
-        device: Device = "auto",
         threads: Annotated[str | None, threads_option()] = None,
-        dtype: Dtype = "auto",
-        quantize: Quantize = "none",
-        enforce_eager: EnforceEager = False,
-        speculative: Speculative = "none",
-        speculative_model: SpeculativeModel = None,
-        num_speculative_tokens: NumSpeculativeTokens = 4,
-        adapter: Adapter = None,
-        lora: Loras = None,
-        max_loras: MaxLoras = None,
-        max_lora_rank: MaxLoraRank = 16,
         page_size: Annotated[int, typer.Option("--page-size", help="KV page size.")] = 16,
         max_kv_tokens: Annotated[int, typer.Option(
             "--max-kv-tokens", help="Token slots in the KV pool.")] = 32768,
@@ -222,6 +203,7 @@ def register(app: typer.Typer) -> None:
             "--json", help="Print every metric as JSON instead of the table.")] = False,
         out: Annotated[Path | None, typer.Option(
             "--out", metavar="FILE", help="Also write every metric as JSON to FILE.")] = None,
+        *, engine: EngineOptions,
     ) -> None:
         """Benchmark serving: TTFT, TPOT, ITL, latency, throughput, prefix hits, KV usage.
 
@@ -235,16 +217,11 @@ def register(app: typer.Typer) -> None:
             output_len=None if output_len is None else parse_range(output_len, "--output-len"),
             prefix_len=prefix_len, prefix_groups=prefix_groups,
             request_rate=parse_rate(request_rate), burstiness=burstiness,
-            max_concurrency=max_concurrency, seed=seed, warmup=warmup,
+            max_concurrency=max_concurrency, warmup=warmup,
             temperature=temperature, ignore_eos=not stop_at_eos, slos=parse_slos(goodput),
-            backends=_backends(backend, compare_backends), device=device,
+            backends=_backends(backend, compare_backends),
             threads=None if threads is None else use_threads(threads),
-            dtype=None if dtype == "auto" else dtype,
-            adapter=None if adapter is None else str(adapter), quantize=quantize,
-            loras=parse_loras(lora), max_loras=max_loras, max_lora_rank=max_lora_rank,
-            decode="eager" if enforce_eager else "auto",
-            speculative=speculative_config(speculative, speculative_model,
-                                           num_speculative_tokens),
+            **engine.engine_fields(seed=seed),
             cache=CacheConfig.from_dict(dict(
                 page_size=page_size, max_kv_tokens=max_kv_tokens, max_requests=max_requests,
                 radix=not no_radix, max_context=max_context)),
@@ -252,7 +229,7 @@ def register(app: typer.Typer) -> None:
             base_url=base_url, endpoint=endpoint, model=model, api_key=api_key,
         )
         if base_url is None:
-            warn_dtype(device, dtype)
+            warn_dtype(engine.device, engine.dtype)
         report = _run(config).to_dict()
         if out is not None:
             from astrai.atomic import write_json_atomic

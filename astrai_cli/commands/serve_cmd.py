@@ -12,31 +12,22 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from astrai_cli.engine_flags import engine_flags
 from astrai_cli.options import (
-    Adapter,
     Backend,
-    Device,
-    Dtype,
-    EnforceEager,
-    Loras,
     MaxContext,
-    MaxLoraRank,
-    MaxLoras,
-    NumSpeculativeTokens,
-    Quantize,
-    Speculative,
-    SpeculativeModel,
     checkpoint_path,
-    parse_loras,
-    speculative_config,
     threads_option,
     use_threads,
     warn_dtype,
 )
+
+if TYPE_CHECKING:
+    from astrai.infer.build import EngineOptions
 
 
 @contextlib.contextmanager
@@ -61,6 +52,7 @@ def server_logs() -> Iterator[None]:
 
 def register(app: typer.Typer) -> None:
     @app.command("serve")
+    @engine_flags()
     def serve_cmd(
         checkpoint: Annotated[Path, typer.Argument(
             metavar="CHECKPOINT_OR_HF_DIR",
@@ -90,17 +82,6 @@ def register(app: typer.Typer) -> None:
         drain_timeout: Annotated[float, typer.Option(
             "--drain-timeout", help="Seconds in-flight requests get to finish on SIGTERM / "
             "Ctrl-C.")] = 30.0,
-        device: Device = "auto",
-        dtype: Dtype = "auto",
-        quantize: Quantize = "none",
-        enforce_eager: EnforceEager = False,
-        speculative: Speculative = "none",
-        speculative_model: SpeculativeModel = None,
-        num_speculative_tokens: NumSpeculativeTokens = 4,
-        adapter: Adapter = None,
-        lora: Loras = None,
-        max_loras: MaxLoras = None,
-        max_lora_rank: MaxLoraRank = 16,
         max_loaded_loras: Annotated[int, typer.Option(
             "--max-loaded-loras", help="The most LoRA adapters served at once, --lora ones "
             "included; a runtime load beyond it is refused until one is unloaded.")] = 32,
@@ -119,6 +100,7 @@ def register(app: typer.Typer) -> None:
         threads: Annotated[str | None, threads_option()] = None,
         seed: Annotated[int, typer.Option(
             "--seed", help="Seed of requests that give none.")] = 0,
+        *, engine: EngineOptions,
     ) -> None:
         """Serve a model over the OpenAI API: chat/completions (streaming), models, metrics."""
         from astrai.infer.config import CacheConfig, SchedulerConfig
@@ -131,22 +113,16 @@ def register(app: typer.Typer) -> None:
         config = ServeConfig(
             model_path=str(checkpoint), host=host, port=port, api_key=api_key,
             served_model_name=served_model_name, max_running=max_running,
-            max_queue=max_queue, drain_timeout=drain_timeout, device=device,
-            dtype=None if dtype == "auto" else dtype, backend=backend, seed=seed,
-            adapter=None if adapter is None else str(adapter), quantize=quantize,
-            loras=parse_loras(lora), max_loras=max_loras, max_lora_rank=max_lora_rank,
-            max_loaded_loras=max_loaded_loras,
+            max_queue=max_queue, drain_timeout=drain_timeout, backend=backend,
             enable_lora_loading=enable_lora_loading,
-            decode="eager" if enforce_eager else "auto",
-            speculative=speculative_config(speculative, speculative_model,
-                                           num_speculative_tokens),
+            **engine.engine_fields(seed=seed, max_loaded_loras=max_loaded_loras),
             chat_template=None if chat_template is None else str(chat_template),
             tool_call_parser=tool_call_parser,
             cache=CacheConfig.from_dict(dict(page_size=page_size, max_kv_tokens=max_kv_tokens,
                                              max_context=max_context)),
             scheduler=SchedulerConfig.from_dict(dict(max_step_tokens=max_step_tokens)))
         config.validate()  # bad flags fail before the weights load
-        warn_dtype(device, dtype)
+        warn_dtype(engine.device, engine.dtype)
         warning = open_warning(host, config.api_key)
         if warning is not None:
             print(f"astrai serve: warning: {warning}", file=sys.stderr, flush=True)

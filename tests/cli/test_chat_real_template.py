@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from astrai.infer.build import EngineOptions
 from astrai.infer.chat_session import open_chat
 from astrai.infer.params import SamplingParams
 from tests.cli.test_chat_cmd import Pty
@@ -47,8 +48,8 @@ def qwen3_model(tmp_path_factory):
 
 @pytest.mark.slow
 def test_greedy_replies_equal_transformers_generate(qwen3_model):
-    session = open_chat(qwen3_model, params=SamplingParams(max_tokens=N, temperature=0.0),
-                        device="cpu")
+    session = open_chat(qwen3_model, EngineOptions(device="cpu"),
+                        params=SamplingParams(max_tokens=N, temperature=0.0))
     convs, replies, cached = [], [], []
     for text in TURNS:
         convs.append(session.messages + [{"role": "user", "content": text}])

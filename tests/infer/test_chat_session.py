@@ -6,6 +6,7 @@ import torch
 from astrai.data.testing import tiny_tokenizer
 from astrai.errors import CheckpointError, DataError
 from astrai.infer import CacheConfig, Engine, SamplingParams
+from astrai.infer.build import EngineOptions
 from astrai.infer.chat_session import ChatSession, collect_message, open_chat
 from astrai.model import ModelConfig, build_model
 from astrai.model.checkpoint import save_checkpoint
@@ -173,7 +174,8 @@ def test_open_chat_errors(tmp_path, tok, model):
     with pytest.raises(CheckpointError, match=r"no tokenizer\.json.*cp DATASET_DIR"):
         open_chat(bare)
     full = save_checkpoint(tmp_path / "full", model, model.config, tokenizer_dir=tok.path)
-    s = open_chat(full, params=SamplingParams(max_tokens=3, temperature=0.0), device="cpu")
+    s = open_chat(full, EngineOptions(device="cpu"),
+                  params=SamplingParams(max_tokens=3, temperature=0.0))
     assert len(list(s.reply("hi"))) == 3
 
 
@@ -195,8 +197,8 @@ def test_chat_serves_lora_adapters_and_switches_between_them(tmp_path):
     t = tiny_tokenizer(tmp_path)
     base = tiny_llama(tmp_path, tokenizer_dir=t.path)
     adapters = {k: str(v) for k, v in make_adapters(tmp_path, base).items()}
-    s = open_chat(base, params=SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
-                  device="cpu", loras=adapters)
+    s = open_chat(base, EngineOptions(device="cpu", loras=adapters),
+                  params=SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
     assert s.lora == "sql" and "served: sql, poet" in s.command("/lora").message
     ids = s.encode([{"role": "user", "content": "Hello"}])
     want = {name: s.engine.generate(ids, s.params, lora=name)[0].text

@@ -48,3 +48,23 @@ def test_refusal_names_the_undeclared_or_unserved_feature():
                                                   (99, 100, False)])
 def test_a_window_covering_the_context_is_full_attention(window, context, ok):
     assert window_covers_context(window, context) is ok
+
+
+@pytest.mark.parametrize("where", ["gguf", "hf"])
+def test_the_exporters_read_the_model_through_their_declaration(where, monkeypatch):
+    """An exporter whose declaration lacks a feature refuses the model naming it (it would
+    otherwise write a file that drops it); a declared but refused value gives the
+    exporter's own line."""
+    from astrai.errors import UnsupportedModelError
+    from astrai.model import gguf_names, hf_config
+
+    module, table, export = ((gguf_names, "GGUF_FEATURES", gguf_names.gguf_arch)
+                             if where == "gguf" else
+                             (hf_config, "HF_FEATURES", hf_config.config_to_hf))
+    export(get_preset("tiny", qk_norm=True))  # served as declared
+    with pytest.raises(UnsupportedModelError, match="mixture-of-experts"):
+        export(get_preset("tiny", n_experts=4, moe_top_k=2))
+    monkeypatch.delitem(getattr(module, table), "qk_norm")
+    with pytest.raises(UnsupportedModelError, match="qk_norm=True is a model feature the "
+                       f"{'GGUF' if where == 'gguf' else 'HF'} export does not declare"):
+        export(get_preset("tiny", qk_norm=True))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from astrai.infer import Engine, SamplingParams
+from astrai.infer.build import EngineOptions
 from astrai.infer.chat_session import open_chat
 from tests.infer.conftest import naive_logprobs
 from tests.serve.conftest import API_KEY
@@ -31,8 +32,8 @@ def local(engine, prompt, n, **kw):
 
 
 def test_chat_greedy_equals_astrai_chat_and_usage_counts_tokens(client, ckpt):
-    session = open_chat(ckpt, params=SamplingParams.greedy(24), system="Be brief.",
-                        device="cpu")
+    session = open_chat(ckpt, EngineOptions(device="cpu"), params=SamplingParams.greedy(24),
+                        system="Be brief.")
     reply = session.reply("Hello there")
     want = "".join(reply)
     r = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=24,

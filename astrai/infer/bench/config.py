@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, replace
 
 from astrai.errors import ConfigError
 from astrai.infer.backends.registry import BACKEND_NAMES
-from astrai.infer.config import CacheConfig, SchedulerConfig, SpeculativeConfig
-from astrai.infer.loras import MAX_LORA_RANK
+from astrai.infer.build import EngineOptions
+from astrai.infer.config import CacheConfig, SchedulerConfig
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 DEFAULT_INPUT_LEN = (64, 256)
@@ -17,8 +17,10 @@ DEFAULT_PREFIX_LEN = 256
 
 
 @dataclass
-class BenchConfig:
-    """One serving benchmark: target model, workload, arrivals, engine settings."""
+class BenchConfig(EngineOptions):
+    """One serving benchmark: target model, workload, arrivals, engine settings (the model
+    and decode options are EngineOptions'; `seed` also seeds the workload, the arrivals
+    and a preset's weights)."""
 
     target: str
     """A preset name (random weights) or a checkpoint directory (astrai or HF)."""
@@ -43,8 +45,6 @@ class BenchConfig:
     """Gamma shape of inter-arrival gaps: 1 = Poisson, < 1 burstier, > 1 steadier."""
     max_concurrency: int | None = None
     """Most requests in flight at once (later arrivals wait for a slot); None = no limit."""
-    seed: int = 0
-    """Seeds the workload, the arrivals, the preset's weights and sampling."""
     warmup: int = 2
     """Unmeasured short requests run first (allocations, lazy initialisation)."""
     temperature: float = 0.0
@@ -57,25 +57,6 @@ class BenchConfig:
     """Attention backends to run, one table column each; None = automatic selection."""
     threads: int | None = None
     """CPU threads for torch (torch.set_num_threads) during the run; None = as is."""
-    device: str = "auto"
-    """auto | cpu | cuda | cuda:N."""
-    dtype: str | None = None
-    """Model dtype: auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16."""
-    adapter: str | None = None
-    """A PEFT LoRA adapter directory merged into the checkpoint's weights."""
-    quantize: str | None = None
-    """Weight format: None (as loaded) | int8 (astrai.model.quant, docs/engine.md)."""
-    loras: dict[str, str] = field(default_factory=dict)
-    """LoRA adapters served unmerged beside the base (`--lora NAME=DIR`); request i runs
-    under the (i mod n)-th of them (in-process only)."""
-    max_loras: int | None = None
-    """Adapters resident in one batch (None: all of `loras`)."""
-    max_lora_rank: int = MAX_LORA_RANK
-    """The largest adapter rank served (`--max-lora-rank`; astrai.infer.loras)."""
-    decode: str = "auto"
-    """How pure decode steps run: auto | eager (`--enforce-eager`); astrai.infer.decode_step."""
-    speculative: SpeculativeConfig | None = None
-    """Speculative decoding (`--speculative`, `--speculative-model`); None = off."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     """The KV pool (page size, pool tokens, rows, radix sharing)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -102,10 +83,7 @@ class BenchConfig:
             raise ConfigError(f"--request-rate {self.request_rate}: must be > 0 or inf")
         if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
             raise ConfigError(f"--burstiness {self.burstiness}: must be > 0 (1 = Poisson)")
-        if self.quantize is not None:
-            from astrai.infer.loading import resolve_quantize
-
-            self.quantize = resolve_quantize(self.quantize)
+        self.validate_engine()
         if not self.temperature >= 0:
             raise ConfigError(f"--temperature {self.temperature}: must be >= 0 (0 = greedy)")
         if self.threads is not None and self.threads < 1:

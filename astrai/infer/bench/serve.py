@@ -31,6 +31,7 @@ from astrai.infer.bench.workloads import (
     token_pool,
     warmup_requests,
 )
+from astrai.infer.build import EngineOptions
 from astrai.infer.params import SamplingParams
 
 DEFAULT_PROMPTS = 64
@@ -44,23 +45,17 @@ class Target:
     info: dict[str, Any]
 
 
-def load_target(target: str, device: str = "auto", dtype: str | None = None,
-                seed: int = 0, adapter: str | None = None,
-                quantize: str | None = None) -> Target:
-    """A checkpoint directory, or a preset with random weights and a trained tiny tokenizer."""
-    from astrai.infer.loading import (
-        load_model,
-        load_tokenizer,
-        resolve_device,
-        resolve_dtype,
-        resolve_quantize,
-    )
+def load_target(target: str, options: EngineOptions | None = None) -> Target:
+    """A checkpoint directory, or a preset with random weights (seeded by `options.seed`)
+    and a trained tiny tokenizer, loaded as `options` say."""
+    from astrai.infer.build import load_weights
+    from astrai.infer.loading import load_tokenizer, resolve_device, resolve_dtype
     from astrai.model.presets import PRESETS
 
+    options = options or EngineOptions()
     path = Path(target)
     if path.is_dir():
-        model = load_model(path, device=device, dtype=dtype, adapter=adapter,
-                           quantize=quantize)
+        model = load_weights(path, options)
         tok = load_tokenizer(path)
         info = {"kind": "checkpoint", "path": str(path),
                 "tokenizer": "checkpoint" if tok is not None else None}
@@ -69,16 +64,16 @@ def load_target(target: str, device: str = "auto", dtype: str | None = None,
         from astrai.data.bpe import train_tokenizer
         from astrai.model import build_model, get_preset
 
-        dev = resolve_device(device)
-        model = build_model(get_preset(target), seed=seed, device=dev,
-                            dtype=resolve_dtype(dtype, dev)).eval()
+        dev = resolve_device(options.device)
+        model = build_model(get_preset(target), seed=options.seed, device=dev,
+                            dtype=resolve_dtype(options.dtype, dev)).eval()
         tok = train_tokenizer([tiny_corpus_path()], PRESET_TOKENIZER_VOCAB, None)
         info = {"kind": "preset", "name": target,
                 "tokenizer": f"byte-level BPE {PRESET_TOKENIZER_VOCAB} (bundled corpus)"}
-        if resolve_quantize(quantize) is not None:
+        if options.quantize is not None:
             from astrai.model.quant import quantize_model
 
-            quantize_model(model, quantize)
+            quantize_model(model, options.quantize)
     else:
         raise ConfigError(f"'{target}' is neither a checkpoint directory nor a preset: pass a "
                           f"directory or one of {', '.join(PRESETS)}")
@@ -179,10 +174,9 @@ def serve_bench(config: BenchConfig, progress: Any = None) -> BenchReport:
 
 
 def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
-    from astrai.infer.engine import Engine
+    from astrai.infer.build import build_engine
 
-    target = load_target(config.target, config.device, config.dtype, config.seed,
-                         adapter=config.adapter, quantize=config.quantize)
+    target = load_target(config.target, config)
     max_context = config.cache.context_len(target.model.config.max_seq_len)
     config = fit_lengths(config, max_context)
     name, requests = build_workload(config, target)
@@ -199,12 +193,8 @@ def _serve_bench(config: BenchConfig, progress: Any) -> BenchReport:
 
     runs = []
     for backend in config.backends:
-        engine = Engine(target.model, tok, config.cache, backend,
-                        scheduler_config=config.scheduler, seed=config.seed,
-                        decode=config.decode, speculative=config.speculative,
-                        loras=config.loras, max_loras=config.max_loras,
-                        max_lora_rank=config.max_lora_rank,
-                        max_loaded_loras=max(1, len(config.loras)), huge_pages=True)
+        engine = build_engine(target.model, tok, config, config.cache, backend=backend,
+                              scheduler=config.scheduler)
         label = backend or f"auto ({engine.backend().name})"
         warm_up(engine, warm)
         cb: Progress | None = None
