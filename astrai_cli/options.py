@@ -59,8 +59,9 @@ MaxLoraRank = Annotated[int, typer.Option(
     "--max-lora-rank", help="The largest LoRA adapter rank served (as vLLM's); a higher-rank "
     "adapter is refused at load.")]
 Quantize = Annotated[str, typer.Option(
-    "--quantize", help="Weight format: none | int8 (per-channel int8 weights of the blocks "
-    "and the LM head, made at load time; docs/engine.md \"Weight formats\").")]
+    "--quantize", help="Weight format: none | int8 (per-channel int8 weights) | int4 (groups "
+    "of 32 with a scale each, llama.cpp's q4_0) for the blocks and the LM head, made at load "
+    "time; docs/engine.md \"Weight formats\".")]
 EnforceEager = Annotated[bool, typer.Option(
     "--enforce-eager", help="Run every step through the eager ragged path (no static decode "
     "step, no CUDA graphs; docs/engine.md \"Decode step\").")]

@@ -106,7 +106,8 @@ def bytes_per_token(model: torch.nn.Module) -> int:
 
 
 def formats(model: torch.nn.Module, bf16: bool) -> dict[str, torch.nn.Module]:
-    out = {"fp32": model, "int8": quantize_model(copy.deepcopy(model), "int8")}
+    out = {"fp32": model, "int8": quantize_model(copy.deepcopy(model), "int8"),
+           "int4": quantize_model(copy.deepcopy(model), "int4")}
     if bf16:
         out["bf16"] = copy.deepcopy(model).to(torch.bfloat16)
     return out
@@ -250,7 +251,7 @@ def run_astrai(models, prompt, prompts, new, repeat) -> dict[str, dict]:
 
 
 LLAMA_FORMATS = (("f32", {"dtype": torch.float32}), ("f16", {"dtype": torch.float16}),
-                 ("q8_0", {"quantize": "q8_0"}))
+                 ("q8_0", {"quantize": "q8_0"}), ("q4_0", {"quantize": "q4_0"}))
 
 
 def run_llama_cpp(ckpt: Path, work: Path, prompt, new, threads, repeat) -> dict[str, dict]:
@@ -401,7 +402,8 @@ def report_one(a, floors: Floors, ours, llama, ct2, hf) -> None:
         print(cell(f"CTranslate2 {k}", r["tok_s"], floors.tok_s(f"astrai {fmt}")))
     if hf:
         print(cell("HF generate fp32", hf["tok_s"], floors.tok_s("astrai fp32")))
-    for ours_k, peer_k in (("fp32", "f32"), ("int8", "q8_0"), ("bf16", "f16")):
+    for ours_k, peer_k in (("fp32", "f32"), ("int8", "q8_0"), ("int4", "q4_0"),
+                           ("bf16", "f16")):
         if "tok_s" in llama.get(peer_k, {}) and ours_k in ours:
             print(f"ratio astrai {ours_k} / llama.cpp {peer_k} = "
                   f"{ours[ours_k]['tok_s'] / llama[peer_k]['tok_s']:.2f}")

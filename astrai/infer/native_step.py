@@ -31,6 +31,7 @@ from astrai.model.features import ANY, only, refusal, window_covers_context
 from astrai.model.mlp import SwiGLU
 from astrai.model.norm import RMSNorm
 from astrai.model.quant import Int8Linear
+from astrai.model.quant4 import Int4Linear
 from astrai.model.transformer import Transformer
 
 NATIVE_FEATURES = {
@@ -48,7 +49,8 @@ engine to another path, never to a wrong answer."""
 
 
 def _linear(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(weight or int8 values, int8 scale or None, bias or None) of a plain or int8 layer."""
+    """(weight or quantized values, their scales or None, bias or None) of a plain, int8 or
+    int4 layer (decode_layers.h's `products` tells the formats apart by the values' dtype)."""
     if type(m) is nn.Linear:
         return m.weight, None, m.bias
     return m.qweight, m.scale, m.bias
@@ -57,7 +59,7 @@ def _linear(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tens
 def _layer_unsupported(m: nn.Module, dtype: torch.dtype) -> str | None:
     if type(m) is nn.Linear:
         return None if m.weight.dtype == dtype else f"{m.weight.dtype} weights"
-    if type(m) is Int8Linear:
+    if type(m) in (Int8Linear, Int4Linear):
         return None
     return f"{type(m).__name__} layers (e.g. an unmerged adapter)"
 
@@ -66,7 +68,7 @@ def _own_code(model: nn.Module) -> str | None:
     """A subclass or a hook that changes what a forward computes (the engine runs the
     model's own forward: docs/architecture.md), or None for astrai's stock modules."""
     stock = (Transformer, DecoderBlock, Attention, SwiGLU, RMSNorm, nn.Linear, nn.Embedding,
-             nn.ModuleList, Int8Linear)
+             nn.ModuleList, Int8Linear, Int4Linear)
     for m in model.modules():
         if type(m) not in stock:
             return f"{type(m).__name__} modules (their own forward)"
@@ -134,6 +136,8 @@ def max_rows(q_proj: nn.Module, kernels: fast_path.DecodeKernels) -> int:
     q_weight = _linear(q_proj)[0]
     if q_weight.dtype == torch.int8:
         return kernels.int8_rows[1]
+    if q_weight.dtype == torch.uint8:
+        return kernels.int4_rows[1]
     return (kernels.bf16_rows if q_weight.dtype == torch.bfloat16 else kernels.fp32_rows)[1]
 
 

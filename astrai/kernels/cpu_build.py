@@ -36,7 +36,7 @@ from astrai.kernels.cpu_choice import one_row_fp32
 log = logging.getLogger("astrai.kernels")
 
 SOURCE = "cpu/decode_gemv.cpp"
-HEADERS = ("cpu/decode_layers.h",)
+HEADERS = ("cpu/decode_layers.h", "cpu/work_share.h")
 """Files the source includes (their text is part of the build's cache key)."""
 ISAS = ("avx512", "avx2")
 """Code paths, best first."""

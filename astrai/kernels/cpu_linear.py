@@ -38,7 +38,7 @@ from astrai.model import fast_path
 
 log = logging.getLogger("astrai.kernels")
 
-MAX_ROWS = {"fp32": 16, "bf16": 8, "int8": 16}
+MAX_ROWS = {"fp32": 16, "bf16": 8, "int8": 16, "int4": 16}
 """Most rows the kernel takes per weight format; above, torch's GEMM is as fast (bf16: from
 16 rows oneDNN's AMX GEMM is faster where the CPU has AMX; figures in docs/engine.md)."""
 
@@ -57,7 +57,7 @@ def _register_fakes(ns: str) -> None:
             return embed.new_empty(rows.shape[1], head[0].shape[0], dtype=torch.float32)
         return embed.new_empty(rows.shape[1], embed.shape[1])
 
-    for op in ("gemv", "gemv_int8", "gemv_q8"):
+    for op in ("gemv", "gemv_int8", "gemv_q8", "gemv_q4"):
         torch.library.register_fake(f"{ns}::{op}", fake)
         torch.library.register_fake(f"{ns}::{op}_many", fake_many)
     torch.library.register_fake(f"{ns}::rms_norm", lambda x, w, eps: torch.empty_like(x))
@@ -94,7 +94,8 @@ def decode_kernels(isa: str, int8_act: str | None = None,
         float_gemv=ops.gemv, int8_gemv=ops.gemv_q8 if quantized else ops.gemv_int8,
         float_many=ops.gemv_many, int8_many=ops.gemv_q8_many if quantized else ops.gemv_int8_many,
         fp32_rows=(fp32_min, MAX_ROWS["fp32"]), bf16_rows=(1, MAX_ROWS["bf16"]),
-        int8_rows=(1, MAX_ROWS["int8"]), rms_norm=ops.rms_norm, paged_decode=ops.paged_decode,
+        int8_rows=(1, MAX_ROWS["int8"]), int4_many=ops.gemv_q4_many,
+        int4_rows=(1, MAX_ROWS["int4"]), rms_norm=ops.rms_norm, paged_decode=ops.paged_decode,
         decode_layers=ops.decode_layers, layer_slots=tuple(ops.slot_names()),
         int8_quantized=quantized)
 

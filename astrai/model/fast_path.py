@@ -68,11 +68,18 @@ class DecodeKernels:
     """The same for bf16 weights (from 16 rows torch's AMX GEMM wins where there is one)."""
     int8_rows: tuple[int, int] = (1, 16)
     """The same for int8 weights."""
+    int4_many: Callable[[Tensor, list[Tensor], list[Tensor], list[Tensor | None]],
+                        list[Tensor]] | None = None
+    """The int4 product against several (packed [N, K/2] uint8, scale [N, K/32] fp32) pairs
+    (astrai/model/quant4.py), activations quantized as int8's; None: no int4 kernel."""
+    int4_rows: tuple[int, int] = (1, 16)
+    """The same for int4 weights (beyond, torch's GEMM on the dequantized weights wins)."""
 
     def rows(self, dtype: torch.dtype) -> tuple[int, int]:
-        """The row range of weights of `dtype` ((0, 0): none)."""
+        """The row range of weights of `dtype` (uint8: int4's packed values; (0, 0): none)."""
         return {torch.float32: self.fp32_rows, torch.bfloat16: self.bf16_rows,
-                torch.int8: self.int8_rows}.get(dtype, (0, 0))
+                torch.int8: self.int8_rows,
+                torch.uint8: self.int4_rows if self.int4_many else (0, 0)}.get(dtype, (0, 0))
 
 
 _DTYPES = (torch.float32, torch.bfloat16)
@@ -109,6 +116,15 @@ def int8_product(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None = None
     if k is None or q.dtype != torch.int8 or not _takes(k, x, torch.int8):
         return None
     return k.int8_gemv(x, q, scale, bias)
+
+
+def int4_product(x: Tensor, packed: Tensor, scale: Tensor, bias: Tensor | None = None,
+                 k: DecodeKernels | None = None) -> Tensor | None:
+    """x [..., K] against int4 weights (astrai/model/quant4.py) + bias in x's dtype through
+    kernels `k`, or None when they do not take it (the caller computes it)."""
+    if k is None or packed.dtype != torch.uint8 or not _takes(k, x, torch.uint8):
+        return None
+    return k.int4_many(x, [packed], [scale], [bias])[0]
 
 
 def int8_activations(k: DecodeKernels | None) -> bool:
@@ -160,8 +176,14 @@ def project_many(x: Tensor, layers: tuple[nn.Module, ...],
         if any(w.dtype != x.dtype for w in ws) or not _takes(k, x, x.dtype):
             return None
         return k.float_many(x, ws, [m._parameters["bias"] for m in layers])
-    if "qweight" not in layers[0]._buffers or not _takes(k, x, torch.int8):
+    if "qweight" not in layers[0]._buffers:
         return None
     bufs = [m._buffers for m in layers]
+    wdtype = bufs[0]["qweight"].dtype  # int8, or uint8 for int4's packed values
+    if not _takes(k, x, wdtype):
+        return None
+    if wdtype == torch.uint8:
+        return k.int4_many(x, [b["qweight"] for b in bufs], [b["scale"] for b in bufs],
+                           [b["bias"] for b in bufs])
     return k.int8_many(x, [b["qweight"] for b in bufs], [b["scale"] for b in bufs],
                        [b["bias"] for b in bufs])

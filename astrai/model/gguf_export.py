@@ -30,7 +30,9 @@ from astrai.model.hf import read_config
 
 MARKER_KEY = "astrai.export"
 """GGUF metadata key marking a file as an astrai export (JSON: producer, source)."""
-QUANTIZE = ("q8_0",)
+QUANTIZE = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+"""The block types (32 values each) gguf-py quantizes; its K-quants (q4_k ...) raise
+NotImplementedError there, so they are not offered."""
 GGUF_INSTALL = "pip install 'astrai[gguf]'"
 
 
@@ -47,7 +49,7 @@ def export_gguf(checkpoint: str | Path, out: str | Path, *, dtype: torch.dtype |
                 quantize: str | None = None, overwrite: bool = False, merge_lora: bool = False,
                 adapter: str | Path | None = None) -> Path:
     """Write `out`, a GGUF file llama.cpp runs: weights in `dtype` (None keeps the
-    checkpoint's; 1-D tensors stay f32) or `quantize`d ("q8_0"). An existing `out` is
+    checkpoint's; 1-D tensors stay f32) or `quantize`d (QUANTIZE: "q8_0", "q4_0", ...). An existing `out` is
     replaced only with `overwrite`, and only when it is an earlier export. A LoRA adapter
     (`adapter`, or the checkpoint's `adapter/`) must be merged (`merge_lora`)."""
     from astrai.model.adapter import find_adapter, merge_adapter
@@ -155,20 +157,22 @@ def _write(gguf: Any, path: Path, checkpoint: Path, c: ModelConfig, arch: str,
 
 def _encode(gguf: Any, t: torch.Tensor, float_type: Any, quantize: str | None
             ) -> tuple[Any, Any]:
-    """(numpy data, GGML type) of one tensor: 1-D in f32; 2-D in Q8_0 when asked and the
-    rows split into 32-value blocks, otherwise in `float_type`."""
+    """(numpy data, GGML type) of one tensor: 1-D in f32; 2-D in the `quantize` block type
+    when asked and the rows split into 32-value blocks, otherwise in `float_type`."""
     Q = gguf.GGMLQuantizationType
     x = t.detach().to(torch.float32).contiguous().numpy()
     qtype = Q.F32 if t.dim() <= 1 else float_type
-    if t.dim() > 1 and quantize == "q8_0" and t.shape[-1] % 32 == 0:
-        qtype = Q.Q8_0
+    if t.dim() > 1 and quantize is not None and t.shape[-1] % 32 == 0:
+        qtype = Q[quantize.upper()]
     return gguf.quants.quantize(x, qtype), qtype
 
 
 def _file_type(gguf: Any, qtypes: set) -> int:
     """`general.file_type`: the type of the 2-D weights (llama.cpp's "mostly ..." types)."""
     Q, F = gguf.GGMLQuantizationType, gguf.LlamaFileType
-    for q, f in ((Q.Q8_0, F.MOSTLY_Q8_0), (Q.BF16, F.MOSTLY_BF16), (Q.F16, F.MOSTLY_F16)):
+    for q, f in ((Q.Q8_0, F.MOSTLY_Q8_0), (Q.Q4_0, F.MOSTLY_Q4_0), (Q.Q4_1, F.MOSTLY_Q4_1),
+                 (Q.Q5_0, F.MOSTLY_Q5_0), (Q.Q5_1, F.MOSTLY_Q5_1), (Q.BF16, F.MOSTLY_BF16),
+                 (Q.F16, F.MOSTLY_F16)):
         if q in qtypes:
             return f
     return F.ALL_F32

@@ -32,13 +32,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from astrai.errors import UnsupportedModelError
 from astrai.model import fast_path
+from astrai.model.act_quant import ACT_BLOCK, quantize_activations
 from astrai.model.lora import has_lora
 
-QUANTIZE = ("int8",)
+QUANTIZE = ("int8", "int4")
 """Weight formats `--quantize` accepts (besides none)."""
-ACT_BLOCK = 128
-"""Activation values per quantization block (csrc/cpu/decode_gemv.cpp's QK)."""
 DOT_ELEMENTS = 1 << 24
 """Most block dots `int8_dot` holds at once (64 MB of fp32): rows are taken in chunks."""
 
@@ -57,20 +57,6 @@ def dequantize_rows(q: torch.Tensor, scale: torch.Tensor,
                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(q [N, K] int8, scale [N]) -> W [N, K] in `dtype` (computed in fp32)."""
     return (q.float() * scale.float()[:, None]).to(dtype)
-
-
-def quantize_activations(x: torch.Tensor, block: int = ACT_BLOCK
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (xq [M, nb, block] int-valued fp32 in [-127, 127], t [M, nb] fp32): per row
-    and block of `block` values (the last zero-padded), t = max|x| / 127 and
-    xq = round(x · (127 / max|x|)) in fp32, ties to even — the kernel's arithmetic, so both
-    quantize a row to the same values. Each row by its own values only."""
-    M, K = x.shape
-    nb = -(-K // block)
-    xb = F.pad(x.float(), (0, nb * block - K)).view(M, nb, block)  # (M, nb, B)
-    amax = xb.abs().amax(-1, keepdim=True)  # (M, nb, 1)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    return torch.round(xb * inv), (amax / 127.0).squeeze(-1)
 
 
 def int8_dot(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
@@ -130,7 +116,7 @@ class Int8Linear(nn.Module):
     @classmethod
     def from_linear(cls, layer: nn.Linear) -> Int8Linear:
         q, scale = quantize_rows(layer.weight)
-        return cls(q, scale, layer.bias)
+        return cls(q, scale, getattr(layer, "bias", None))  # an nn.Embedding (tied head): none
 
     def _apply(self, fn, recurse=True):
         # model.to(dtype) must not turn the int8 values or the fp32 scales into floats:
@@ -158,28 +144,35 @@ class Int8Linear(nn.Module):
 
 def quantize_model(model: nn.Module, fmt: str = "int8", *, head: bool = True) -> nn.Module:
     """Replace every plain nn.Linear of the decoder blocks (not an MoE router: it picks the
-    experts, a flip there changes the computation, and it is tiny) by an Int8Linear, and,
-    with `head`, the LM head (tied embeddings: an int8 copy of the table becomes
-    `lm_head`; the table stays for the lookup). Merge LoRA adapters first (they are refused
-    here). In place; returns the model, with `model.quantize = fmt`."""
+    experts, a flip there changes the computation, and it is tiny) by an Int8Linear (or an
+    Int4Linear, astrai/model/quant4.py), and, with `head`, the LM head (tied embeddings: a
+    quantized copy of the table becomes `lm_head`; the table stays for the lookup). Merge
+    LoRA adapters first (they are refused here). In place; returns the model, with
+    `model.quantize = fmt`."""
+    from astrai.model.quant4 import GROUP, Int4Linear
+
     if fmt not in QUANTIZE:
         raise ValueError(f"unknown weight format {fmt!r}; use one of {QUANTIZE}")
     if has_lora(model):
         raise ValueError("merge the LoRA adapters (merge_lora) before quantizing")
+    layer = Int8Linear if fmt == "int8" else Int4Linear
+    targets = [(parent, leaf, child) for name, parent in model.named_modules()
+               if name.startswith("layers.") for leaf, child in parent.named_children()
+               if type(child) is nn.Linear and leaf != "router"]
+    if fmt == "int4":
+        odd = next((c for _, _, c in targets if c.in_features % GROUP), None)
+        if odd is not None:
+            raise UnsupportedModelError(f"--quantize int4 needs layers whose inputs are a multiple of "
+                             f"{GROUP} wide; this model has one of {odd.in_features}: use int8")
     with torch.no_grad():
-        for parent_name, parent in list(model.named_modules()):
-            if not parent_name.startswith("layers."):
-                continue
-            for leaf, child in list(parent.named_children()):
-                if type(child) is nn.Linear and leaf != "router":
-                    setattr(parent, leaf, Int8Linear.from_linear(child))
+        for parent, leaf, child in targets:
+            setattr(parent, leaf, layer.from_linear(child))
         if head:
             lm = getattr(model, "lm_head", None)
             if type(lm) is nn.Linear:
-                model.lm_head = Int8Linear.from_linear(lm)
+                model.lm_head = layer.from_linear(lm)
             elif lm is None and hasattr(model, "embed_tokens"):
-                q, scale = quantize_rows(model.embed_tokens.weight)
-                model.lm_head = Int8Linear(q, scale)
+                model.lm_head = layer.from_linear(model.embed_tokens)
     model.quantize = fmt
     return model
 
@@ -189,5 +182,5 @@ def weight_count(model: nn.Module) -> int:
     int8 copy of a tied head counted once, as the table it copies."""
     tied = getattr(getattr(model, "config", None), "tie_embeddings", False)
     n = sum(p.numel() for p in model.parameters())
-    return n + sum(m.qweight.numel() for name, m in model.named_modules()
-                   if isinstance(m, Int8Linear) and not (tied and name == "lm_head"))
+    return n + sum(m.out_features * m.in_features for name, m in model.named_modules()
+                   if "qweight" in m._buffers and not (tied and name == "lm_head"))

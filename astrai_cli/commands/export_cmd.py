@@ -33,6 +33,10 @@ DTYPE_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 
 class Quantize(str, Enum):
     q8_0 = "q8_0"
+    q4_0 = "q4_0"
+    q4_1 = "q4_1"
+    q5_0 = "q5_0"
+    q5_1 = "q5_1"
 
 
 def register(app: typer.Typer) -> None:
@@ -52,8 +56,9 @@ def register(app: typer.Typer) -> None:
             "1-D tensors (norms, biases) in f32.")
         ] = ExportDtype.auto,
         quantize: Annotated[Quantize | None, typer.Option(
-            "--quantize", help="gguf only: q8_0 for the 2-D weights (32 int8 + one scale "
-            "per block); norms and biases stay f32.")
+            "--quantize", help="gguf only: the 2-D weights in llama.cpp's 32-value blocks: "
+            "q8_0, q4_0 (astrai's --quantize int4 holds the same numbers), q4_1, q5_0, q5_1; "
+            "norms and biases stay f32.")
         ] = None,
         overwrite: Annotated[bool, typer.Option(
             "--overwrite", help="Replace an earlier export at OUT (an hf directory holding "

@@ -14,6 +14,8 @@
 //   gemv_q8(x, q, scale, bias)       int8 W, activations quantized to int8 per block of QK
 //                                    (absmax, as llama.cpp's q8_0 × q8_0 dot): int32 dots,
 //                                    VNNI vpdpbusd where the CPU has it
+//   gemv_q4(x, q, scale, bias)       int4 W in groups of 32 (q4_0's layout, fp32 scales),
+//                                    activations as gemv_q8's: int32 group dots (maddubs)
 //   rms_norm(x, w, eps)              the norm before those products, one pass per row
 //   paged_decode(q, k_buf, v_buf, ...) one query per request against the paged KV pool
 //   decode_layers(x, weights, ...)  every block of a Llama-family decoder for a few query
@@ -27,8 +29,9 @@
 // Design (per output-row tile of RT rows, per group of up to MB activation rows): the tile's
 // weight rows read one after another, each weight vector loaded once and used for every
 // activation row of the group (two vector accumulators per activation row for float weights);
-// a horizontal sum per (row, activation row). Threads (at::parallel_for, torch's intra-op
-// pool) take contiguous ranges of row tiles, so each streams its own slice sequentially.
+// a horizontal sum per (row, activation row). Threads (work_share.h: torch's thread count,
+// pieces claimed from a counter, so a descheduled thread's share is taken by the others) take
+// contiguous ranges of row tiles, so each streams its own slice sequentially.
 #include <immintrin.h>
 
 #include <ATen/Parallel.h>
@@ -46,6 +49,8 @@
 #include <type_traits>
 #include <string>
 #include <vector>
+
+#include "work_share.h"
 
 #ifndef ASTRAI_CPU_NS
 #define ASTRAI_CPU_NS astrai_cpu
@@ -269,7 +274,7 @@ inline void over_tiles(const std::vector<Mat>& mats, int64_t K, Body body) {
   for (size_t i = 0; i < mats.size(); ++i) first[i + 1] = first[i] + (mats[i].N + RT - 1) / RT;
   // a piece under ~32K weights costs a thread more to start than it saves
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, RT * K));
-  at::parallel_for(0, first.back(), grain, [&](int64_t t0, int64_t t1) {
+  work_share::parallel(first.back(), grain, [&](int64_t t0, int64_t t1) {
     size_t i = 0;
     for (int64_t t = t0; t < t1; ++t) {
       while (t >= first[i + 1]) ++i;
@@ -393,7 +398,7 @@ inline float quantize_block(const float* x, int64_t n, int8_t* q, int32_t& qsum)
   return amax / 127.f;
 }
 
-void quantize_act(const float* x, int64_t M, int64_t K, QuantAct& qa) {
+void quantize_act(const float* x, int64_t M, int64_t K, QuantAct& qa, bool magnitudes = !kVnni) {
   qa.nb = (K + QK - 1) / QK;
   qa.Kp = qa.nb * QK;
   qa.q.resize(M * qa.Kp);
@@ -411,7 +416,7 @@ void quantize_act(const float* x, int64_t M, int64_t K, QuantAct& qa) {
       corr += static_cast<double>(s) * qsum;
     }
     qa.c[m] = static_cast<float>(128.0 * corr);
-    if (!kVnni)
+    if (magnitudes)
       for (int64_t k = 0; k < qa.Kp; ++k) {
         const int8_t v = qa.q[m * qa.Kp + k];
         qa.a[m * qa.Kp + k] = static_cast<uint8_t>(v < 0 ? -v : v);
@@ -669,6 +674,113 @@ at::Tensor gemv_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
   return int8_many(x, {q}, {scale}, one_bias(bias), true)[0];
 }
 
+// -- int4 weights × int8 activations ------------------------------------------------------
+// Weights in groups of G4 = 32 along K with one fp32 scale each, laid out as llama.cpp's q4_0
+// block: byte j of a group holds value j in its low nibble and value j + 16 in its high one,
+// each stored as u = v + 8 (v in [-8, 7]); W[n, 32g + j] = d[n, g] · v. The activations are
+// quantized per row and block of QK as for gemv_q8 (a group of 32 lies inside one block), so
+//   y[m, n] = Σ_g d[n, g] · s[m, b(g)] · Σ_{j<32} v_j · xq_j,
+// each group's dot an exact int32 (AVX2 maddubs on |xq| against v with xq's sign, as the int8
+// path). 256-bit integer code: the AVX2 build and the AVX-512 builds run the same loop.
+constexpr int64_t G4 = 32;
+
+inline __m256i unpack_q4(const uint8_t* p) {  // the 32 values of a group, as int8 in [-8, 7]
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i low = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+  return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+}
+
+template <int MBv>
+inline void q4_row(const QuantAct& qa, int64_t m0, const uint8_t* w, const float* d, int64_t K,
+                   float* sums) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MBv];
+  for (int m = 0; m < MBv; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < K / G4; ++g) {
+    if (PF) _mm_prefetch(reinterpret_cast<const char*>(w + g * (G4 / 2)) + PF, PF_HINT);
+    const __m256i wv = unpack_q4(w + g * (G4 / 2));
+    const int64_t k = g * G4, b = k / QK;
+    for (int m = 0; m < MBv; ++m) {
+      const int64_t row = (m0 + m) * qa.Kp + k;
+      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.a.data() + row));
+      const __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q.data() + row));
+      const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(wv, xs)), ones);
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                               _mm256_set1_ps(d[g] * qa.s[(m0 + m) * qa.nb + b]), acc[m]);
+    }
+  }
+  for (int m = 0; m < MBv; ++m) sums[m * RT] = hsum256(acc[m]);
+}
+
+template <int MBv>
+inline void q4_rows(int R, const QuantAct& qa, int64_t m0, const Mat& mat, int64_t n0,
+                    int64_t K, float* sums) {
+  const uint8_t* w = static_cast<const uint8_t*>(mat.w) + n0 * mat.ldw;
+  const float* d = mat.scale + n0 * (K / G4);
+  for (int r = 0; r < R; ++r) q4_row<MBv>(qa, m0, w + r * mat.ldw, d + r * (K / G4), K, sums + r);
+}
+
+void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
+  thread_local QuantAct qa;
+  quantize_act(x, M, K, qa, true);  // once for every matrix of the call, with |xq|
+  const QuantAct& q = qa;
+  over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
+    float sums[MB * RT];
+    for (int64_t m0 = 0; m0 < M; m0 += MB) {
+      const int mb = static_cast<int>(std::min<int64_t>(MB, M - m0));
+      switch (mb) {
+        case 4: q4_rows<4>(R, q, m0, mat, n0, K, sums); break;
+        case 3: q4_rows<3>(R, q, m0, mat, n0, K, sums); break;
+        case 2: q4_rows<2>(R, q, m0, mat, n0, K, sums); break;
+        default: q4_rows<1>(R, q, m0, mat, n0, K, sums);
+      }
+      store(sums, mb, R, n0, nullptr, mat.bias, mat.out + m0 * mat.N, mat.N);
+    }
+  });
+}
+
+// x [..., K] against int4 weights: q [N, K/2] uint8 (the layout above), scale [N, K/32] fp32.
+std::vector<at::Tensor> gemv_q4_many(const at::Tensor& x, at::TensorList qs,
+                                     at::TensorList scales, const OptList& biases) {
+  const char* op = "gemv_q4";
+  TORCH_CHECK(x.dim() >= 1 && !x.is_cuda() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              op, ": x must be a fp32 or bf16 CPU tensor [..., K]");
+  TORCH_CHECK(!qs.empty() && scales.size() == qs.size() &&
+                  (biases.size() == 0 || biases.size() == qs.size()),
+              op, ": one scale and one bias (or None) per weight");
+  Call c;
+  c.K = x.size(-1);
+  TORCH_CHECK(c.K % G4 == 0, op, ": K = ", c.K, " must be a multiple of ", G4);
+  c.lead = x.sizes().vec();
+  c.lead.pop_back();
+  c.x2 = x.reshape({-1, c.K}).to(at::kFloat).contiguous();
+  c.M = c.x2.size(0);
+  for (size_t i = 0; i < qs.size(); ++i) {
+    const at::Tensor& q = qs[i];
+    TORCH_CHECK(q.scalar_type() == at::kByte && q.dim() == 2 && q.size(1) * 2 == c.K &&
+                    q.is_contiguous() && !q.is_cuda(),
+                op, ": weight ", i, " must be contiguous uint8 [N, ", c.K / 2, "] on the CPU");
+    const int64_t N = q.size(0);
+    const at::Tensor& sc = scales[i];
+    TORCH_CHECK(sc.scalar_type() == at::kFloat && sc.is_contiguous() && !sc.is_cuda() &&
+                    sc.dim() == 2 && sc.size(0) == N && sc.size(1) == c.K / G4,
+                op, ": scale ", i, " must be contiguous fp32 [", N, ", ", c.K / G4, "]");
+    c.outs.push_back(at::empty({c.M, N}, c.x2.options()));
+    const std::optional<at::Tensor> b = biases.size() ? biases.get(i) : std::nullopt;
+    c.mats.push_back({q.data_ptr(), q.stride(0), N, sc.data_ptr<float>(),
+                      f32_vector(b, N, "bias", c), c.outs.back().data_ptr<float>()});
+  }
+  gemv_q4_impl(c.x2.data_ptr<float>(), c.M, c.K, c.mats);
+  return finish(c, x.scalar_type());
+}
+
+at::Tensor gemv_q4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                   const std::optional<at::Tensor>& bias) {
+  return gemv_q4_many(x, {q}, {scale}, one_bias(bias))[0];
+}
+
 // RMSNorm of a few rows (the norms around a decode step's products), as astrai/model/norm.py:
 // fp32: x · rsqrt(mean(x²) + eps) · w; bf16: w · bf16(x · rsqrt(mean(x²) + eps)) with the
 // statistics in fp32 and each product rounded once to bf16, as HF Llama's RMSNorm. One
@@ -866,7 +978,7 @@ void paged_decode_rows(const T* q, const T* kb, const T* vb, const int32_t* r2t,
   // pieces: (request, a contiguous run of kv heads); each key / value row is read once per
   // piece, position by position (the pool is [slot, kv head, D]: heads are adjacent)
   const int64_t per = std::max<int64_t>(1, (Kh + 1) / 2), pieces = (Kh + per - 1) / per;
-  at::parallel_for(0, B * pieces, 1, [&](int64_t p0, int64_t p1) {
+  work_share::parallel(B * pieces, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> qf, acc, sc;
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t b = p / pieces, h0 = (p % pieces) * per, h1 = std::min(Kh, h0 + per);
@@ -939,6 +1051,8 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.def("gemv_many(Tensor x, Tensor[] w, Tensor?[] bias) -> Tensor[]");
   m.def("gemv_int8_many(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] bias) -> Tensor[]");
   m.def("gemv_q8_many(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] bias) -> Tensor[]");
+  m.def("gemv_q4(Tensor x, Tensor q, Tensor scale, Tensor? bias=None) -> Tensor");
+  m.def("gemv_q4_many(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] bias) -> Tensor[]");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("paged_decode(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, "
         "Tensor req_pool_indices, Tensor seq_lens, float scale) -> Tensor");
@@ -954,6 +1068,8 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.impl("gemv_many", c10::DispatchKey::CPU, &gemv_many);
   m.impl("gemv_int8_many", c10::DispatchKey::CPU, &gemv_int8_many);
   m.impl("gemv_q8_many", c10::DispatchKey::CPU, &gemv_q8_many);
+  m.impl("gemv_q4", c10::DispatchKey::CPU, &gemv_q4);
+  m.impl("gemv_q4_many", c10::DispatchKey::CPU, &gemv_q4_many);
   m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
   m.impl("paged_decode", c10::DispatchKey::CPU, &paged_decode);
   m.impl("decode_layers", c10::DispatchKey::CPU, &decode_layers);

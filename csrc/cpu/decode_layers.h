@@ -78,6 +78,11 @@ std::vector<at::Tensor> products(const at::Tensor& x, const std::vector<at::Tens
   OptList b;
   for (const Opt& o : biases) b.push_back(o);
   const at::ScalarType t = ws[0].scalar_type();
+  if (t == at::kByte) {  // int4 (gemv_q4): every row count takes the kernel
+    std::vector<at::Tensor> sc;
+    for (const Opt& s : scales) sc.push_back(*s);
+    return gemv_q4_many(x, ws, sc, b);
+  }
   if (t == at::kChar) {
     std::vector<at::Tensor> sc;
     for (const Opt& s : scales) sc.push_back(*s);

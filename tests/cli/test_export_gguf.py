@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -191,3 +192,30 @@ def test_llama_cpp_parses_and_prints_special_tokens_as_astrai(tmp_path, bpe_ck):
                      "<|fim_prefix|>": (b"", b"<|fim_prefix|>"),
                      "<｜tool▁sep｜>": (b"", "<｜tool▁sep｜>".encode()),
                      "<think>": (b"<think>", b"<think>")}
+
+
+def test_q4_0_export_holds_astrais_int4_weights(tmp_path, bpe_ck):
+    """`--quantize q4_0`: every 2-D weight's blocks are the bytes of astrai's int4 layer of
+    the same weight (one rule, one layout). llama.cpp running such a file:
+    tests/infer/test_int4_inference.py."""
+    from astrai.infer import Engine
+    from astrai.model.gguf_names import gguf_name
+    from astrai.model.quant4 import Int4Linear
+
+    out = tmp_path / "m.gguf"
+    res = export(str(bpe_ck), str(out), "--format", "gguf", "--quantize", "q4_0")
+    assert res.exit_code == 0, res.output
+    r = gguf.GGUFReader(out)
+    assert r.get_field("general.file_type").contents() == gguf.LlamaFileType.MOSTLY_Q4_0
+    tensors = {t.name: t for t in r.tensors}
+    eng = Engine.from_checkpoint(bpe_ck, device="cpu", quantize="int4")
+    for name in ("layers.0.mlp.down_proj", "layers.1.attn.v_proj"):  # no row permutation
+        layer = eng.model.get_submodule(name)
+        assert isinstance(layer, Int4Linear)
+        t = tensors[gguf_name(f"{name}.weight")]
+        assert t.tensor_type == gguf.GGMLQuantizationType.Q4_0
+        blocks = torch.from_numpy(np.array(t.data, copy=True)).view(torch.uint8)
+        blocks = blocks.reshape(layer.out_features, -1, 18)
+        assert torch.equal(blocks[..., 2:].reshape(layer.out_features, -1), layer.qweight)
+        scales = blocks[..., :2].contiguous().view(torch.float16).float().squeeze(-1)
+        assert torch.equal(scales, layer.scale)

@@ -104,8 +104,8 @@ def test_load_model_quantizes_after_merging_and_refuses_unknown_formats(trained)
     m = load_model(ckpt, device="cpu", quantize="int8")
     assert isinstance(m.layers[0].mlp.down_proj, Int8Linear) and not m.training
     assert type(load_model(ckpt, device="cpu", quantize="none").lm_head) is nn.Linear
-    with pytest.raises(ConfigError, match="--quantize 'int4': use none or int8"):
-        load_model(ckpt, device="cpu", quantize="int4")
+    with pytest.raises(ConfigError, match="--quantize 'int3': use none or int8, int4"):
+        load_model(ckpt, device="cpu", quantize="int3")
     eng = Engine.from_checkpoint(ckpt, device="cpu", quantize="int8")
     assert isinstance(eng.model.lm_head, Int8Linear)
 

@@ -1,0 +1,99 @@
+"""Int4 weights (astrai/model/quant4.py): the q4_0 rule and layout against llama.cpp's gguf-py,
+the error bound, and the CPU kernel against the torch path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from astrai.errors import UnsupportedModelError
+from astrai.model import build_model, get_preset
+from astrai.model.quant import quantize_model, weight_count
+from astrai.model.quant4 import GROUP, Int4Linear, dequantize_groups, int4_linear, quantize_groups
+
+
+def weights(n: int = 24, k: int = 128, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g)
+    w[0, :GROUP] = 0.0  # an all-zero group: scale 0, values 8
+    w[1, 5] = 40.0      # an outlier owns its group's scale
+    return w
+
+
+def test_values_and_scales_are_llama_cpps_q4_0():
+    """The same bytes as gguf-py's Q4_0 quantizer (llama.cpp's reference rule): a q4_0 GGUF
+    tensor and astrai's int4 layer hold the same numbers."""
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize, quantize
+
+    w = weights()
+    packed, d = quantize_groups(w)
+    raw = quantize(w.numpy(), gguf.GGMLQuantizationType.Q4_0)  # (N, K/32 · 18) bytes
+    blocks = raw.reshape(w.shape[0], -1, 2 + GROUP // 2)
+    want_d = blocks[..., :2].copy().view(np.float16).astype(np.float32)[..., 0]
+    assert torch.equal(d, torch.from_numpy(want_d))
+    assert torch.equal(packed, torch.from_numpy(blocks[..., 2:].reshape(w.shape[0], -1).copy()))
+    want_w = dequantize(raw, gguf.GGMLQuantizationType.Q4_0)
+    assert torch.equal(dequantize_groups(packed, d), torch.from_numpy(want_w).float())
+
+
+def test_each_value_is_within_one_step_of_its_group():
+    """|w - ŵ| <= |d| (half a step from rounding, a full one where the top value clamps at
+    15), the largest magnitude exact up to the fp16 scale, zeros stay zero."""
+    w = weights()
+    packed, d = quantize_groups(w)
+    wh = dequantize_groups(packed, d).view(w.shape[0], -1, GROUP)
+    err = (wh - w.view_as(wh)).abs()
+    assert (err <= d.abs()[..., None] * (1 + 1e-3) + 1e-7).all()
+    assert torch.equal(wh[0, 0], torch.zeros(GROUP))
+    assert abs(wh[1, 0, 5].item() - 40.0) < 40.0 * 1e-3  # -8 · d = m, d rounded to fp16
+    assert packed.dtype == torch.uint8 and packed.shape == (w.shape[0], w.shape[1] // 2)
+
+
+def test_rows_not_a_multiple_of_the_group_are_refused():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_groups(torch.randn(4, 48))
+    cfg = get_preset("tiny", vocab_size=64, dim=48, n_heads=4, n_kv_heads=2, head_dim=12,
+                     ffn_dim=96, n_layers=1, max_seq_len=32)
+    with pytest.raises(UnsupportedModelError, match="multiple of 32 wide.*48: use int8"):
+        quantize_model(build_model(cfg, seed=0), "int4")
+
+
+def test_quantize_model_replaces_the_blocks_and_the_head():
+    cfg = get_preset("tiny", vocab_size=96, dim=64, n_heads=4, n_kv_heads=2, head_dim=16,
+                     ffn_dim=128, n_layers=2, max_seq_len=32, tie_embeddings=True)
+    model = build_model(cfg, seed=0)
+    n = weight_count(model)
+    quantize_model(model, "int4")
+    layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    assert len(layers) == 2 * 7 + 1 and model.quantize == "int4"
+    assert weight_count(model) == n  # the tied head's copy is counted once, as its table
+    model.to(torch.bfloat16)  # the values and scales keep their formats
+    assert model.lm_head.qweight.dtype == torch.uint8 and model.lm_head.scale.dtype == torch.float32
+
+
+@pytest.mark.parametrize("k", [128, 96, 1024])  # one block, a partial block, eight blocks
+def test_the_cpu_kernel_computes_the_torch_paths_function(k):
+    from astrai.kernels.cpu_linear import cpu_decode_kernels
+
+    kernels = cpu_decode_kernels()
+    if kernels is None or kernels.int4_many is None:
+        pytest.skip("no CPU decode kernels here (no compiler)")
+    w, g = weights(40, k, seed=k), torch.Generator().manual_seed(1)
+    packed, d = quantize_groups(w)
+    bias = torch.randn(40, generator=g)
+    exact_w = dequantize_groups(packed, d)
+    with torch.no_grad():
+        for rows in (1, 2, 3, 4, 5, 9, 16):
+            x = torch.randn(rows, k, generator=g)
+            ref = int4_linear(x, packed, d, bias)  # torch: quantized activations, fp32 sums
+            got = kernels.int4_many(x, [packed], [d], [bias])[0]
+            assert torch.allclose(got, ref, rtol=1e-5, atol=1e-4), rows
+            # and both are the product with the dequantized weights, up to the activations'
+            # int8 rounding (a relative 1/254 per value at most)
+            assert torch.allclose(ref, x @ exact_w.T + bias, rtol=0.05, atol=0.05 * k ** 0.5)
+        xb = torch.randn(3, k, generator=g).bfloat16()
+        got = kernels.int4_many(xb, [packed], [d], [None])[0]
+        assert got.dtype == torch.bfloat16
+        assert torch.allclose(got.float(), int4_linear(xb, packed, d).float(), rtol=1e-2, atol=0.3)
