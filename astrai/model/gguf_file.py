@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from astrai.errors import CheckpointError, UnsupportedModelError
@@ -72,7 +73,9 @@ class GGUFFile:
         v = self.value(key, default)
         ok = isinstance(v, (int, float)) and not isinstance(v, bool)
         if v is None or (ok and (kind is float or isinstance(v, int))):
-            return v if v is None else kind(v)
+            # a float32 value as its shortest decimal (1e-05, not 9.99999974e-06): the value
+            # the writer meant, as llama.cpp's converter writes floats in 32 bits
+            return v if v is None else kind(str(np.float32(v)) if kind is float else v)
         raise CheckpointError(f"{self.path}: metadata {key.format(arch=self.arch)} is {v!r}, "
                               f"not a{'n integer' if kind is int else ' number'}; the file is "
                               "corrupt or not llama.cpp's, re-convert it")

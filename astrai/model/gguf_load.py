@@ -77,3 +77,17 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu",
     model.load_state_dict(state, assign=True)
     model.reset_rope("cpu")
     return model.to(device).eval(), config, _info(g, dtype)
+
+
+def gguf_notes(path: str | Path, training: bool = False) -> list[str]:
+    """The lines a command prints before loading GGUF file `path`: which weights load
+    dequantized; with `training`, that fine-tuning starts from the file's weights."""
+    _, info = read_gguf_config(path)
+    if not training:
+        return list(info["notes"])
+    quant = [t.split(" x")[0] for t in info["gguf"]["tensor_types"].split(", ")
+             if t.split(" x")[0].upper() not in FLOAT_TYPES]
+    how = (f"{', '.join(quant)} weights dequantized to float32" if quant
+           else "its float weights as stored")
+    return [f"{path}: fine-tuning starts from this GGUF file, {how} (astrai trains float "
+            "weights; `astrai export --format gguf` writes the result back)"]
