@@ -89,5 +89,6 @@ def gguf_notes(path: str | Path, training: bool = False) -> list[str]:
              if t.split(" x")[0].upper() not in FLOAT_TYPES]
     how = (f"{', '.join(quant)} weights dequantized to float32" if quant
            else "its float weights as stored")
-    return [f"{path}: fine-tuning starts from this GGUF file, {how} (astrai trains float "
-            "weights; `astrai export --format gguf` writes the result back)"]
+    line = (f"{path}: fine-tuning starts from this GGUF file, {how} (astrai trains float "
+            "weights; `astrai export --format gguf` writes the result back)")
+    return [line]

@@ -24,7 +24,7 @@ from astrai.model.hf import load_pretrained, read_config
 from tests.model.conftest import random_model, small_config
 
 gguf = pytest.importorskip("gguf")
-from astrai.model.gguf_export import export_gguf  # noqa: E402  (needs gguf)
+from astrai.model.gguf_export import export_gguf
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -118,8 +118,8 @@ def test_q8_0_weights_dequantized_as_gguf_does_and_said(tmp_path, tok):
     ck, _, _ = checkpoint(tmp_path, tok)
     out = export_gguf(ck, tmp_path / "m.gguf", quantize="q8_0")
     model, _, info = load_pretrained(out)
-    assert info["notes"] == [f"{out}: q8_0 weights dequantized to float32; astrai has no "
-                             "matching format"]
+    note = f"{out}: q8_0 weights dequantized to float32; astrai has no matching format"
+    assert info["notes"] == [note]
     r = gguf.GGUFReader(out)
     t = next(t for t in r.tensors if t.name == "blk.1.ffn_down.weight")
     assert t.tensor_type.name == "Q8_0"
@@ -134,8 +134,8 @@ def test_q4_0_and_f16_files(tmp_path, tok):
     src = export_gguf(ck, tmp_path / "m.gguf", dtype=torch.float32)
     q4 = rewrite(src, tmp_path / "q4.gguf", qtype=gguf.GGMLQuantizationType.Q4_0)
     got, _, info = load_pretrained(q4)
-    assert info["notes"] == [f"{q4}: q4_0 weights dequantized to float32; astrai has no "
-                             "matching format"]
+    note = f"{q4}: q4_0 weights dequantized to float32; astrai has no matching format"
+    assert info["notes"] == [note]
     w = model.layers[0].mlp.up_proj.weight.detach().numpy()
     want = gguf.quants.dequantize(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0),
                                   gguf.GGMLQuantizationType.Q4_0)

@@ -1,0 +1,96 @@
+"""A .gguf file wherever a checkpoint directory goes, through Typer's CliRunner: `chat
+--prompt` replies as the checkpoint it was exported from, `info` shows the architecture and
+tensor types, a quantized file says in one line that it loads dequantized, `train --model
+x.gguf` fine-tunes from it and says so, and a hostile file is one `error:` line, exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from astrai.data.testing import tiny_dataset, tiny_tokenizer
+from astrai.model import ModelConfig, build_model
+from astrai.model.checkpoint import save_checkpoint
+from astrai_cli.main import app
+
+gguf = pytest.importorskip("gguf")
+from astrai.model.gguf_export import export_gguf
+
+runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> tuple[Path, Path, Path, Path]:
+    """(root, checkpoint, its f32 GGUF, its q8_0 GGUF); stop-token logits 0, so greedy
+    replies run to --max-tokens."""
+    root = tmp_path_factory.mktemp("gguf-cli")
+    tok = tiny_tokenizer(root)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                      ffn_dim=128, max_seq_len=256)
+    model = build_model(cfg, seed=0)
+    with torch.no_grad():
+        model.lm_head.weight[tok.stop_ids] = 0
+    ck = save_checkpoint(root / "ck", model, cfg, tokenizer_dir=tok.path)
+    return (root, ck, export_gguf(ck, root / "m.gguf", dtype=torch.float32),
+            export_gguf(ck, root / "q8.gguf", quantize="q8_0"))
+
+
+def chat(path: Path, *extra: str):
+    return runner.invoke(app, ["chat", str(path), "--temperature", "0", "--max-tokens", "7",
+                               "--device", "cpu", "--threads", "1", "-p", "Hello there",
+                               *extra])
+
+
+def test_chat_on_a_gguf_replies_as_its_checkpoint(files):
+    _, ck, f32, q8 = files
+    want, got = chat(ck), chat(f32)
+    assert want.exit_code == 0 and got.exit_code == 0, got.output
+    assert got.stdout == want.stdout and len(got.stdout) > 8
+    r = chat(q8)
+    assert r.exit_code == 0, r.output
+    assert (f"{q8}: q8_0 weights dequantized to float32; astrai has no matching format"
+            in r.stderr)
+    assert "dequantized" not in got.stderr
+
+
+def test_info_shows_architecture_and_tensor_types(files):
+    _, _, f32, q8 = files
+    r = runner.invoke(app, ["info", str(q8), "--json"])
+    assert r.exit_code == 0, r.output
+    import json
+
+    src = json.loads(r.stdout)["source"]
+    assert src["format"] == "gguf" and src["model_type"] == "llama"
+    assert src["gguf"]["tensor_types"] == "f32 x5, q8_0 x16"  # norms stay f32
+    assert src["gguf"]["tokenizer.ggml.model"] == "gpt2"
+    r = runner.invoke(app, ["info", str(f32)])
+    assert r.exit_code == 0, r.output
+    assert "gguf architecture" in r.stdout and "f32 x21" in r.stdout
+
+
+def test_train_starts_from_a_gguf_and_says_so(files):
+    root, _, _, q8 = files
+    data = tiny_dataset(root, max_seq_len=32, n=16, n_val=4)
+    r = runner.invoke(app, ["train", "--strategy", "seq", "--data", str(data), "--model",
+                            str(q8), "--max-steps", "2", "--out", str(root / "run"),
+                            "--device", "cpu", "--window-size", "32"])
+    assert r.exit_code == 0, r.output
+    assert (f"{q8}: fine-tuning starts from this GGUF file, q8_0 weights dequantized to "
+            "float32" in r.stderr)
+    assert (root / "run" / "checkpoints" / "step_2" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("cmd", ["chat", "info"])
+def test_a_truncated_gguf_is_one_line(files, tmp_path, cmd):
+    _, _, f32, _ = files
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(f32.read_bytes()[:4000])
+    r = runner.invoke(app, [cmd, str(bad)] + (["-p", "hi"] if cmd == "chat" else []))
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {bad}: not a readable GGUF file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.gguf"]
