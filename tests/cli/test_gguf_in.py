@@ -94,3 +94,22 @@ def test_a_truncated_gguf_is_one_line(files, tmp_path, cmd):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {bad}: not a readable GGUF file")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.gguf"]
+
+
+def test_inspect_weights_and_eval_take_a_gguf(files, tmp_path):
+    import json
+
+    _, ck, f32, q8 = files
+    r = runner.invoke(app, ["inspect-weights", str(q8), "--json"])
+    assert r.exit_code == 0, r.output
+    assert "q8_0 weights dequantized to float32" in r.stderr
+    scan = json.loads(r.stdout)
+    assert "layers.0.attn.q_proj.weight" in json.dumps(scan)
+    data = tmp_path / "held.jsonl"
+    data.write_text("".join(json.dumps({"text": f"Hello there number {i}."}) + "\n"
+                            for i in range(4)))
+    want, got = (runner.invoke(app, ["eval", str(p), "--data", str(data), "--device", "cpu",
+                                     "--json"]) for p in (ck, f32))
+    assert want.exit_code == 0 and got.exit_code == 0, got.output
+    bpb = [json.loads(x.stdout)["bpb"] for x in (want, got)]
+    assert bpb[0] == pytest.approx(bpb[1], rel=1e-5)
