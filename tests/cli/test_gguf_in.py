@@ -113,3 +113,38 @@ def test_inspect_weights_and_eval_take_a_gguf(files, tmp_path):
     assert want.exit_code == 0 and got.exit_code == 0, got.output
     bpb = [json.loads(x.stdout)["bpb"] for x in (want, got)]
     assert bpb[0] == pytest.approx(bpb[1], rel=1e-5)
+
+
+def test_serve_and_serve_bench_take_a_gguf(files, tmp_path):
+    """A real `astrai serve` subprocess on the f32 file completes greedily as the engine does
+    on the checkpoint it was exported from; serve-bench runs in-process on the q8_0 file."""
+    import json
+    import urllib.request
+
+    from astrai.infer import CacheConfig, Engine, SamplingParams
+    from astrai.infer.loading import load_model, load_tokenizer
+    from tests.serve.conftest import ServeProcess
+
+    _, ck, f32, q8 = files
+    srv = ServeProcess([str(f32), "--max-kv-tokens", "1024", "--served-model-name", "m"],
+                       tmp_path / "serve.log")
+    try:
+        body = json.dumps({"model": "m", "prompt": "Hello there", "max_tokens": 6,
+                           "temperature": 0}).encode()
+        req = urllib.request.Request(srv.url + "/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            text = json.loads(r.read())["choices"][0]["text"]
+    finally:
+        srv.stop()
+    tok = load_tokenizer(ck)
+    eng = Engine(load_model(ck, device="cpu"), tok, CacheConfig(max_kv_tokens=1024))
+    want = eng.generate([tok.encode("Hello there")],
+                        SamplingParams(max_tokens=6, temperature=0.0))[0].text
+    assert text == want and text
+    r = runner.invoke(app, ["serve-bench", str(q8), "--num-prompts", "2", "--input-len", "4:8",
+                            "--output-len", "2:4", "--warmup", "0", "--device", "cpu",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["runs"][0]["completed"] == 2
+    assert "q8_0 weights dequantized to float32" in r.stderr
