@@ -108,7 +108,7 @@ class Tokenizer:
         spec = read_gguf_tokenizer(path)
         try:
             tok = tokenizers.Tokenizer.from_str(json.dumps(spec.document))
-        except Exception as e:  # the Rust side raises a plain Exception on bad input
+        except Exception as e:  # noqa: BLE001 (the Rust side raises a plain Exception)
             raise ConfigError(f"tokenizer: {path}: its GGUF tokenizer metadata does not make "
                               f"a tokenizer ({e}); re-convert the file") from None
         out = cls(tok, bos_token=spec.bos_token, eos_token=spec.eos_token,
