@@ -26,16 +26,23 @@ def use_threads(value: str | None) -> int:
     return apply_threads(parse_threads(value))
 
 
-def checkpoint_path(path: str | Path, err: Any = None) -> Path:
+def checkpoint_path(path: str | Path, err: Any = None, training: bool = False) -> Path:
     """A checkpoint argument: a training run directory stands for its newest checkpoint, and
-    a line on stderr says which."""
+    a line on stderr says which; a GGUF file is read as it is, with a line saying which of
+    its weights load dequantized (`training`: that fine-tuning starts from it)."""
     from rich.console import Console
 
     from astrai.model.checkpoint import resolve_checkpoint
+    from astrai.model.gguf_file import is_gguf
 
     resolved, note = resolve_checkpoint(path)
-    if note:
-        (err or Console(stderr=True)).print(note, highlight=False, soft_wrap=True,
+    notes = [note] if note else []
+    if is_gguf(resolved) and resolved.is_file():
+        from astrai.model.gguf_load import gguf_notes
+
+        notes += gguf_notes(resolved, training)
+    for line in notes:
+        (err or Console(stderr=True)).print(line, highlight=False, soft_wrap=True,
                                             markup=False)
     return resolved
 

@@ -99,6 +99,24 @@ class Tokenizer:
         out.path = path
         return out
 
+    @classmethod
+    def from_gguf(cls, path: str | Path) -> Tokenizer:
+        """The tokenizer a GGUF file's metadata describes (astrai.model.gguf_tokenizer):
+        its vocabulary and merges, special tokens and chat template."""
+        from astrai.model.gguf_tokenizer import read_gguf_tokenizer
+
+        spec = read_gguf_tokenizer(path)
+        try:
+            tok = tokenizers.Tokenizer.from_str(json.dumps(spec.document))
+        except Exception as e:  # noqa: BLE001 (the Rust side raises a plain Exception)
+            raise ConfigError(f"tokenizer: {path}: its GGUF tokenizer metadata does not make "
+                              f"a tokenizer ({e}); re-convert the file") from None
+        out = cls(tok, bos_token=spec.bos_token, eos_token=spec.eos_token,
+                  pad_token=spec.pad_token, chat_template=spec.chat_template,
+                  extra_stop_ids=spec.stop_ids)
+        out.path = Path(path)
+        return out
+
     def save(self, path: str | Path) -> None:
         """Write tokenizer.json, tokenizer_config.json and chat_template.jinja into `path`:
         all of them into a directory beside it first, then moved in, so a write that fails

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from astrai.errors import CheckpointError, ConfigError
+from astrai.errors import ConfigError
 from astrai.infer.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from astrai.infer.loading import load_model, load_tokenizer, resolve_quantize
 from astrai.infer.loras import MAX_LOADED_LORAS, MAX_LORA_RANK, check_name
@@ -88,11 +88,8 @@ class EngineOptions:
 
 
 def load_weights(path: str | Path, options: EngineOptions) -> torch.nn.Module:
-    """The eval-mode model of a checkpoint directory, as `options` load it."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: not a checkpoint directory; point to an astrai "
-                              "checkpoint or a HF model directory")
+    """The eval-mode model of a checkpoint directory or a GGUF file, as `options` load it
+    (astrai.infer.loading.load_model refuses anything else)."""
     return load_model(path, device=options.device, dtype=options.dtype,
                       adapter=options.adapter, quantize=options.quantize)
 

@@ -26,6 +26,7 @@ from astrai.errors import CheckpointError, ConfigError, DataError
 from astrai.infer.build import EngineOptions
 from astrai.infer.chat_reply import Reply, ReplyStats, speculation_line
 from astrai.infer.params import SamplingParams
+from astrai.model.gguf_file import is_gguf
 
 SETTABLE: dict[str, type] = {
     "temperature": float, "top_p": float, "top_k": int, "min_p": float, "max_tokens": int,
@@ -231,10 +232,10 @@ def open_chat(path: str | Path, options: EngineOptions | None = None, *,
     options = options or EngineOptions()
     options.validate_engine()
     path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: not a checkpoint directory")
+    if not path.is_dir() and not is_gguf(path):
+        raise CheckpointError(f"{path}: not a checkpoint directory or .gguf file")
     params = params or SamplingParams()  # (bad sampling values failed when it was built)
-    if not (path / "config.json").is_file():
+    if not is_gguf(path) and not (path / "config.json").is_file():
         raise CheckpointError(f"{path}: not a checkpoint (no config.json); point to an astrai "
                               "checkpoint (RUN_DIR/checkpoints/step_N) or a HF model directory")
     tok = load_tokenizer(path)

@@ -10,6 +10,7 @@ import torch
 from astrai.device import resolve_device
 from astrai.errors import CheckpointError, ConfigError
 from astrai.infer.config import DTYPES
+from astrai.model.gguf_file import is_gguf
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -52,8 +53,8 @@ def load_model(path: str | Path, *, device: str | torch.device = "auto",
                dtype: str | torch.dtype | None = None,
                adapter: str | Path | None = None,
                quantize: str | None = None) -> torch.nn.Module:
-    """An eval-mode Transformer from an astrai checkpoint or a HF Llama / Qwen2 / Mistral
-    directory (`astrai.model.hf.load_pretrained`), with a LoRA adapter merged in: `adapter`
+    """An eval-mode Transformer from an astrai checkpoint, a HF Llama / Qwen2 / Mistral
+    directory or a GGUF file (`astrai.model.hf.load_pretrained`), with a LoRA adapter merged in: `adapter`
     (a PEFT directory) or, for a LoRA run's checkpoint, its own `adapter/`; then, with
     `quantize` ('int8'), its linear weights quantized (astrai.model.quant, docs/engine.md
     "Weight formats")."""
@@ -63,9 +64,10 @@ def load_model(path: str | Path, *, device: str | torch.device = "auto",
     quantize = resolve_quantize(quantize)  # a bad name fails before the weights load
     dev = resolve_device(device)
     path = Path(path)
-    if not path.is_dir():
+    gguf = is_gguf(path)
+    if not path.is_dir() and not gguf:
         raise CheckpointError(f"{path}: not a checkpoint directory; point to an astrai "
-                              "checkpoint or a HF model directory")
+                              "checkpoint, a HF model directory or a .gguf file")
     adapter = find_adapter(path, adapter)
     model, _, _ = load_pretrained(path, device=dev, dtype=resolve_dtype(dtype, dev))
     if adapter is not None:
@@ -78,9 +80,12 @@ def load_model(path: str | Path, *, device: str | torch.device = "auto",
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer stored in the checkpoint directory, or None when there is none."""
-    if not (Path(path) / "tokenizer.json").is_file():
-        return None
+    """The tokenizer stored in the checkpoint directory, or the one a GGUF file's metadata
+    describes (astrai.data.tokenizer.Tokenizer.from_gguf); None when there is none."""
     from astrai.data.tokenizer import Tokenizer
 
+    if is_gguf(path):
+        return Tokenizer.from_gguf(path)
+    if not (Path(path) / "tokenizer.json").is_file():
+        return None
     return Tokenizer.load(path)

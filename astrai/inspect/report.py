@@ -23,6 +23,7 @@ from astrai.inspect.stuck import StuckReport, diff_checkpoints
 from astrai.inspect.tensor import TensorStats
 from astrai.inspect.update_mode import detect_mode
 from astrai.inspect.verdict import LABELS, Finding, findings, verdict
+from astrai.model.gguf_file import is_gguf
 
 
 @dataclass
@@ -68,9 +69,12 @@ def inspect_weights(paths: list[str | Path], config: InspectConfig | None = None
     cfg = config or InspectConfig()
     if not paths:
         raise CheckpointError("inspect-weights: pass at least one checkpoint")
-    if adapter is not None:
+    if adapter is not None or any(is_gguf(p) for p in paths):
+        # a GGUF file is scanned as the weights astrai loads from it (quantized types
+        # dequantized), written to a safetensors file for the header-indexed scan
         with tempfile.TemporaryDirectory(prefix="astrai-merged-") as tmp:
-            merged = [merged_weights(p, adapter, Path(tmp) / f"{i}.safetensors")
+            merged = [merged_weights(p, adapter, Path(tmp) / f"{i}-{Path(p).stem}.safetensors")
+                      if adapter is not None or is_gguf(p) else p
                       for i, p in enumerate(paths)]
             return inspect_weights(merged, cfg, progress)
     sources = [open_source(p) for p in paths]
@@ -86,14 +90,16 @@ def inspect_weights(paths: list[str | Path], config: InspectConfig | None = None
     return InspectReport(cfg, scans, stuck, found, verdict(found))
 
 
-def merged_weights(path: str | Path, adapter: str | Path, out: Path) -> Path:
-    """Write `path`'s weights with `adapter` merged (stored dtype kept) to `out`."""
+def merged_weights(path: str | Path, adapter: str | Path | None, out: Path) -> Path:
+    """Write `path`'s weights with `adapter` merged, if any (stored dtype kept), to `out`."""
     from astrai.model.adapter import merge_adapter
     from astrai.model.checkpoint import save_weights
     from astrai.model.hf import load_pretrained
 
     model, _, _ = load_pretrained(path, dtype=None)
-    save_weights(merge_adapter(model, adapter).state_dict(), out)
+    if adapter is not None:
+        merge_adapter(model, adapter)
+    save_weights(model.state_dict(), out)
     return out
 
 

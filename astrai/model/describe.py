@@ -1,5 +1,6 @@
-"""`describe(target)`: config and statistics of a preset name or a checkpoint directory
-(astrai or HF format), reading only JSON — no weights are loaded."""
+"""`describe(target)`: config and statistics of a preset name, a checkpoint directory
+(astrai or HF format) or a GGUF file, reading only JSON or the GGUF header — no weights are
+loaded."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from astrai.errors import CheckpointError, ConfigError
 from astrai.model.checkpoint import CONFIG, read_meta
+from astrai.model.gguf_file import is_gguf
 from astrai.model.hf import EXPECTED, read_config
 from astrai.model.presets import PRESETS, get_preset
 from astrai.model.stats import model_stats
@@ -16,12 +18,15 @@ from astrai.model.stats import model_stats
 def describe(target: str | Path, seq_len: int | None = None) -> dict[str, Any]:
     """{"source", "config", "params", "flops_per_token", "weight_memory_bytes"}."""
     path = Path(target)
-    if path.is_dir():
+    if is_gguf(path):
+        config, info = read_config(path)
+        source: dict[str, Any] = {"kind": "checkpoint", "path": str(path), **info}
+    elif path.is_dir():
         if not (path / CONFIG).is_file():
             raise CheckpointError(f"{path}: not a checkpoint (no {CONFIG}); expected a preset "
                                   f"({', '.join(PRESETS)}), {EXPECTED}")
         config, info = read_config(path)
-        source: dict[str, Any] = {"kind": "checkpoint", "path": str(path), **info}
+        source = {"kind": "checkpoint", "path": str(path), **info}
         if info["format"] == "astrai":
             meta = read_meta(path)
             # Scalars only: the resolved train config can be long and belongs to `resume`.

@@ -103,3 +103,41 @@ def gguf_tensors(state: dict[str, torch.Tensor], c: ModelConfig, arch: str
             t = permute_rows(t, c.kv_heads)
         out[g] = t
     return out
+
+
+_FROM_TOP = {g: a for a, g in _TOP.items()}
+_FROM_LAYER = {g: a for a, g in _LAYER.items()}
+_BLK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def astrai_name(name: str) -> str | None:
+    """astrai's name of llama.cpp tensor `name` (the inverse of `gguf_name`); None for a
+    tensor astrai has no parameter for (`rope_freqs.weight`, read as RoPE scaling)."""
+    if name in _FROM_TOP:
+        return _FROM_TOP[name]
+    m = _BLK_RE.match(name)
+    if m and m.group(2) in _FROM_LAYER:
+        return f"layers.{int(m.group(1))}.{_FROM_LAYER[m.group(2)]}"
+    return None
+
+
+def astrai_tensors(tensors: dict[str, torch.Tensor], c: ModelConfig, arch: str,
+                   source: str = "GGUF file") -> dict[str, torch.Tensor]:
+    """A GGUF file's tensors under astrai's names, q/k rows back in rotate-half order for
+    `llama` (the inverse of `gguf_tensors`); `rope_freqs.weight` is left out (it is the
+    config's RoPE scaling). A name astrai does not know is refused: dropping a tensor would
+    run a different model."""
+    out: dict[str, torch.Tensor] = {}
+    for g, t in tensors.items():
+        if g == "rope_freqs.weight":
+            continue
+        name = astrai_name(g)
+        if name is None:
+            raise UnsupportedModelError(f"{source}: tensor '{g}' has no astrai counterpart in "
+                                        f"a dense {arch} model; astrai cannot run this file")
+        if arch == "llama" and g.endswith(("attn_q.weight", "attn_q.bias")):
+            t = unpermute_rows(t, c.n_heads)
+        elif arch == "llama" and g.endswith(("attn_k.weight", "attn_k.bias")):
+            t = unpermute_rows(t, c.kv_heads)
+        out[name] = t
+    return out

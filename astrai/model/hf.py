@@ -30,6 +30,7 @@ from astrai.model.checkpoint import (
     read_safetensors,
 )
 from astrai.model.config import ModelConfig
+from astrai.model.gguf_file import is_gguf
 from astrai.model.hf_config import config_from_hf, is_hf_config
 from astrai.model.hf_names import hf_to_astrai_name
 from astrai.model.transformer import Transformer
@@ -37,7 +38,8 @@ from astrai.model.transformer import Transformer
 INDEX = "model.safetensors.index.json"
 HF_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EXPECTED = ("an astrai checkpoint (config.json + model.safetensors, e.g. RUN/checkpoints/"
-            "step_N) or a Hugging Face model directory (config.json + *.safetensors)")
+            "step_N), a Hugging Face model directory (config.json + *.safetensors) or a "
+            ".gguf file")
 HF_TOKENIZER_FILES = TOKENIZER_FILES + (
     "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
 )
@@ -45,8 +47,13 @@ HF_TOKENIZER_FILES = TOKENIZER_FILES + (
 # -- reading ------------------------------------------------------------------------------
 
 def read_config(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
-    """(ModelConfig, info) of a checkpoint directory of either format, without weights."""
+    """(ModelConfig, info) of a checkpoint directory of either format, or of a GGUF file
+    (astrai.model.gguf_load), without weights."""
     path = Path(path)
+    if is_gguf(path):
+        from astrai.model.gguf_load import read_gguf_config
+
+        return read_gguf_config(path)
     f = path / CONFIG
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory; pass a checkpoint directory")
@@ -120,13 +127,18 @@ def _target_dtype(state: dict[str, torch.Tensor], hf: dict) -> torch.dtype:
 def load_pretrained(path: str | Path, device: str | torch.device = "cpu",
                     dtype: torch.dtype | None = None, *, max_seq_len: int | None = None,
                     ) -> tuple[Transformer, ModelConfig, dict[str, Any]]:
-    """(model in eval mode, config, meta_or_info) from an astrai checkpoint or a HF directory.
+    """(model in eval mode, config, meta_or_info) from an astrai checkpoint, a HF directory
+    or a GGUF file (astrai.model.gguf_load, whose info has format "gguf").
 
     astrai directories return their meta.json; HF directories return
     {"format": "hf", "model_type", "architectures", "notes"}. `dtype` None keeps the stored
     dtype; `max_seq_len` overrides the RoPE table length (HF max_position_embeddings).
     """
     path = Path(path)
+    if is_gguf(path):
+        from astrai.model.gguf_load import load_gguf
+
+        return load_gguf(path, device, dtype, max_seq_len=max_seq_len)
     config, info = read_config(path)
     if info["format"] == "astrai":
         if max_seq_len is None:

@@ -41,6 +41,7 @@ from astrai.infer.bench.serve import (
     prompt_pool,
 )
 from astrai.infer.bench.workloads import BenchRequest, warmup_requests
+from astrai.model.gguf_file import is_gguf
 
 
 @dataclass
@@ -244,7 +245,7 @@ def http_serve_bench(config: BenchConfig, progress: Any = None) -> BenchReport:
 
     config.validate()
     path = Path(config.target)
-    if not path.is_dir():
+    if not path.is_dir() and not is_gguf(path):
         raise ConfigError(f"'{config.target}': with --base-url give the model directory the "
                           "server serves (its tokenizer builds the prompts)")
     tok = load_tokenizer(path)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from astrai.errors import CheckpointError, ConfigError
+from astrai.model.gguf_file import is_gguf
 from astrai.serve.address import check_listen
 from astrai.serve.app import ServerState, create_app
 from astrai.serve.config import ServeConfig
@@ -68,9 +69,9 @@ def check_template(tok: Any, where: str) -> None:
 def check_paths(config: ServeConfig) -> Path:
     """The model directory, once it and the chat template file are known to exist."""
     path = Path(config.model_path)
-    if not path.is_dir():
+    if not path.is_dir() and not is_gguf(path):
         raise CheckpointError(f"{path}: not a checkpoint directory; point to an astrai "
-                              "checkpoint or a HF model directory")
+                              "checkpoint, a HF model directory or a .gguf file")
     for name, lora in config.loras.items():
         if not Path(lora).is_dir():
             raise CheckpointError(f"--lora {name}={lora}: not a directory; give a PEFT LoRA "

@@ -20,6 +20,7 @@ from torch import nn
 from astrai.config.files import read_config_file
 from astrai.errors import ConfigError
 from astrai.model.config import ModelConfig
+from astrai.model.gguf_file import is_gguf
 from astrai.model.init import build_model
 from astrai.model.presets import PRESETS, get_preset
 
@@ -58,7 +59,7 @@ def resolve_model(spec: str, *, vocab_size: int, seq_len: int, seed: int,
         _check_vocab(config, vocab_size, f"preset '{spec}'")
         return ModelSource(config, lambda: build_model(config, seed=seed), "preset",
                            f"preset {spec}")
-    if path.is_file():
+    if path.is_file() and not is_gguf(path):
         data = read_config_file(
             path, what="a model config (a mapping of ModelConfig fields)",
             hint=f"; --model takes a preset ({', '.join(PRESETS)}), a model config file or a "
@@ -69,7 +70,7 @@ def resolve_model(spec: str, *, vocab_size: int, seq_len: int, seed: int,
         _check_vocab(config, vocab_size, str(path))
         return ModelSource(config, lambda: build_model(config, seed=seed), "config",
                            f"config {path}")
-    if path.is_dir():
+    if path.is_dir() or is_gguf(path):
         from astrai.model.hf import load_pretrained
 
         if overrides:

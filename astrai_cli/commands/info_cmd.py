@@ -61,6 +61,8 @@ def render(info: dict, console: Console) -> None:
         cfg.add_row(key, _config_value(key, value))
     for key, value in (src.get("meta") or {}).items():
         cfg.add_row(f"meta.{key}", _meta_value(key, value))
+    for key, value in (src.get("gguf") or {}).items():
+        cfg.add_row(f"gguf {key}", str(value))
     for note in src.get("notes") or []:
         cfg.add_row("note", note)
     console.print(cfg)
@@ -99,7 +101,8 @@ def register(app: typer.Typer) -> None:
     def info_cmd(
         target: Annotated[str, typer.Argument(
             metavar="CHECKPOINT_OR_PRESET",
-            help="A preset (tiny, small, 125m, 1.2b) or a checkpoint directory (astrai or HF).")],
+            help="A preset (tiny, small, 125m, 1.2b), a checkpoint directory (astrai or HF) or a "
+            ".gguf file.")],
         seq_len: Annotated[int | None, typer.Option(
             "--seq-len", help="Context length of the FLOPs attention term [default: max_seq_len]."
         )] = None,

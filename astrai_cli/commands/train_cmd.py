@@ -330,9 +330,10 @@ def register(app: typer.Typer) -> None:
 
         launch = launch_options(values)
         cfg = load_train_config(config, overrides_from(values, kinds))
-        # a run directory: its newest checkpoint
+        # a run directory: its newest checkpoint; a GGUF file: a line that training starts
+        # from it
         if cfg.model:
-            cfg.model = str(checkpoint_path(cfg.model))
+            cfg.model = str(checkpoint_path(cfg.model, training=True))
         if cfg.alignment.ref_model:
             cfg.alignment.ref_model = str(checkpoint_path(cfg.alignment.ref_model))
         if dry_run:

@@ -33,6 +33,7 @@ from astrai.infer.bench.workloads import (
 )
 from astrai.infer.build import EngineOptions
 from astrai.infer.params import SamplingParams
+from astrai.model.gguf_file import is_gguf
 
 DEFAULT_PROMPTS = 64
 PRESET_TOKENIZER_VOCAB = 512
@@ -54,7 +55,7 @@ def load_target(target: str, options: EngineOptions | None = None) -> Target:
 
     options = options or EngineOptions()
     path = Path(target)
-    if path.is_dir():
+    if path.is_dir() or is_gguf(path):
         model = load_weights(path, options)
         tok = load_tokenizer(path)
         info = {"kind": "checkpoint", "path": str(path),

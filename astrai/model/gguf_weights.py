@@ -1,0 +1,54 @@
+"""A GGUF tensor's values as a torch tensor: the one place GGUF weight formats meet astrai's.
+
+f32 / f16 / bf16 are taken as they are; every quantized type (q8_0, q4_0, q4_k, q5_k,
+q6_k, ...) is dequantized to float32 with `gguf.quants.dequantize` (llama.cpp's own
+reference of each block format) — astrai keeps no GGUF block format, so `format_note` says
+so in one line. Mapping q8_0 / q4_0 onto astrai's own int8 / int4 weights later starts here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from astrai.errors import CheckpointError
+
+FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+"""GGML float types astrai keeps as they are."""
+
+
+def tensor_values(g: Any, info: Any) -> torch.Tensor:
+    """The values of tensor `info` of GGUFFile `g` in numpy order ([rows, cols]), f32 /
+    f16 / bf16 as stored, anything else dequantized to float32. A tensor whose data does not
+    match its declared shape, or holds NaN / infinite values, is one CheckpointError."""
+    from gguf.quants import dequantize
+
+    qtype, shape = info.tensor_type, tuple(int(d) for d in reversed(info.shape))
+    try:
+        if qtype.name == "BF16":  # numpy has no bfloat16: the reader gives the raw bits
+            t = torch.from_numpy(np.array(info.data).view(np.int16)).view(torch.bfloat16)
+        elif qtype.name in FLOAT_TYPES:
+            t = torch.from_numpy(np.array(info.data))
+        else:
+            t = torch.from_numpy(np.ascontiguousarray(dequantize(info.data, qtype)))
+        t = t.reshape(shape)
+    except (ValueError, RuntimeError, NotImplementedError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{g.path}: tensor {info.name} ({qtype.name}, shape "
+                              f"{list(shape)}) cannot be read ({e}); the file is corrupt, "
+                              "re-download or re-convert it") from None
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise CheckpointError(f"{g.path}: tensor {info.name} holds NaN or infinite values; "
+                              "the file is corrupt (or its scales are), re-convert it")
+    return t
+
+
+def format_note(path: Any, qtypes: set[str], dtype: torch.dtype) -> str | None:
+    """One line saying which of the file's types were dequantized (None when all are float)."""
+    quant = sorted(q.lower() for q in qtypes if q not in FLOAT_TYPES)
+    if not quant:
+        return None
+    to = str(dtype).removeprefix("torch.")
+    return (f"{path}: {', '.join(quant)} weights dequantized to {to}; astrai has no matching "
+            "format")
