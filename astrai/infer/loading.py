@@ -57,7 +57,7 @@ def load_model(path: str | Path, *, device: str | torch.device = "auto",
     directory or a GGUF file (`astrai.model.hf.load_pretrained`), with a LoRA adapter merged in: `adapter`
     (a PEFT directory) or, for a LoRA run's checkpoint, its own `adapter/`; then, with
     `quantize` ('int8'), its linear weights quantized (astrai.model.quant, docs/engine.md
-    "Weight formats")."""
+    "Weight formats"; a GGUF file of q4_0 weights is int4 unless `quantize` says otherwise)."""
     from astrai.model.adapter import find_adapter, merge_adapter
     from astrai.model.hf import load_pretrained
 
@@ -68,6 +68,10 @@ def load_model(path: str | Path, *, device: str | torch.device = "auto",
     if not path.is_dir() and not gguf:
         raise CheckpointError(f"{path}: not a checkpoint directory; point to an astrai "
                               "checkpoint, a HF model directory or a .gguf file")
+    if gguf and quantize is None:  # an all-q4_0 file stays int4 (gguf_weights.KEPT)
+        from astrai.model.gguf_load import gguf_quantize
+
+        quantize = gguf_quantize(path)
     adapter = find_adapter(path, adapter)
     model, _, _ = load_pretrained(path, device=dev, dtype=resolve_dtype(dtype, dev))
     if adapter is not None:

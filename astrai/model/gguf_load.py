@@ -21,7 +21,7 @@ from astrai.model.checkpoint import check_state_dict
 from astrai.model.config import ModelConfig
 from astrai.model.gguf_file import GGUFFile, gguf_config, open_gguf
 from astrai.model.gguf_names import astrai_tensors
-from astrai.model.gguf_weights import FLOAT_TYPES, format_note, tensor_values
+from astrai.model.gguf_weights import FLOAT_TYPES, format_note, implied_quantize, tensor_values
 from astrai.model.transformer import Transformer
 
 SHOWN_KEYS = ("general.name", "general.basename", "general.size_label", "general.file_type",
@@ -77,6 +77,13 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu",
     model.load_state_dict(state, assign=True)
     model.reset_rope("cpu")
     return model.to(device).eval(), config, _info(g, dtype)
+
+
+def gguf_quantize(path: str | Path) -> str | None:
+    """astrai's weight format that holds GGUF file `path`'s quantized weights as they are
+    (gguf_weights.implied_quantize: int4 for an all-q4_0 file), or None."""
+    g = open_gguf(path)
+    return implied_quantize({t.tensor_type.name for t in g.reader.tensors})
 
 
 def gguf_notes(path: str | Path, training: bool = False) -> list[str]:

@@ -2,8 +2,11 @@
 
 f32 / f16 / bf16 are taken as they are; every quantized type (q8_0, q4_0, q4_k, q5_k,
 q6_k, ...) is dequantized to float32 with `gguf.quants.dequantize` (llama.cpp's own
-reference of each block format) — astrai keeps no GGUF block format, so `format_note` says
-so in one line. Mapping q8_0 / q4_0 onto astrai's own int8 / int4 weights later starts here.
+reference of each block format). A file whose quantized tensors are all q4_0 is then kept in
+astrai's int4 (`implied_quantize`): int4 is q4_0's rule and layout, and quantizing a
+dequantized q4_0 group gives back its bytes (every non-zero group holds its -8 · d value),
+so the model multiplies by the file's numbers at the file's size. q8_0 has no match (astrai's
+int8 scales whole rows, q8_0 blocks of 32): it is dequantized, and `format_note` says so.
 """
 
 from __future__ import annotations
@@ -44,11 +47,26 @@ def tensor_values(g: Any, info: Any) -> torch.Tensor:
     return t
 
 
+KEPT = {"Q4_0": "int4"}
+"""GGUF block type -> astrai's weight format holding the same numbers."""
+
+
+def implied_quantize(qtypes: set[str]) -> str | None:
+    """astrai's weight format for a file whose quantized tensors are all of one KEPT type."""
+    quant = {q for q in qtypes if q not in FLOAT_TYPES}
+    return KEPT.get(quant.pop()) if len(quant) == 1 else None
+
+
 def format_note(path: Any, qtypes: set[str], dtype: torch.dtype) -> str | None:
-    """One line saying which of the file's types were dequantized (None when all are float)."""
+    """One line saying which of the file's types were dequantized or kept in astrai's
+    matching format (None when all are float)."""
     quant = sorted(q.lower() for q in qtypes if q not in FLOAT_TYPES)
     if not quant:
         return None
+    kept = implied_quantize(qtypes)
+    if kept is not None:
+        return (f"{path}: {quant[0]} weights kept as astrai's {kept} (the same numbers; "
+                f"as --quantize {kept})")
     to = str(dtype).removeprefix("torch.")
     return (f"{path}: {', '.join(quant)} weights dequantized to {to}; astrai has no matching "
             "format")

@@ -134,12 +134,24 @@ def test_q4_0_and_f16_files(tmp_path, tok):
     src = export_gguf(ck, tmp_path / "m.gguf", dtype=torch.float32)
     q4 = rewrite(src, tmp_path / "q4.gguf", qtype=gguf.GGMLQuantizationType.Q4_0)
     got, _, info = load_pretrained(q4)
-    note = f"{q4}: q4_0 weights dequantized to float32; astrai has no matching format"
+    note = f"{q4}: q4_0 weights kept as astrai's int4 (the same numbers; as --quantize int4)"
     assert info["notes"] == [note]
     w = model.layers[0].mlp.up_proj.weight.detach().numpy()
-    want = gguf.quants.dequantize(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0),
-                                  gguf.GGMLQuantizationType.Q4_0)
+    raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0)
+    want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_0)
     assert torch.equal(got.layers[0].mlp.up_proj.weight, torch.from_numpy(want))
+    # the engine's loader keeps the file's q4_0 bytes as int4: the same values and scales
+    from astrai.infer.loading import load_model
+    from astrai.model.quant4 import Int4Linear
+
+    up = load_model(q4, device="cpu").layers[0].mlp.up_proj
+    assert isinstance(up, Int4Linear)
+    blocks = torch.from_numpy(raw).reshape(up.out_features, -1, 18)
+    assert torch.equal(up.qweight, blocks[..., 2:].reshape(up.out_features, -1))
+    assert torch.equal(up.scale, blocks[..., :2].contiguous().view(torch.float16).float()
+                       .squeeze(-1))
+    assert type(load_model(q4, device="cpu", quantize="int8").layers[0].mlp.up_proj
+                ).__name__ == "Int8Linear"  # a format asked for wins
     half = export_gguf(ck, tmp_path / "h.gguf", dtype=torch.float16)
     got, _, info = load_pretrained(half)
     assert got.layers[0].mlp.up_proj.weight.dtype == torch.float16 and info["notes"] == []
