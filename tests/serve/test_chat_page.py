@@ -168,6 +168,21 @@ def test_page_and_assets_are_open_the_api_is_not(server):
     assert server.get("/v1/models")[0] == 401  # the key still guards the API
 
 
+def test_page_files_are_package_data():
+    """A non-editable install ships the page: pyproject's package-data globs cover every
+    file the server reads (chat_page.read_files)."""
+    import tomllib
+
+    from astrai.serve.chat_page import ASSETS, PAGE
+
+    root = Path(__file__).resolve().parents[2]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["astrai"]
+    shipped = {p for g in globs for p in (root / "astrai").glob(g)}
+    for name in (PAGE, *ASSETS):
+        assert root / "astrai" / "serve" / "ui" / name in shipped, name
+
+
 def test_no_ui_leaves_root_a_404(ckpt, tmp_path):
     srv = ServeProcess([str(ckpt), "--no-ui"], tmp_path / "stderr.txt")
     try:
