@@ -159,7 +159,7 @@ def test_page_and_assets_are_open_the_api_is_not(server):
     assert "default-src 'self'" in csp and "script-src 'self'" in csp
     assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
     # every script is a file of this origin: nothing inline, nothing from elsewhere
-    scripts = re.findall(r"<script\b([^>]*)>(.*?)</script>", html, re.S)
+    scripts = re.findall(r"<script\b([^>]*)>(.*?)</script>", html, re.DOTALL)
     assert scripts and all(body.strip() == "" and 'src="ui/' in attrs
                            for attrs, body in scripts)
     assert "http://" not in html and "https://" not in html
@@ -195,16 +195,12 @@ def test_no_ui_leaves_root_a_404(ckpt, tmp_path):
 
 def test_streams_reply_with_stats_and_keeps_history(page, server):
     set_controls(page, "0", "24")
-    # the reply's text node changes several times before the reply ends: streamed
-    page.evaluate("""() => { window.renders = 0;
-        new MutationObserver(() => window.renders++).observe(
-            document.getElementById('log'), {childList: true, subtree: true}); }""")
     first = send(page, "Hello there")
     assert first["stream"] is True and first["model"] == "base"
     assert first["temperature"] == 0 and first["max_tokens"] == 24
-    assert page.evaluate("window.renders") > 3
+    # the server's usage (greedy never ends before max_tokens here: base_llama)
     stats = last_reply(page).locator(".stats").inner_text()
-    assert re.search(r"\d+ tokens · [\d.]+ tok/s · TTFT \d+ ms · base", stats), stats
+    assert re.fullmatch(r"24 tokens · [\d.]+ tok/s · TTFT \d+ ms · base", stats), stats
     # the second turn sends the whole conversation; the first reply, assembled from the
     # stream, is what the server answers without streaming (greedy)
     second = send(page, "And then?")
@@ -241,7 +237,7 @@ def test_adapter_picker_lists_adapters_and_routes_to_them(page):
 def _metric(server, name: str, label: str = "") -> float:
     """One sample of /metrics: `name` with `label` among its labels (0 when absent)."""
     text = server.get("/metrics")[1]
-    m = re.search(rf"^{re.escape(name)}{{[^}}]*{re.escape(label)}[^}}]*}} (\S+)$", text, re.M)
+    m = re.search(rf"^{re.escape(name)}{{[^}}]*{re.escape(label)}[^}}]*}} (\S+)$", text, re.MULTILINE)
     return float(m.group(1)) if m else 0.0
 
 
@@ -264,7 +260,9 @@ def test_stop_aborts_the_generation_and_others_are_served(page, server):
     other = post(server.url, {"model": "poet", "messages": [{"role": "user", "content": "hi"}],
                               "max_tokens": 4})
     assert other["model"] == "poet" and time.monotonic() - t0 < 15
-    assert page.is_hidden("#error") and page.is_visible("#stop")  # still streaming
+    # text shown while the reply still streams (no stats yet, stop offered)
+    assert last_reply(page).locator(".stats").inner_text() == ""
+    assert page.is_hidden("#error") and page.is_visible("#stop")
     page.click("#stop")
     finished(page)
     assert last_reply(page).locator(".stats").inner_text().endswith("stopped")

@@ -6,6 +6,7 @@ const $ = (id) => document.getElementById(id);
 const KEY = "astrai-api-key";  // sessionStorage: kept for this tab only, gone when it closes
 const messages = [];  // the conversation sent to the server: {role, content}
 let controller = null;  // the AbortController of the reply streaming now
+let epoch = 0;  // bumped by New chat: a reply of an earlier conversation is not kept
 
 // --- the API key: asked only when the server answers 401 -------------------------------
 
@@ -122,7 +123,7 @@ class Reply {
 
 function formatStats(s) {
   const parts = [];
-  if (s.tokens !== null) parts.push(`${s.tokens} tokens`);
+  if (s.tokens !== null) parts.push(`${s.approximate ? "≈" : ""}${s.tokens} tokens`);
   if (s.tokens > 1 && s.end > s.first) {
     parts.push(`${((s.tokens - 1) / ((s.end - s.first) / 1000)).toFixed(1)} tok/s`);
   }
@@ -141,7 +142,7 @@ async function* events(body) {
   for (;;) {
     const { value, done } = await reader.read();
     if (done) return;
-    buffer += value;
+    buffer += value.replace(/\r\n?/g, "\n");  // SSE allows CRLF and CR line ends
     let cut;
     while ((cut = buffer.indexOf("\n\n")) !== -1) {
       const event = buffer.slice(0, cut);
@@ -175,8 +176,9 @@ function requestBody() {
 async function generate() {
   const reply = new Reply();
   const stats = { start: performance.now(), first: null, end: null, tokens: null,
-                  model: null, stopped: false };
-  let content = "", reasoning = "", chunks = 0;
+                  model: null, stopped: false, approximate: false };
+  const text = { content: "", reasoning: "", chunks: 0 };
+  const conversation = epoch;
   controller = new AbortController();
   setBusy(true);
   try {
@@ -190,27 +192,34 @@ async function generate() {
       const delta = event.choices?.[0]?.delta;
       if (!delta || !(delta.content || delta.reasoning_content)) continue;
       stats.first ??= performance.now();
-      chunks++;
-      content += delta.content ?? "";
-      reasoning += delta.reasoning_content ?? "";
-      reply.update(content, reasoning);
+      text.chunks++;
+      text.content += delta.content ?? "";
+      text.reasoning += delta.reasoning_content ?? "";
+      reply.update(text.content, text.reasoning);
     }
   } catch (e) {
     if (e.name === "AbortError") stats.stopped = true;
     else showError(e.message);
-  } finally {
-    controller = null;
-    stats.end = performance.now();
-    stats.tokens ??= chunks;  // a stopped stream has no usage: count its chunks
-    reply.update(content, reasoning);
-    reply.render();
-    reply.stats.textContent = formatStats(stats);
-    if (stats.model) reply.node.dataset.model = stats.model;
-    // the answer without its thinking goes back to the model, as the OpenAI API expects
-    if (content || reasoning) messages.push({ role: "assistant", content: reply.answer });
-    else reply.node.remove();
-    setBusy(false);
   }
+  stats.end = performance.now();
+  if (conversation === epoch) finish(reply, stats, text);  // else New chat dropped it
+}
+
+/** A reply's end: its final render and stats, and its answer added to the history. */
+function finish(reply, stats, text) {
+  controller = null;
+  if (stats.tokens === null) {  // a stopped stream has no usage: count its chunks
+    stats.tokens = text.chunks;
+    stats.approximate = true;
+  }
+  reply.update(text.content, text.reasoning);
+  reply.render();
+  reply.stats.textContent = formatStats(stats);
+  if (stats.model) reply.node.dataset.model = stats.model;
+  // the answer without its thinking goes back to the model, as the OpenAI API expects
+  if (text.content || text.reasoning) messages.push({ role: "assistant", content: reply.answer });
+  else reply.node.remove();
+  setBusy(false);
 }
 
 function setBusy(busy) {
@@ -250,7 +259,9 @@ async function regenerate() {
 }
 
 function clear() {
+  epoch++;
   controller?.abort();
+  controller = null;
   messages.length = 0;
   $("log").replaceChildren();
   setBusy(false);
