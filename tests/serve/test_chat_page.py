@@ -18,6 +18,7 @@ import os
 import re
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,9 @@ def base_llama(root: Path, tokenizer_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def servers(ckpt, tmp_path_factory):
+    """The page's server (base + two adapters, with a key) and one with --no-ui, started
+    side by side: each spends seconds importing and loading."""
     pytest.importorskip("peft")
     root = tmp_path_factory.mktemp("chat-page")
     base = base_llama(root, tiny_tokenizer(root).path)
@@ -81,9 +84,20 @@ def server(tmp_path_factory):
             "--max-kv-tokens", str(2 * CONTEXT), "--max-running", "4"]
     for name, path in make_adapters(root, base).items():
         args += ["--lora", f"{name}={path}"]
-    srv = ServeProcess(args, root / "stderr.txt")
-    yield srv
-    srv.stop()
+    with ThreadPoolExecutor(2) as pool:
+        starts = [pool.submit(ServeProcess, args, root / "stderr.txt"),
+                  pool.submit(ServeProcess, [str(ckpt), "--no-ui"], root / "no-ui.txt")]
+    try:
+        yield [s.result() for s in starts]
+    finally:
+        for s in starts:
+            if s.exception() is None:
+                s.result().stop()
+
+
+@pytest.fixture(scope="module")
+def server(servers):
+    return servers[0]
 
 
 @pytest.fixture(scope="module")
@@ -183,14 +197,11 @@ def test_page_files_are_package_data():
         assert root / "astrai" / "serve" / "ui" / name in shipped, name
 
 
-def test_no_ui_leaves_root_a_404(ckpt, tmp_path):
-    srv = ServeProcess([str(ckpt), "--no-ui"], tmp_path / "stderr.txt")
-    try:
-        assert srv.get("/")[0] == 404
-        assert srv.get("/ui/app.js")[0] == 404
-        assert srv.get("/v1/models")[0] == 200
-    finally:
-        srv.stop()
+def test_no_ui_leaves_root_a_404(servers):
+    srv = servers[1]
+    assert srv.get("/")[0] == 404
+    assert srv.get("/ui/app.js")[0] == 404
+    assert srv.get("/v1/models")[0] == 200
 
 
 def test_streams_reply_with_stats_and_keeps_history(page, server):

@@ -124,7 +124,7 @@ class Reply {
 function formatStats(s) {
   const parts = [];
   if (s.tokens !== null) parts.push(`${s.approximate ? "≈" : ""}${s.tokens} tokens`);
-  if (s.tokens > 1 && s.end > s.first) {
+  if (s.first !== null && s.tokens > 1 && s.end > s.first) {
     parts.push(`${((s.tokens - 1) / ((s.end - s.first) / 1000)).toFixed(1)} tok/s`);
   }
   if (s.first !== null) parts.push(`TTFT ${Math.round(s.first - s.start)} ms`);
