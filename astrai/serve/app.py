@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from astrai.errors import AstraiError
 from astrai.serve.auth import authorized
 from astrai.serve.body import decode_json
+from astrai.serve.chat_page import add_page_routes
 from astrai.serve.constraints import COMPILE_TIMEOUT, compile_constraints
 from astrai.serve.errors import APIError, bad_request
 from astrai.serve.jobs import run_job
@@ -118,11 +119,14 @@ ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/
           "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 
 
-def create_app(state: ServerState) -> Any:
+def create_app(state: ServerState, ui: bool = True) -> Any:
+    """`ui`: serve the chat page at / (chat_page.py); False: / is a 404."""
     app = FastAPI(title="astrai serve", docs_url=None, redoc_url=None, openapi_url=None)
     _error_handlers(app)
     _probe_routes(app, state)
     _api_routes(app, state)
+    if ui:
+        add_page_routes(app)
     state.created = int(time.time())
     return AccessLog(app, state)
 

@@ -49,6 +49,8 @@ class ServeConfig(EngineOptions):
     """The KV pool (page size, pool tokens, radix prefix sharing, context)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     """Continuous-batching policy (step token budget)."""
+    ui: bool = True
+    """Serve the chat page at / (`--no-ui` turns it off: / is then a 404)."""
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -103,7 +103,7 @@ class Server:
                                  max_prompt_chars=max_prompt_chars(engine.tokenizer,
                                                                    engine.max_context),
                                  max_request_tokens=engine.cache_config.max_kv_tokens)
-        self.app = create_app(self.state)
+        self.app = create_app(self.state, ui=config.ui)
         self._uv = _Uvicorn(uvicorn.Config(
             self.app, host=config.host, port=config.port, log_config=None, access_log=False,
             timeout_graceful_shutdown=config.drain_timeout, lifespan="off"))

@@ -100,6 +100,8 @@ def register(app: typer.Typer) -> None:
         threads: Annotated[str | None, threads_option()] = None,
         seed: Annotated[int, typer.Option(
             "--seed", help="Seed of requests that give none.")] = 0,
+        ui: Annotated[bool, typer.Option(
+            "--ui/--no-ui", help="Serve the chat page at / (--no-ui: / is a 404).")] = True,
         *, engine: EngineOptions,
     ) -> None:
         """Serve a model over the OpenAI API: chat/completions (streaming), models, metrics."""
@@ -120,7 +122,8 @@ def register(app: typer.Typer) -> None:
             tool_call_parser=tool_call_parser,
             cache=CacheConfig.from_dict(dict(page_size=page_size, max_kv_tokens=max_kv_tokens,
                                              max_context=max_context)),
-            scheduler=SchedulerConfig.from_dict(dict(max_step_tokens=max_step_tokens)))
+            scheduler=SchedulerConfig.from_dict(dict(max_step_tokens=max_step_tokens)),
+            ui=ui)
         config.validate()  # bad flags fail before the weights load
         warn_dtype(engine.device, engine.dtype)
         warning = open_warning(host, config.api_key)
@@ -136,6 +139,8 @@ def register(app: typer.Typer) -> None:
             name = config.served_model_name or checkpoint.resolve().name
             print(f"astrai serve: listening on {url} (model '{name}')", file=sys.stderr,
                   flush=True)
+            if config.ui:
+                print(f"astrai serve: chat page at {url}/", file=sys.stderr, flush=True)
 
         with server_logs():
             serve(config, on_ready=ready)
