@@ -76,15 +76,18 @@ def compile_template(source: str) -> jinja2.Template:
 
 
 def render(source: str, messages: Sequence[dict], *, add_generation_prompt: bool = False,
-           special: dict[str, Any] | None = None, tools: Sequence[dict] | None = None) -> str:
+           special: dict[str, Any] | None = None, tools: Sequence[dict] | None = None,
+           extra: dict[str, Any] | None = None) -> str:
     """Render `messages` through the template `source` (special: bos_token, eos_token, ...;
-    tools: the function tools in OpenAI's shape, None = none)."""
+    tools: the function tools in OpenAI's shape, None = none; extra: further template
+    variables, e.g. Qwen3's enable_thinking, which never replace the ones above)."""
+    fixed = {"messages": list(messages), "add_generation_prompt": add_generation_prompt,
+             "tools": None if tools is None else list(tools), "documents": None,
+             **(special or {})}
     try:
-        return bounded_render(
-            compile_template(source), messages=list(messages),
-            add_generation_prompt=add_generation_prompt,
-            tools=None if tools is None else list(tools), documents=None, **(special or {}),
-        )
+        return bounded_render(compile_template(source),
+                              **{k: v for k, v in (extra or {}).items() if k not in fixed},
+                              **fixed)
     except RecursionError:  # a macro that calls itself without end
         raise DataError("chat template failed to render: recursion deeper than Python's "
                         "limit (a macro or include that calls itself without end?); fix "

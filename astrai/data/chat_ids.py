@@ -81,8 +81,8 @@ def _locate(text: str, content: str, start: int) -> tuple[int, int] | None:
 def render_conversation(tokenizer, messages: Sequence[dict], *,
                         add_generation_prompt: bool = False,
                         train_roles: Collection[str] = ("assistant",), first_trained: int = 0,
-                        where: str = "conversation", tools: Sequence[dict] | None = None
-                        ) -> RenderedChat:
+                        where: str = "conversation", tools: Sequence[dict] | None = None,
+                        extra: dict | None = None) -> RenderedChat:
     """Render `messages` (with `tools`, OpenAI's function list, when given) once and locate the content of each message whose role is in
     `train_roles` (messages before index `first_trained` are never trained: a DPO prompt).
     Raises ConfigError when the tokenizer has no chat template and DataError (naming
@@ -90,7 +90,7 @@ def render_conversation(tokenizer, messages: Sequence[dict], *,
     source = tokenizer.require_template()
     special = tokenizer.template_vars
     text = render(source, messages, add_generation_prompt=add_generation_prompt,
-                  special=special, tools=tools)
+                  special=special, tools=tools, extra=extra)
     spans: list[tuple[int, int]] = []
     if not train_roles:
         return RenderedChat(text, ())
@@ -104,7 +104,7 @@ def render_conversation(tokenizer, messages: Sequence[dict], *,
             # of the full render for every template that does not rewrite this turn's past.
             try:
                 head = render(source, messages[:i], add_generation_prompt=True,
-                              special=special, tools=tools) if i else ""
+                              special=special, tools=tools, extra=extra) if i else ""
             except DataError:
                 head = ""
             if head and text.startswith(head):
@@ -182,8 +182,8 @@ def mask_from_encoding(enc, spans: Sequence[tuple[int, int]], end_ids: Collectio
 
 def conversation_ids(tokenizer, messages: Sequence[dict], *, add_generation_prompt: bool = False,
                      train_roles: Collection[str] = ("assistant",), first_trained: int = 0,
-                     where: str = "conversation", tools: Sequence[dict] | None = None
-                     ) -> ChatIds:
+                     where: str = "conversation", tools: Sequence[dict] | None = None,
+                     extra: dict | None = None) -> ChatIds:
     """The token ids of `messages` (= transformers' `apply_chat_template(messages,
     tokenize=True, add_generation_prompt=..., tools=...)`) and the loss mask training on the content of
     `train_roles` messages plus the end-of-turn tokens after each.
@@ -194,6 +194,6 @@ def conversation_ids(tokenizer, messages: Sequence[dict], *, add_generation_prom
     located in the render."""
     rc = render_conversation(tokenizer, messages, add_generation_prompt=add_generation_prompt,
                              train_roles=train_roles, first_trained=first_trained,
-                             where=where, tools=tools)
+                             where=where, tools=tools, extra=extra)
     (enc,) = tokenizer.encode_encodings([rc.text])
     return ChatIds(enc.ids, mask_from_encoding(enc, rc.spans, set(tokenizer.stop_ids)), rc.text)

@@ -247,11 +247,13 @@ class Tokenizer:
                       add_generation_prompt=add_generation_prompt, special=self.template_vars)
 
     def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                    tools: Sequence[dict] | None = None) -> list[int]:
-        """The ids of `messages` (and `tools`, OpenAI's function list):
+                    tools: Sequence[dict] | None = None, extra: dict | None = None
+                    ) -> list[int]:
+        """The ids of `messages` (and `tools`, OpenAI's function list; `extra`, further
+        template variables such as enable_thinking):
         `astrai.data.chat_ids.conversation_ids(...).ids`."""
         return conversation_ids(self, messages, add_generation_prompt=add_generation_prompt,
-                                tools=tools).ids
+                                tools=tools, extra=extra).ids
 
     # ---- identity ----------------------------------------------------------------------
     def fingerprint(self) -> str:

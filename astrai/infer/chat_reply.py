@@ -48,13 +48,19 @@ def speculation_line(engine: Any) -> str:
             f"({100 * stats.spec_acceptance_rate:.1f}%)")
 
 
-class Reply:
-    """One streamed reply: iterate for text deltas ("" for tokens that add no text yet).
+class Thinking(str):
+    """A delta of the model's thinking (astrai.infer.reasoning), not of its answer."""
 
-    Finishing (or `cancel()`) adds the reply, partial or not, to the session history."""
+
+class Reply:
+    """One streamed reply: iterate for text deltas ("" for tokens that add no text yet); a
+    thinking model's thinking comes as `Thinking` deltas (a str), its answer as plain ones.
+
+    Finishing (or `cancel()`) adds the reply's answer, partial or not, to the session
+    history."""
 
     def __init__(self, session: Any, stream: Iterator[Any], user: str,
-                 prompt_tokens: int, notice: str | None) -> None:
+                 prompt_tokens: int, notice: str | None, splitter: Any = None) -> None:
         self.session = session
         self._stream = stream
         self.user = user
@@ -62,22 +68,39 @@ class Reply:
         self.notice = notice
         """Set when old turns were dropped to fit the context."""
         self.text = ""
+        """The answer (without the thinking)."""
+        self.thinking = ""
         self.finish_reason: str | None = None
         self.error: str | None = None
         """Why generating the reply failed (finish_reason "error")."""
+        self._split = splitter
         self._last: Any = None
         self._done = False
 
     def __iter__(self) -> Iterator[str]:
         for out in self._stream:
             self._last = out
-            self.text += out.delta_text
             if out.finished:
                 self.finish_reason, self.error = out.finish_reason, out.error
-            yield out.delta_text
+            yield from self._deltas(out.delta_text, out.finished)
             if self._done:
                 return
         self._finish()
+
+    def _deltas(self, text: str, last: bool) -> Iterator[str]:
+        if self._split is None:
+            self.text += text
+            yield text
+            return
+        thought, said = self._split.feed(text)
+        if last:
+            more = self._split.finish()
+            thought, said = thought + more[0], said + more[1]
+        self.thinking += thought
+        self.text += said
+        if thought:
+            yield Thinking(thought)
+        yield said
 
     def cancel(self) -> None:
         """Stop generating now (the engine frees the request); keeps what was said so far."""

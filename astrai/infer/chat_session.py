@@ -24,8 +24,10 @@ from typing import Any
 
 from astrai.errors import CheckpointError, ConfigError, DataError
 from astrai.infer.build import EngineOptions
+from astrai.infer.chat_input import collect_message  # noqa: F401 (the CLI's import)
 from astrai.infer.chat_reply import Reply, ReplyStats, speculation_line
 from astrai.infer.params import SamplingParams
+from astrai.infer.reasoning import parser_for_template
 from astrai.model.gguf_file import is_gguf
 
 SETTABLE: dict[str, type] = {
@@ -40,7 +42,8 @@ HELP = """commands:
   /system TEXT     set the system prompt (/system alone clears it); history is kept
   /reset           forget the conversation (the system prompt stays)
   /lora NAME       reply with the LoRA adapter NAME (given with --lora); /lora none: the
-                   base; /lora alone lists them
+                   base; /lora alone lists them (/adapter is the same)
+  /think on|off    let a thinking model (Qwen3-style template) think before answering
   /stats           tokens/s and time to first token of the last reply
   /help            this text
   /exit            leave (also /quit or Ctrl-D)
@@ -78,6 +81,13 @@ class ChatSession:
         names = engine.lora_names()
         self.lora: str | None = names[0] if names else None
         """The adapter replies run under (the first --lora; None: the base)."""
+        self.reasoning = (parser_for_template(getattr(tokenizer, "chat_template", None))
+                          if template else None)
+        """Splits a thinking model's thinking from its answer (None: the template does not
+        think)."""
+        self.think = True
+        """Let a thinking model think (the template's enable_thinking; `/think off`)."""
+        self._prompt = ""
 
     # -- prompts ---------------------------------------------------------------------------
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
@@ -86,8 +96,11 @@ class ChatSession:
             from astrai.data.chat_ids import conversation_ids
 
             sys = [{"role": "system", "content": self.system}] if self.system else []
-            return conversation_ids(self.tokenizer, sys + messages,
-                                    add_generation_prompt=True).ids
+            extra = None if self.reasoning is None else {"enable_thinking": self.think}
+            chat = conversation_ids(self.tokenizer, sys + messages, add_generation_prompt=True,
+                                    extra=extra)
+            self._prompt = chat.text
+            return chat.ids
         # Base model: one running text; each input starts a new line, each reply continues
         # its input directly.
         parts = [self.system] if self.system else []
@@ -128,7 +141,8 @@ class ChatSession:
             turns = "turn" if dropped == 1 else f"{dropped} turns"
             notice = f"the context is full: dropped the oldest {turns}"
         stream = self.engine.generate(ids, self.params, stream=True, lora=self.lora)
-        return Reply(self, stream, user, len(ids), notice)
+        split = None if self.reasoning is None else self.reasoning.splitter(self._prompt)
+        return Reply(self, stream, user, len(ids), notice, split)
 
     def _record(self, reply: Reply) -> None:
         self.messages.append({"role": "user", "content": reply.user})
@@ -168,8 +182,10 @@ class ChatSession:
                                  f"{self.engine.stats().decode}" + speculation_line(self.engine))
         if name == "/set":
             return self._set(arg)
-        if name == "/lora":
+        if name in ("/lora", "/adapter"):
             return self._lora(arg)
+        if name == "/think":
+            return self._think(arg)
         return CommandResult(f"unknown command {name}: type /help", error=True)
 
     def _lora(self, arg: str) -> CommandResult:
@@ -186,6 +202,16 @@ class ChatSession:
                                  error=True)
         self.lora = arg
         return CommandResult(f"replies use the adapter {arg}")
+
+    def _think(self, arg: str) -> CommandResult:
+        if self.reasoning is None:
+            return CommandResult("/think: this model's chat template does not think (no "
+                                 "<think> block)", error=True)
+        if arg.lower() not in ("on", "off", ""):
+            return CommandResult(f"/think {arg}: use /think on or /think off", error=True)
+        if arg:
+            self.think = arg.lower() == "on"
+        return CommandResult(f"thinking {'on' if self.think else 'off'}")
 
     def settings(self) -> dict[str, Any]:
         return {k: getattr(self.params, k) for k in SETTABLE}
@@ -258,37 +284,3 @@ def open_chat(path: str | Path, options: EngineOptions | None = None, *,
                                        max_requests=4, max_context=max_context))
     engine = build_engine(model, tok, options, cache, backend=backend)
     return ChatSession(engine, tok, params, system=system, template=template)
-
-
-def collect_message(read: Any, first: str = ">>> ", more: str = "... ") -> str:
-    """Read one message through `read(prompt) -> line` (input() in a terminal).
-
-    Multi-line input: end a line with a backslash to continue on the next, or open a block
-    with a line starting with three double quotes and close it with a line ending with
-    three double quotes. EOFError inside a block returns what was read."""
-    line = read(first)
-    if line.lstrip().startswith('"""'):
-        first = line.lstrip()[3:]
-        if first.rstrip().endswith('"""'):
-            return first.rstrip()[:-3]
-        lines = [first] if first else []
-        while True:
-            try:
-                nxt = read(more)
-            except EOFError:
-                break
-            if nxt.rstrip().endswith('"""'):
-                lines.append(nxt.rstrip()[:-3])
-                break
-            lines.append(nxt)
-        return "\n".join(lines).strip("\n")
-    lines = []
-    while line.endswith("\\"):
-        lines.append(line[:-1])
-        try:
-            line = read(more)
-        except EOFError:
-            line = ""
-            break
-    lines.append(line)
-    return "\n".join(lines)

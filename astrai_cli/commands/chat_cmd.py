@@ -82,15 +82,33 @@ def sigint_raises() -> Iterator[None]:
         signal.signal(signal.SIGINT, prev)
 
 
+DIM, PLAIN = "\x1b[2m", "\x1b[0m"
+
+
+def write_delta(delta: str, out: Any, thinking_out: Any = None) -> None:
+    """A reply delta on `out`; a thinking delta (chat_reply.Thinking) dimmed on a terminal,
+    or on `thinking_out` when given (--prompt: stdout keeps the answer alone)."""
+    from astrai.infer.chat_reply import Thinking
+
+    if not delta:
+        return
+    if isinstance(delta, Thinking):
+        dest = thinking_out or out
+        tty = getattr(dest, "isatty", lambda: False)()
+        dest.write(f"{DIM}{delta}{PLAIN}" if tty else delta)
+        dest.flush()
+        return
+    out.write(delta)
+    out.flush()
+
+
 def stream_reply(reply: Any, out: Any, stop: threading.Event) -> bool:
     """Write the reply's deltas as they come; True when `stop` (Ctrl-C) ended it early."""
     for delta in reply:
         if stop.is_set():
             reply.cancel()
             return True
-        if delta:
-            out.write(delta)
-            out.flush()
+        write_delta(delta, out)
     return False  # (a Ctrl-C during the last step finds the reply complete: nothing to stop)
 
 
@@ -273,9 +291,10 @@ def register(app: typer.Typer) -> None:
             reply = session.reply(text)
             if reply.notice:
                 err.print(reply.notice)
-            for delta in reply:
-                sys.stdout.write(delta)
-                sys.stdout.flush()
+            for delta in reply:  # the thinking, if any, on stderr
+                write_delta(delta, sys.stdout, sys.stderr)
+            if reply.thinking:
+                sys.stderr.write("\n")
             sys.stdout.write("\n")
             sys.stdout.flush()
             if reply.finish_reason == "error":

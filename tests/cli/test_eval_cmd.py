@@ -110,8 +110,8 @@ def test_quantize_int8_scores_and_an_unknown_format_is_one_line(ckpt, held, one_
     ref = evaluate_perplexity(ckpt, held, device="cpu")
     assert json.loads(r.stdout)["bpb"] == pytest.approx(ref.bpb, rel=0.01)
     r = runner.invoke(app, ["eval", str(ckpt), "--data", str(held), "--device", "cpu",
-                            "--quantize", "int4"])
-    assert r.exit_code == 2 and "--quantize 'int4': use none or int8" in r.stderr
+                            "--quantize", "int3"])
+    assert r.exit_code == 2 and "--quantize 'int3': use none or int8, int4" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not r.stdout
 
 

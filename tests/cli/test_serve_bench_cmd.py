@@ -109,7 +109,7 @@ def test_one_table_one_column_per_backend():
     (["--threads", "0"], "--threads 0"),
     (["--input-len", "200"], "exceed the context of 128"),
     (["--workload", "nope.jsonl"], "workload 'nope.jsonl': no such file"),
-    (["--quantize", "int4"], "--quantize 'int4': use none or int8"),
+    (["--quantize", "int3"], "--quantize 'int3': use none or int8, int4"),
 ])
 def test_bad_options_exit_2(ckpt, args, why):
     r = runner.invoke(app, ["serve-bench", str(ckpt), *FAST, *args])
