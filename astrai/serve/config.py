@@ -10,6 +10,7 @@ from astrai.infer.loading import resolve_quantize
 from astrai.infer.loras import MAX_LOADED_LORAS, MAX_LORA_RANK, check_name
 from astrai.model.adapter import MAX_PATH_CHARS
 from astrai.serve.auth import key_problem
+from astrai.serve.responses_store import ResponseStoreConfig
 from astrai.serve.tool_parsers import PARSERS
 
 
@@ -77,6 +78,8 @@ class ServeConfig:
     """The KV pool (page size, pool tokens, radix prefix sharing, context)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     """Continuous-batching policy (step token budget)."""
+    response_store: ResponseStoreConfig = field(default_factory=ResponseStoreConfig)
+    """The bounds of /v1/responses' stored responses (count, bytes, expiry)."""
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -93,6 +96,7 @@ class ServeConfig:
             raise ConfigError(f"--tool-call-parser {self.tool_call_parser}: not a parser; use "
                               f"one of {', '.join(PARSERS)}")
         resolve_quantize(self.quantize)
+        self.response_store.validate()
         self._validate_loras()
         problem = key_problem(self.api_key)
         if problem is not None:
