@@ -1,0 +1,427 @@
+"""The Responses API (`/v1/responses`) through a real `astrai serve` with the official openai
+client's `client.responses`, on a random-weight model with Qwen3's template (hermes tool
+calls). The reference is the server's own chat/completions: a response is that chat
+request under other names, so at temperature 0 its text, its prompt's token count and its
+calls equal chat's for the same conversation (instructions as a system message, a
+`function_call` as the assistant's tool_calls, a `function_call_output` as a tool
+message, `previous_response_id` as the earlier turns). Only the grammar can make the random
+model's output a call or valid JSON, so calls and JSON validating (jsonschema) is the
+grammar's doing. Then the store's bounds (count, bytes, expiry) and hostile bodies."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from urllib.parse import urlparse
+
+import pytest
+
+from astrai.serve.responses_store import ResponseStore, ResponseStoreConfig
+from tests.real_tokenizers import tiny_hf_model
+from tests.serve.conftest import API_KEY, ServeProcess, wait_until
+
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+pytest.importorskip("llguidance")
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+           "parameters": {"type": "object", "properties": {
+               "city": {"type": "string", "maxLength": 8},
+               "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+               "required": ["city", "unit"], "additionalProperties": False}}
+ADD = {"type": "function", "name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer", "minimum": -99, "maximum": 99},
+                                     "b": {"type": "integer", "minimum": -99, "maximum": 99}},
+    "required": ["a", "b"], "additionalProperties": False}}
+TOOLS = [WEATHER, ADD]
+SCHEMAS = {t["name"]: t["parameters"] for t in TOOLS}
+CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+              for t in TOOLS]
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 8},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+    "required": ["name", "age", "tags"], "additionalProperties": False}
+AUTH = "Bearer " + API_KEY
+LIVENESS_BOUND_S = 5.0
+"""How long a 1-token chat request may take while hostile and long responses requests run
+(a liveness bound on a loaded 2-core machine, not a speed target)."""
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    root = tmp_path_factory.mktemp("responses")
+    model = tiny_hf_model("qwen3", root, context=2048)
+    srv = ServeProcess([str(model), "--api-key", API_KEY, "--served-model-name", "tiny",
+                        "--max-kv-tokens", "16384", "--max-running", "8"], root / "err.txt")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(qwen):
+    return openai.OpenAI(base_url=qwen.url + "/v1", api_key=API_KEY, max_retries=0,
+                         timeout=120)
+
+
+def post(srv, body: bytes | dict, path: str = "/v1/responses", method: str = "POST",
+         timeout: float = 120) -> tuple[int, dict]:
+    u = urlparse(srv.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    conn.request(method, path, body=data if method == "POST" else None,
+                 headers={"Authorization": AUTH, "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    raw = resp.read()
+    conn.close()
+    return resp.status, json.loads(raw) if raw else {}
+
+
+def refused(status: int, body: dict, param: str | None, code: int = 400) -> bool:
+    err = body.get("error", {})
+    return (status == code and set(err) == {"message", "type", "param", "code"}
+            and err["param"] == param)
+
+
+def chat(client, messages, **kw):
+    return client.chat.completions.create(model="tiny", messages=messages, temperature=0,
+                                          **kw)
+
+
+def test_plain_text_equals_chat(client):
+    r = client.responses.create(model="tiny", instructions="Be brief.", temperature=0,
+                                max_output_tokens=12, input=[{"role": "user", "content": [
+                                    {"type": "input_text", "text": "Hello"}]}])
+    want = chat(client, [{"role": "system", "content": "Be brief."},
+                         {"role": "user", "content": "Hello"}], max_tokens=12)
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == "tiny"
+    (item,) = r.output
+    assert item.type == "message" and item.role == "assistant"
+    assert r.output_text == want.choices[0].message.content and r.output_text
+    assert r.instructions == "Be brief." and r.max_output_tokens == 12
+    u = r.usage
+    assert (u.input_tokens, u.output_tokens) == (want.usage.prompt_tokens, 12)
+    assert u.total_tokens == u.input_tokens + u.output_tokens
+    # the random model writes no end of turn in 12 tokens: the bound ended it
+    assert want.choices[0].finish_reason == "length"
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+
+
+def test_a_stream_is_the_event_sequence_of_the_same_text(client):
+    kw = dict(model="tiny", input="Tell me a story.", max_output_tokens=16, temperature=0)
+    whole = client.responses.create(**kw)
+    events = list(client.responses.create(stream=True, **kw))
+    types = [e.type for e in events]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert types == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", *[d.type for d in deltas],
+                     "response.output_text.done", "response.content_part.done",
+                     "response.output_item.done", "response.incomplete"]
+    assert isinstance(deltas[0], openai.types.responses.ResponseTextDeltaEvent)
+    text = "".join(d.delta for d in deltas)
+    assert text == events[-4].text == whole.output_text and text
+    item_id = events[2].item.id
+    assert all(e.item_id == item_id for e in deltas) and events[-2].item.id == item_id
+    final = events[-1].response
+    assert final.output_text == text and final.status == "incomplete"
+    assert final.usage.output_tokens == 16 == whole.usage.output_tokens
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    assert client.responses.retrieve(final.id).output_text == text  # stored as it ended
+
+
+def _calls(r) -> list:
+    return [o for o in r.output if o.type == "function_call"]
+
+
+def check_call(call, allowed: set[str]) -> dict:
+    assert call.type == "function_call" and call.name in allowed
+    assert call.call_id.startswith("call_") and call.id.startswith("fc_")
+    args = json.loads(call.arguments)
+    jsonschema.validate(args, SCHEMAS[call.name])
+    return args
+
+
+def test_a_forced_call_then_its_output_in_a_second_turn(client):
+    user = {"role": "user", "content": "Weather in Paris?"}
+    r = client.responses.create(model="tiny", input=[user], tools=TOOLS, temperature=0,
+                                tool_choice="required", parallel_tool_calls=False,
+                                max_output_tokens=120)
+    assert r.status == "completed", r
+    (call,) = _calls(r)
+    check_call(call, set(SCHEMAS))
+    assert r.tool_choice == "required" and r.parallel_tool_calls is False
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "21 C"}
+    # the second turn twice: the whole history sent again, and previous_response_id
+    replay = client.responses.create(
+        model="tiny", tools=TOOLS, temperature=0, max_output_tokens=6,
+        input=[user, call.model_dump(exclude_none=True), result])
+    follow = client.responses.create(model="tiny", tools=TOOLS, temperature=0,
+                                     max_output_tokens=6, previous_response_id=r.id,
+                                     input=[result])
+    want = chat(client, [user, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.call_id, "type": "function", "function": {
+            "name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "21 C"}],
+        tools=CHAT_TOOLS, max_tokens=6)
+    for second in (replay, follow):
+        assert second.usage.input_tokens == want.usage.prompt_tokens
+        assert second.output_text == (want.choices[0].message.content or "")
+    assert follow.previous_response_id == r.id
+    assert want.usage.prompt_tokens > r.usage.input_tokens + r.usage.output_tokens
+
+
+def test_a_named_call_streams_its_arguments(client):
+    kw = dict(model="tiny", input="Add 2 and 3.", tools=TOOLS, temperature=0,
+              tool_choice={"type": "function", "name": "add"}, max_output_tokens=120)
+    whole = client.responses.create(**kw)
+    events = list(client.responses.create(stream=True, **kw))
+    types = [e.type for e in events]
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert types == ["response.created", "response.in_progress", "response.output_item.added",
+                     *["response.function_call_arguments.delta"] * len(deltas),
+                     "response.function_call_arguments.done", "response.output_item.done",
+                     "response.completed"]
+    added, done = events[2].item, events[-2].item
+    assert added.type == "function_call" and added.name == "add" and added.arguments == ""
+    assert "".join(deltas) == events[-3].arguments == done.arguments
+    args = check_call(done, {"add"})
+    (call,) = _calls(whole)
+    assert json.loads(call.arguments) == args  # greedy: the same call streamed or not
+    assert _calls(events[-1].response)[0].call_id == done.call_id == added.call_id
+
+
+def test_json_schema_output_parses_and_validates(client):
+    r = client.responses.create(model="tiny", input="A person as JSON.", temperature=0,
+                                max_output_tokens=200, text={"format": {
+                                    "type": "json_schema", "name": "person",
+                                    "schema": PERSON, "strict": True}})
+    assert r.status == "completed"
+    jsonschema.validate(json.loads(r.output_text), PERSON)
+    assert r.text.format.type == "json_schema"
+    obj = client.responses.create(model="tiny", input="Any JSON object.", temperature=1.0,
+                                  max_output_tokens=200, text={"format": {
+                                      "type": "json_object"}}, extra_body={"seed": 3})
+    if obj.status == "completed":  # a random object may outgrow the bound; its start holds
+        assert isinstance(json.loads(obj.output_text), dict)
+    assert obj.output_text.startswith("{")
+
+
+def test_previous_response_id_continues_the_conversation(client):
+    first = client.responses.create(model="tiny", input="Hi there", max_output_tokens=5,
+                                    temperature=0, instructions="Old rules.")
+    second = client.responses.create(model="tiny", input="And then?", max_output_tokens=5,
+                                     temperature=0, previous_response_id=first.id)
+    # the earlier instructions are not carried over (OpenAI's rule); its turns are
+    want = chat(client, [{"role": "user", "content": "Hi there"},
+                         {"role": "assistant", "content": first.output_text},
+                         {"role": "user", "content": "And then?"}], max_tokens=5)
+    assert second.usage.input_tokens == want.usage.prompt_tokens
+    assert second.usage.input_tokens > first.usage.input_tokens
+    assert second.output_text == want.choices[0].message.content
+    third = client.responses.create(model="tiny", input="More.", max_output_tokens=3,
+                                    temperature=0, previous_response_id=second.id)
+    assert third.usage.input_tokens > second.usage.total_tokens
+
+
+def test_get_and_delete(client, qwen):
+    r = client.responses.create(model="tiny", input="Hello", max_output_tokens=4,
+                                temperature=0, metadata={"k": "v"})
+    got = client.responses.retrieve(r.id)
+    assert got.model_dump() == r.model_dump() and got.metadata == {"k": "v"}
+    client.responses.delete(r.id)
+    for call in (client.responses.retrieve, client.responses.delete):
+        with pytest.raises(openai.NotFoundError):
+            call(r.id)
+    status, body = post(qwen, b"", f"/v1/responses/{r.id}", "GET")
+    assert refused(status, body, None, 404) and r.id in body["error"]["message"]
+    assert refused(*post(qwen, b"", "/v1/responses/resp_nope", "DELETE"), None, 404)
+    unstored = client.responses.create(model="tiny", input="Hi", max_output_tokens=2,
+                                       store=False)
+    assert unstored.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    status, body = post(qwen, {"input": "Hi", "previous_response_id": unstored.id})
+    assert refused(status, body, "previous_response_id"), body
+    u = urlparse(qwen.url)  # the key guards these routes as every /v1 route
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.request("GET", f"/v1/responses/{r.id}")
+    assert conn.getresponse().status == 401
+
+
+FN = {"type": "function", "name": "f"}
+
+
+@pytest.mark.parametrize(("change", "param"), [
+    ({"input": 5}, "input"),
+    ({"input": []}, "input"),
+    ({"input": None}, "input"),
+    ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+    ({"input": ["x"]}, "input[0]"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+     "input[0].content"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]},
+     "input[0].arguments"),
+    ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ({"input": [{"role": "user", "content": "x", "color": "red"}]}, "input[0].color"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"max_output_tokens": 10**7}, "input"),  # more than the context leaves
+    ({"temperature": -1}, "temperature"),
+    ({"top_p": 2}, "top_p"),
+    ({"instructions": 3}, "instructions"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [{**FN, "name": "bad name!"}]}, "tools[0].name"),
+    ({"tools": [{**FN, "parameters": {"type": "array"}}]}, "tools[0].parameters"),
+    ({"tools": [{**FN, "parameters": {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "(("}}}}], "tool_choice": "required"},
+     "tools[0].parameters"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [FN], "tool_choice": {"type": "function", "name": "g"}}, "tool_choice"),
+    ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}}}},
+     "text.format"),
+    ({"store": "yes"}, "store"),
+    ({"metadata": {"k": 5}}, "metadata"),
+    ({"previous_response_id": "resp_" + "0" * 32}, "previous_response_id"),
+    ({"frobnicate": 1}, "frobnicate"),
+    ({"model": "other"}, "model"),
+])
+def test_bad_fields_are_400s_naming_the_field(qwen, change, param):
+    status, body = post(qwen, {"model": "tiny", "input": "hi", "max_output_tokens": 4,
+                               **change})
+    assert refused(status, body, param, 404 if param == "model" else 400), body
+
+
+def test_hostile_bodies_are_400s(qwen):
+    deep = b'{"input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    assert refused(*post(qwen, deep), None)
+    nested: object = "x"
+    for _ in range(500):  # decodes, but is no content
+        nested = [nested]
+    status, body = post(qwen, {"input": [{"role": "user", "content": nested}]})
+    assert refused(status, body, "input[0].content"), body
+    items = [{"role": "user", "content": "hi"}] * 20_000
+    assert refused(*post(qwen, {"input": items}), "input")
+    long = "the quick brown fox jumps over the lazy dog. " * 60_000  # 2.7 MB
+    status, body = post(qwen, {"input": long, "max_output_tokens": 1})
+    assert refused(status, body, "input") and body["error"]["code"] == \
+        "context_length_exceeded", body
+
+
+def test_a_small_chat_answers_while_hostile_and_long_responses_run(qwen):
+    """A long streamed response and hostile bodies (the largest input list, each item
+    long; a 2.7 MB input), read, rendered and refused in worker threads, beside a 1-token
+    chat request, which keeps answering within LIVENESS_BOUND_S (measured: 0.4 s)."""
+    statuses: list[tuple[int, str | None]] = []
+    hostile = [{"input": [{"role": "user", "content": "word " * 700}] * 1024},
+               {"input": "the quick brown fox jumps over the lazy dog. " * 60_000}]
+
+    def abuse(body: dict) -> None:
+        for _ in range(2):
+            status, got = post(qwen, {**body, "max_output_tokens": 1}, timeout=300)
+            statuses.append((status, got.get("error", {}).get("param")))
+
+    def long_stream() -> None:
+        body = {"input": "Go on.", "max_output_tokens": 300, "stream": True}
+        statuses.append((post_stream(qwen, body), None))
+
+    threads = [threading.Thread(target=abuse, args=(b,), daemon=True) for b in hostile]
+    threads.append(threading.Thread(target=long_stream, daemon=True))
+    for t in threads:
+        t.start()
+    slowest, rounds = 0.0, 0
+    while rounds < 3 or any(t.is_alive() for t in threads):
+        t0 = time.monotonic()
+        status, _ = post(qwen, {"messages": [{"role": "user", "content": "hi"}],
+                                "max_tokens": 1}, "/v1/chat/completions", timeout=300)
+        assert status == 200
+        slowest = max(slowest, time.monotonic() - t0)
+        rounds += 1
+        assert rounds < 2000, "the heavy requests did not finish"
+    for t in threads:
+        t.join(300)
+    assert slowest < LIVENESS_BOUND_S, slowest
+    assert sorted(statuses, key=str) == [(200, None)] + [(400, "input")] * 4, statuses
+
+
+def post_stream(srv, body: dict) -> int:
+    """Read a whole streamed response; 200 when it ended with its terminal event."""
+    u = urlparse(srv.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
+    conn.request("POST", "/v1/responses", body=json.dumps(body).encode(),
+                 headers={"Authorization": AUTH, "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    text = resp.read().decode()
+    conn.close()
+    return resp.status if "event: response.incomplete" in text else 0
+
+
+# -- the store's bounds ------------------------------------------------------------------
+STORE_TTL = 4.0
+
+
+@pytest.fixture(scope="module")
+def bounded(ckpt, tmp_path_factory):
+    """conftest's tiny model behind a small store: 3 responses, 24,000 bytes, STORE_TTL s."""
+    log = tmp_path_factory.mktemp("responses-store") / "err.txt"
+    srv = ServeProcess([str(ckpt), "--api-key", API_KEY, "--served-model-name", "tiny",
+                        "--response-store-max", "3", "--response-store-bytes", "24000",
+                        "--response-store-ttl", str(STORE_TTL)], log)
+    yield srv
+    srv.stop()
+
+
+def _create(srv, **kw) -> str:
+    status, body = post(srv, {"input": "hi", "max_output_tokens": 1, **kw})
+    assert status == 200 and body["store"] is kw.get("store", True), body
+    return body["id"]
+
+
+def _stored(srv, rid: str) -> bool:
+    return post(srv, b"", f"/v1/responses/{rid}", "GET")[0] == 200
+
+
+def test_the_store_evicts_the_oldest_by_count_and_bytes_and_expires(bounded):
+    ids = [_create(bounded) for _ in range(4)]
+    assert [_stored(bounded, i) for i in ids] == [False, True, True, True]
+    # 16 metadata values of 512 characters: ~9 KB an entry, so two fit in 24,000 bytes
+    big = {f"k{i}": chr(ord("a") + i) * 512 for i in range(16)}
+    fat = [_create(bounded, metadata=big) for _ in range(3)]
+    assert [_stored(bounded, i) for i in fat] == [False, True, True]
+    assert not any(_stored(bounded, i) for i in ids)  # evicted for the bytes
+    t0 = time.monotonic()
+    last = _create(bounded)
+    assert _stored(bounded, last)
+    wait_until(lambda: not _stored(bounded, last), timeout=60, what="the entry to expire")
+    assert time.monotonic() - t0 > STORE_TTL * 0.9
+    status, body = post(bounded, {"input": "more", "previous_response_id": last})
+    assert refused(status, body, "previous_response_id"), body
+
+
+def test_the_store_alone_evicts_expires_and_refuses_oversized_entries():
+    now = [0.0]
+    store = ResponseStore(ResponseStoreConfig(max_responses=3, max_bytes=2000, ttl=10),
+                          clock=lambda: now[0])
+    small = [{"role": "user", "content": "x" * 300}]  # ~340 bytes an entry
+    for i in range(4):
+        now[0] = i
+        assert store.put(f"r{i}", {"id": f"r{i}"}, small)
+    assert store.get("r0") is None and len(store) == 3
+    assert store.put("big", {"id": "big"}, [{"content": "y" * 1500}])  # evicts r1 (count)
+    # and r2 (bytes: r2 + r3 + big > 2000)
+    assert [store.get(f"r{i}") is not None for i in range(4)] == [False, False, False, True]
+    assert store.bytes <= 2000
+    assert not store.put("huge", {"id": "huge"}, [{"content": "z" * 3000}])
+    assert store.get("huge") is None and store.get("big") is not None
+    now[0] = 3 + 10.5  # r3 was stored at 3, big at 3 too
+    assert store.get("r3") is None and store.get("big") is None and len(store) == 0
+    assert store.bytes == 0
+    assert store.put("again", {"id": "again"}, small) and store.delete("again")
+    assert not store.delete("again") and store.bytes == 0
