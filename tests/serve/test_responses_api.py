@@ -112,7 +112,8 @@ def test_plain_text_equals_chat(client):
 
 
 def test_a_stream_is_the_event_sequence_of_the_same_text(client):
-    kw = dict(model="tiny", input="Tell me a story.", max_output_tokens=16, temperature=0)
+    kw = {"model": "tiny", "input": "Tell me a story.", "max_output_tokens": 16,
+          "temperature": 0}
     whole = client.responses.create(**kw)
     events = list(client.responses.create(stream=True, **kw))
     types = [e.type for e in events]
@@ -176,8 +177,8 @@ def test_a_forced_call_then_its_output_in_a_second_turn(client):
 
 
 def test_a_named_call_streams_its_arguments(client):
-    kw = dict(model="tiny", input="Add 2 and 3.", tools=TOOLS, temperature=0,
-              tool_choice={"type": "function", "name": "add"}, max_output_tokens=120)
+    kw = {"model": "tiny", "input": "Add 2 and 3.", "tools": TOOLS, "temperature": 0,
+          "tool_choice": {"type": "function", "name": "add"}, "max_output_tokens": 120}
     whole = client.responses.create(**kw)
     events = list(client.responses.create(stream=True, **kw))
     types = [e.type for e in events]
