@@ -184,8 +184,11 @@ class ResponsesBuilder:
         evs = self._close()
         self.items.append(item)
         self.open = len(self.items) - 1
+        added = json.loads(json.dumps(item))
+        if item["type"] == "message":  # its part is announced next, as OpenAI's stream does
+            added["content"] = []
         evs.append(self.event("response.output_item.added", output_index=self.open,
-                              item=json.loads(json.dumps(item))))
+                              item=added))
         if item["type"] == "message":
             evs.append(self.event("response.content_part.added", item_id=item["id"],
                                   output_index=self.open, content_index=0,
@@ -225,8 +228,9 @@ class ResponsesBuilder:
             return []
         index, self.open = self.open, None
         item = self.items[index]
+        # the token bound cut the last item (a call's arguments already sent stay sent)
         item["status"] = "incomplete" if self.cut and index == len(self.items) - 1 \
-            and item["type"] == "message" else "completed"
+            else "completed"
         evs = []
         if item["type"] == "message":
             part = item["content"][0]

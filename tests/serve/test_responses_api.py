@@ -127,6 +127,8 @@ def test_a_stream_is_the_event_sequence_of_the_same_text(client):
     text = "".join(d.delta for d in deltas)
     assert text == events[-4].text == whole.output_text and text
     item_id = events[2].item.id
+    assert events[2].item.content == [] and events[3].part.text == ""
+    assert events[-2].item.status == "incomplete"  # the bound cut it
     assert all(e.item_id == item_id for e in deltas) and events[-2].item.id == item_id
     final = events[-1].response
     assert final.output_text == text and final.status == "incomplete"
@@ -161,6 +163,9 @@ def test_a_forced_call_then_its_output_in_a_second_turn(client):
     replay = client.responses.create(
         model="tiny", tools=TOOLS, temperature=0, max_output_tokens=6,
         input=[user, call.model_dump(exclude_none=True), result])
+    # an agent's usual loop: the output objects appended to the input as they came
+    objects = client.responses.create(model="tiny", tools=TOOLS, temperature=0,
+                                      max_output_tokens=6, input=[user, *r.output, result])
     follow = client.responses.create(model="tiny", tools=TOOLS, temperature=0,
                                      max_output_tokens=6, previous_response_id=r.id,
                                      input=[result])
@@ -169,7 +174,7 @@ def test_a_forced_call_then_its_output_in_a_second_turn(client):
             "name": call.name, "arguments": call.arguments}}]},
         {"role": "tool", "tool_call_id": call.call_id, "content": "21 C"}],
         tools=CHAT_TOOLS, max_tokens=6)
-    for second in (replay, follow):
+    for second in (replay, objects, follow):
         assert second.usage.input_tokens == want.usage.prompt_tokens
         assert second.output_text == (want.choices[0].message.content or "")
     assert follow.previous_response_id == r.id
@@ -189,6 +194,7 @@ def test_a_named_call_streams_its_arguments(client):
                      "response.completed"]
     added, done = events[2].item, events[-2].item
     assert added.type == "function_call" and added.name == "add" and added.arguments == ""
+    assert added.status == "in_progress" and done.status == "completed"
     assert "".join(deltas) == events[-3].arguments == done.arguments
     args = check_call(done, {"add"})
     (call,) = _calls(whole)
