@@ -432,3 +432,66 @@ def test_the_store_alone_evicts_expires_and_refuses_oversized_entries():
     assert store.bytes == 0
     assert store.put("again", {"id": "again"}, small) and store.delete("again")
     assert not store.delete("again") and store.bytes == 0
+
+
+# -- the event sequence of mixed output, against the non-streamed answer ------------------
+def _outputs(pieces: list[str], finish: str):
+    from types import SimpleNamespace
+
+    usage = SimpleNamespace(prompt_tokens=7, cached_tokens=0)
+    return [SimpleNamespace(delta_text=p, delta_token_ids=[0] * len(p), usage=usage,
+                            finished=i == len(pieces) - 1,
+                            finish_reason=finish if i == len(pieces) - 1 else None)
+            for i, p in enumerate(pieces)]
+
+
+@pytest.mark.parametrize("finish", ["stop", "length"])
+def test_text_then_calls_stream_as_items_one_after_another(finish):
+    """Hermes output with text, two calls and text again, streamed one character at a time:
+    the items open and close in order (a message, two function_calls, a message), each
+    item's deltas join to what the non-streamed answer of the same text holds, and the
+    sequence numbers count up."""
+    from astrai.serve.responses_api import ResponseHead, ResponsesBuilder
+    from astrai.serve.tool_parsers import HermesParser
+    from astrai.serve.tools import ToolPlan
+
+    text = ('Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", '
+            '"unit": "celsius"}}\n</tool_call>\n<tool_call>\n{"name": "add", "arguments": '
+            '{"a": 2, "b": 3}}\n</tool_call>\nDone.')
+    plan = ToolPlan([], "auto", None, True, HermesParser())
+
+    def builder() -> ResponsesBuilder:
+        return ResponsesBuilder(ResponseHead("resp_x", "tiny", {}, None, None, True), plan)
+
+    streamed = builder()
+    events = streamed.start_events()
+    for out in _outputs(list(text), finish):
+        events += streamed.events(out)
+    events += streamed.end_events()
+    whole = builder()
+    for out in _outputs([text], finish):
+        whole.add(out)
+    want = whole.final()
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    got = events[-1]["response"]
+    kinds = [(i["type"], i.get("name")) for i in got["output"]]
+    assert kinds == [("message", None), ("function_call", "get_weather"),
+                     ("function_call", "add"), ("message", None)]
+    added = [e["output_index"] for e in events if e["type"] == "response.output_item.added"]
+    done = [e["output_index"] for e in events if e["type"] == "response.output_item.done"]
+    assert added == done == [0, 1, 2, 3]
+    for index, item in enumerate(got["output"]):
+        deltas = "".join(e["delta"] for e in events if e.get("output_index") == index
+                         and e["type"].endswith(".delta"))
+        assert deltas == (item["content"][0]["text"] if item["type"] == "message"
+                          else item["arguments"])
+    calls = [(i["name"], json.loads(i["arguments"])) for i in got["output"]
+             if i["type"] == "function_call"]
+    assert calls == [(i["name"], json.loads(i["arguments"])) for i in want["output"]
+                     if i["type"] == "function_call"]
+    texts = [i["content"][0]["text"] for i in got["output"] if i["type"] == "message"]
+    assert "".join(texts) == want["output"][0]["content"][0]["text"]
+    assert got["usage"] == want["usage"] and got["usage"]["output_tokens"] == len(text)
+    assert got["status"] == ("completed" if finish == "stop" else "incomplete")
+    assert events[-1]["type"] == ("response.completed" if finish == "stop"
+                                  else "response.incomplete")
