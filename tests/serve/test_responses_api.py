@@ -14,6 +14,7 @@ import http.client
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 import pytest
@@ -52,20 +53,47 @@ LIVENESS_BOUND_S = 5.0
 (a liveness bound on a loaded 2-core machine, not a speed target)."""
 
 
+STORE_TTL = 4.0
+
+
 @pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
+def servers(ckpt, tmp_path_factory):
+    """(a Qwen3-template model's server, conftest's tiny model behind a small store: 3
+    responses, 24,000 bytes, STORE_TTL s), started side by side."""
     root = tmp_path_factory.mktemp("responses")
-    model = tiny_hf_model("qwen3", root, context=2048)
-    srv = ServeProcess([str(model), "--api-key", API_KEY, "--served-model-name", "tiny",
-                        "--max-kv-tokens", "16384", "--max-running", "8"], root / "err.txt")
-    yield srv
-    srv.stop()
+    bounded = [str(ckpt), "--api-key", API_KEY, "--served-model-name", "tiny",
+               "--response-store-max", "3", "--response-store-bytes", "24000",
+               "--response-store-ttl", str(STORE_TTL)]
+    with ThreadPoolExecutor(2) as pool:
+        second = pool.submit(ServeProcess, bounded, root / "bounded.txt")
+        model = tiny_hf_model("qwen3", root, context=2048)
+        first = ServeProcess([str(model), "--api-key", API_KEY, "--served-model-name", "tiny",
+                              "--max-kv-tokens", "16384", "--max-running", "8"],
+                             root / "err.txt")
+        srvs = (first, second.result())
+    yield srvs
+    for srv in srvs:
+        srv.proc.terminate()
+    for srv in srvs:
+        srv.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def qwen(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def bounded(servers):
+    return servers[1]
 
 
 @pytest.fixture(scope="module")
 def client(qwen):
-    return openai.OpenAI(base_url=qwen.url + "/v1", api_key=API_KEY, max_retries=0,
-                         timeout=120)
+    c = openai.OpenAI(base_url=qwen.url + "/v1", api_key=API_KEY, max_retries=0,
+                      timeout=120)
+    yield c
+    c.close()  # its open connection would hold the server's graceful shutdown
 
 
 def post(srv, body: bytes | dict, path: str = "/v1/responses", method: str = "POST",
@@ -336,7 +364,7 @@ def test_a_small_chat_answers_while_hostile_and_long_responses_run(qwen):
             statuses.append((status, got.get("error", {}).get("param")))
 
     def long_stream() -> None:
-        body = {"input": "Go on.", "max_output_tokens": 300, "stream": True}
+        body = {"input": "Go on.", "max_output_tokens": 150, "stream": True}
         statuses.append((post_stream(qwen, body), None))
 
     threads = [threading.Thread(target=abuse, args=(b,), daemon=True) for b in hostile]
@@ -371,20 +399,6 @@ def post_stream(srv, body: dict) -> int:
 
 
 # -- the store's bounds ------------------------------------------------------------------
-STORE_TTL = 4.0
-
-
-@pytest.fixture(scope="module")
-def bounded(ckpt, tmp_path_factory):
-    """conftest's tiny model behind a small store: 3 responses, 24,000 bytes, STORE_TTL s."""
-    log = tmp_path_factory.mktemp("responses-store") / "err.txt"
-    srv = ServeProcess([str(ckpt), "--api-key", API_KEY, "--served-model-name", "tiny",
-                        "--response-store-max", "3", "--response-store-bytes", "24000",
-                        "--response-store-ttl", str(STORE_TTL)], log)
-    yield srv
-    srv.stop()
-
-
 def _create(srv, **kw) -> str:
     status, body = post(srv, {"input": "hi", "max_output_tokens": 1, **kw})
     assert status == 200 and body["store"] is kw.get("store", True), body
