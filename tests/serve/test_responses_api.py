@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +24,7 @@ import pytest
 from astrai.serve.responses_store import ResponseStore, ResponseStoreConfig
 from tests.real_tokenizers import tiny_hf_model
 from tests.serve.conftest import API_KEY, ServeProcess, wait_until
+from tests.serve.test_lifecycle import metrics
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
@@ -396,6 +399,38 @@ def post_stream(srv, body: dict) -> int:
     text = resp.read().decode()
     conn.close()
     return resp.status if "event: response.incomplete" in text else 0
+
+
+def test_a_stream_whose_client_leaves_is_aborted_and_not_stored(bounded):
+    """The client closes the connection after the first delta of a 1,000-token stream: its
+    engine request is aborted (chat's disconnect handling) and the response not stored."""
+    m = metrics(bounded)
+    before = m.get("vllm:request_success_total{finished_reason=abort}", 0)
+    tokens = m.get("vllm:generation_tokens_total", 0)
+    u = urlparse(bounded.url)
+    body = json.dumps({"input": "hi", "max_output_tokens": 1000, "stream": True}).encode()
+    sock = socket.create_connection((u.hostname, u.port), timeout=60)
+    sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: " + AUTH.encode()
+                 + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                 + str(len(body)).encode() + b"\r\n\r\n" + body)
+    seen = b""
+    while b"response.output_text.delta" not in seen:
+        chunk = sock.recv(1 << 16)
+        assert chunk, seen
+        seen += chunk
+    rid = re.search(rb'"id": "(resp_[0-9a-f]{32})"', seen).group(1).decode()
+    sock.close()
+
+    def aborted() -> dict | None:
+        m = metrics(bounded)
+        return m if m.get("vllm:request_success_total{finished_reason=abort}", 0) > before \
+            and m["astrai:num_requests_in_flight"] == 0 else None
+
+    m = wait_until(aborted, timeout=60, what="the abort")
+    # aborted when the client left, not once its unread outputs passed the backlog bound
+    # (jobs.MAX_BACKLOG_STEPS = 256 steps), which would also abort it
+    assert m["vllm:generation_tokens_total"] - tokens < 200
+    assert not _stored(bounded, rid)
 
 
 # -- the store's bounds ------------------------------------------------------------------
