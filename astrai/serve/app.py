@@ -1,7 +1,8 @@
 """The FastAPI application: OpenAI-compatible routes over one EngineLoop.
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-GET /metrics, and vLLM's POST /v1/load_lora_adapter, /v1/unload_lora_adapter
+Routes: POST /v1/chat/completions, POST /v1/completions, the Responses API (POST
+/v1/responses, GET and DELETE /v1/responses/{id}; responses_routes.py), GET /v1/models,
+GET /health, GET /metrics, and vLLM's POST /v1/load_lora_adapter, /v1/unload_lora_adapter
 (lora_routes.py; off unless the server was started to allow them). Every error is OpenAI's error object with the status the OpenAI API and vLLM
 use; bad input never reaches the engine, so it cannot disturb other requests. The work a
 request body costs before the engine sees it (JSON decoding, validation, tokenization,
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,6 +34,8 @@ from astrai.serve.lora_routes import add_lora_routes, model_cards, resolve_model
 from astrai.serve.loop import EngineLoop
 from astrai.serve.metrics import ServerMetrics
 from astrai.serve.protocol import Job, parse
+from astrai.serve.responses_routes import add_responses_routes
+from astrai.serve.responses_store import ResponseStore
 
 access = logging.getLogger("astrai.serve.access")
 
@@ -59,6 +62,8 @@ class ServerState:
     max_request_tokens: int | None = None
     """The most tokens one request's choices may generate together (the KV pool's tokens);
     None: unbounded."""
+    responses: ResponseStore = field(default_factory=ResponseStore)
+    """The stored responses of /v1/responses (responses_store.py)."""
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -116,7 +121,7 @@ class AccessLog:
 
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-          "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+          "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/responses")
 
 
 def create_app(state: ServerState, ui: bool = True) -> Any:
@@ -201,6 +206,7 @@ def _api_routes(app: FastAPI, state: ServerState) -> None:
         return await generate(request, "completion")
 
     add_lora_routes(app, state, auth)
+    add_responses_routes(app, state, auth, job_from, _compile)
 
 
 async def _compile(state: ServerState, job: Job) -> None:
@@ -222,7 +228,11 @@ async def _compile(state: ServerState, job: Job) -> None:
 def read_job(state: ServerState, kind: str, raw: bytes) -> Job:
     """Body bytes -> a validated Job for this server (in a worker thread: decoding,
     tokenizing and rendering a large body never hold the event loop)."""
-    body = decode_json(raw)
+    return job_from(state, kind, decode_json(raw))
+
+
+def job_from(state: ServerState, kind: str, body: Any) -> Job:
+    """A decoded request body -> a validated Job for this server (in a worker thread)."""
     loop = state.loop
 
     def admit(choices: int) -> None:

@@ -8,6 +8,7 @@ from astrai.errors import ConfigError
 from astrai.infer.build import EngineOptions
 from astrai.infer.config import CacheConfig, SchedulerConfig
 from astrai.serve.auth import key_problem
+from astrai.serve.responses_store import ResponseStoreConfig
 from astrai.serve.tool_parsers import PARSERS
 
 
@@ -51,6 +52,8 @@ class ServeConfig(EngineOptions):
     """Continuous-batching policy (step token budget)."""
     ui: bool = True
     """Serve the chat page at / (`--no-ui` turns it off: / is then a 404)."""
+    response_store: ResponseStoreConfig = field(default_factory=ResponseStoreConfig)
+    """The bounds of /v1/responses' stored responses (count, bytes, expiry)."""
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -67,6 +70,7 @@ class ServeConfig(EngineOptions):
             raise ConfigError(f"--tool-call-parser {self.tool_call_parser}: not a parser; use "
                               f"one of {', '.join(PARSERS)}")
         self.validate_engine()
+        self.response_store.validate()
         self._validate_loras()
         problem = key_problem(self.api_key)
         if problem is not None:

@@ -117,7 +117,7 @@ async def run_job(loop: EngineLoop, request: Request, job: Job, model_name: str,
     if job.stream:
         # the first output before the stream's headers go out, so a request the engine
         # refuses still gets its 4xx instead of a broken stream
-        first = await _or_disconnect(request, outs.next(), outs.abandon)
+        first = await or_disconnect(request, outs.next(), outs.abandon)
         return StreamingResponse(_events(builder, outs, first, job.include_usage),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
@@ -128,7 +128,7 @@ async def run_job(loop: EngineLoop, request: Request, job: Job, model_name: str,
             builder.add(outs.index[out.request_id], out)
         return builder.final()
 
-    return JSONResponse(await _or_disconnect(request, collect(), outs.abandon))
+    return JSONResponse(await or_disconnect(request, collect(), outs.abandon))
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -138,7 +138,7 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-async def _or_disconnect(request: Request, work: Any, abandon: Any) -> Any:
+async def or_disconnect(request: Request, work: Any, abandon: Any) -> Any:
     """Await `work`; if the client goes away first, abort its requests and give up."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(_wait_disconnect(request))

@@ -26,6 +26,7 @@ from astrai.serve.config import ServeConfig
 from astrai.serve.limits import max_prompt_chars
 from astrai.serve.loop import EngineLoop
 from astrai.serve.metrics import ServerMetrics
+from astrai.serve.responses_store import ResponseStore
 
 log = logging.getLogger("astrai.serve")
 
@@ -102,7 +103,8 @@ class Server:
                                  lora_loading=config.enable_lora_loading,
                                  max_prompt_chars=max_prompt_chars(engine.tokenizer,
                                                                    engine.max_context),
-                                 max_request_tokens=engine.cache_config.max_kv_tokens)
+                                 max_request_tokens=engine.cache_config.max_kv_tokens,
+                                 responses=ResponseStore(config.response_store))
         self.app = create_app(self.state, ui=config.ui)
         self._uv = _Uvicorn(uvicorn.Config(
             self.app, host=config.host, port=config.port, log_config=None, access_log=False,

@@ -102,12 +102,22 @@ def register(app: typer.Typer) -> None:
             "--seed", help="Seed of requests that give none.")] = 0,
         ui: Annotated[bool, typer.Option(
             "--ui/--no-ui", help="Serve the chat page at / (--no-ui: / is a 404).")] = True,
+        response_store_max: Annotated[int, typer.Option(
+            "--response-store-max", help="Stored /v1/responses responses kept at most; the "
+            "oldest is evicted first.")] = 1000,
+        response_store_bytes: Annotated[int, typer.Option(
+            "--response-store-bytes", help="Bytes of stored responses kept at most (their "
+            "JSON and conversations).")] = 64 * 1024 * 1024,
+        response_store_ttl: Annotated[float, typer.Option(
+            "--response-store-ttl", help="Seconds a stored response stays retrievable.")
+        ] = 3600.0,
         *, engine: EngineOptions,
     ) -> None:
         """Serve a model over the OpenAI API: chat/completions (streaming), models, metrics."""
         from astrai.infer.config import CacheConfig, SchedulerConfig
         from astrai.serve import ServeConfig, serve
         from astrai.serve.auth import open_warning
+        from astrai.serve.responses_store import ResponseStoreConfig
 
         if api_key is None:  # click reads an empty variable as unset: refuse it instead
             api_key = os.environ.get("ASTRAI_API_KEY")
@@ -123,7 +133,8 @@ def register(app: typer.Typer) -> None:
             cache=CacheConfig.from_dict(dict(page_size=page_size, max_kv_tokens=max_kv_tokens,
                                              max_context=max_context)),
             scheduler=SchedulerConfig.from_dict(dict(max_step_tokens=max_step_tokens)),
-            ui=ui)
+            ui=ui, response_store=ResponseStoreConfig(response_store_max, response_store_bytes,
+                                                      response_store_ttl))
         config.validate()  # bad flags fail before the weights load
         warn_dtype(engine.device, engine.dtype)
         warning = open_warning(host, config.api_key)

@@ -26,6 +26,10 @@ runner = CliRunner()
     (["/no/such/dir", "--lora", "sql"], "--lora 'sql': expected NAME=DIR"),
     (["/no/such/dir", "--lora", "a=/x", "--lora", "a=/y"], "--lora a: given twice"),
     (["/no/such/dir", "--max-loras", "0"], "--max-loras 0: must be >= 1"),
+    (["/no/such/dir", "--response-store-max", "-1"], "--response-store-max -1: must be >= 0"),
+    (["/no/such/dir", "--response-store-bytes", "-5"], "--response-store-bytes -5"),
+    (["/no/such/dir", "--response-store-ttl", "0"], "--response-store-ttl 0.0: must be > 0"),
+    (["/no/such/dir", "--response-store-ttl", "nan"], "--response-store-ttl nan"),
 ])
 def test_bad_input_exits_2_in_one_line(args, words):
     r = runner.invoke(app, ["serve", *args])
