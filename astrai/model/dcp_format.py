@@ -18,7 +18,10 @@ by DCP itself (tensors as raw bytes, other values with torch.load(weights_only=T
 
 from __future__ import annotations
 
+import contextlib
 import pickle
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +142,8 @@ def read_tensors(path: str | Path, names: list[str] | None = None,
     template = {k: torch.empty(tuple(meta[k].size), dtype=meta[k].properties.dtype)
                 for k in keys}
     try:
-        dcp.load(template, storage_reader=SafeReader(str(d)), no_dist=True)
+        with alone():
+            dcp.load(template, storage_reader=SafeReader(str(d)), no_dist=True)
     except Exception as e:  # noqa: BLE001 - DCP wraps every reader failure in its own type
         raise CheckpointError(f"{d}: unreadable DCP data ({_first_line(e)}); {_fix(d)}") from None
     return {k[len(prefix):]: v for k, v in template.items()}
@@ -150,7 +154,16 @@ def write_tensors(path: str | Path, state: dict[str, Any]) -> None:
     one process (a conversion; training saves with every rank, astrai.train.dcp_save)."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(state, storage_writer=FileSystemWriter(str(path)), no_dist=True)
+    with alone():
+        dcp.save(state, storage_writer=FileSystemWriter(str(path)), no_dist=True)
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
+    """DCP in one process on purpose: without its warning that no process group exists."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _first_line(e: BaseException) -> str:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from astrai.model.dcp_format import DCP_DIR, SafeReader
+from astrai.model.dcp_format import DCP_DIR, SafeReader, alone
 
 if TYPE_CHECKING:
     from astrai.train.context import TrainContext
@@ -78,12 +78,13 @@ def start_save(ctx: TrainContext, final: Path, checkpoint_group: Any,
     tmp = tmp_dir(final)
     state = training_state(ctx.model, ctx.optimizer)
     writer = FileSystemWriter(str(tmp / DCP_DIR))
-    alone = not _distributed()
-    if asynchronous:
-        future = dcp.async_save(state, storage_writer=writer, process_group=checkpoint_group,
-                                no_dist=alone)
-        return PendingSave(future, tmp, final)
-    dcp.save(state, storage_writer=writer, no_dist=alone)
+    single = not _distributed()
+    with alone():
+        if asynchronous:
+            future = dcp.async_save(state, storage_writer=writer,
+                                    process_group=checkpoint_group, no_dist=single)
+            return PendingSave(future, tmp, final)
+        dcp.save(state, storage_writer=writer, no_dist=single)
     return PendingSave(None, tmp, final)
 
 
@@ -105,7 +106,9 @@ def load_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     state = training_state(model, optimizer)
-    dcp.load(state, storage_reader=SafeReader(str(ckpt / DCP_DIR)), no_dist=not _distributed())
+    with alone():
+        dcp.load(state, storage_reader=SafeReader(str(ckpt / DCP_DIR)),
+                 no_dist=not _distributed())
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
 

@@ -165,3 +165,37 @@ def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(Path(run_dir) / "checkpoints" / f"step_{step}" / "model.safetensors")
+
+
+DCP_LAYOUT = {"none": {"parallel": "none", "nprocs": 1, "batch_size": 8},
+              "ddp": {"parallel": "ddp", "nprocs": 2, "batch_size": 4},
+              "fsdp": {"parallel": "fsdp", "nprocs": 2, "batch_size": 4}}
+"""The same global batch (8 samples per step) on one process and on two."""
+
+
+def dcp_cut(run: Path, parallel: str, **kw) -> None:
+    """A DCP run of 4 steps (checkpoint every 2) that crashes in step 4: it leaves step_2 and
+    step_3 (the last good state, saved on the error)."""
+    layout = DCP_LAYOUT[parallel]
+    cfg = config_for(run, "pretrain", max_steps=4, ckpt_interval=2, checkpoint_format="dcp",
+                     parallel=parallel, nprocs=layout["nprocs"],
+                     batch_size=layout["batch_size"], **kw)
+    try:
+        train(cfg, data=data_for("pretrain"), callbacks=[StopAfterStep(3)])
+    except Interrupt:
+        pass
+
+
+def dcp_scenarios(out_root: str, names: list[str]) -> dict:
+    """2-process DCP scenarios: `cut:DIR:fsdp` (an async fsdp run in DIR stopped after
+    step 3), `resume:DIR:LAYOUT` (the cut run in DIR continued on LAYOUT)."""
+    out, results = Path(out_root), {}
+    for name in names:
+        what, where, layout = name.split(":")
+        if what == "cut":
+            dcp_cut(out / where, layout, async_checkpoint=True)
+        else:
+            summary = resume(out / where / "run", data=data_for("pretrain"),
+                             layout=DCP_LAYOUT[layout])
+            results[name] = summary.resumed_from
+    return results
