@@ -130,17 +130,25 @@ def read_tensors(path: str | Path, names: list[str] | None = None,
     without the prefix), assembled from every rank's chunks in this one process. Reads only
     the chunks of the tensors asked for, so a caller can stream a large checkpoint a few
     tensors at a time."""
+    return read_items(path, names, prefix, tensors_only=True)
+
+
+def read_items(path: str | Path, names: list[str] | None = None, prefix: str = "",
+               tensors_only: bool = False) -> dict[str, Any]:
+    """read_tensors, and also the plain values (an optimizer's param_groups) when not
+    `tensors_only`; DCP reads those with torch.load(weights_only=True)."""
     import torch.distributed.checkpoint as dcp
 
     d = dcp_dir(path)
     meta = read_metadata(d).state_dict_metadata
     keys = [k for k, v in meta.items() if k.startswith(prefix)
-            and isinstance(v, TensorStorageMetadata)]
+            and (isinstance(v, TensorStorageMetadata) or not tensors_only)]
     if names is not None:
         wanted = {prefix + n for n in names}
         keys = [k for k in keys if k in wanted]
-    template = {k: torch.empty(tuple(meta[k].size), dtype=meta[k].properties.dtype)
-                for k in keys}
+    template: dict[str, Any] = {
+        k: torch.empty(tuple(meta[k].size), dtype=meta[k].properties.dtype)
+        if isinstance(meta[k], TensorStorageMetadata) else None for k in keys}
     try:
         with alone():
             dcp.load(template, storage_reader=SafeReader(str(d)), no_dist=True)

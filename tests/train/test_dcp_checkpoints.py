@@ -110,3 +110,139 @@ def test_reshard_fsdp_to_one_process_and_ddp_and_one_process_to_ddp(tmp_path):
     for where in ("fsdp_a", "fsdp_b", "none_1"):
         assert_continues(tmp_path / where / "run", ref)
     assert res[0]["resume:fsdp_a:ddp"].endswith("step_3")
+
+
+KILLED_RUN = """
+import sys, time
+from pathlib import Path
+
+from torch.distributed.checkpoint import FileSystemWriter
+
+real, calls = FileSystemWriter.write_data, []
+
+
+def slow(self, plan, planner):  # the second save (step 2) hangs while writing its shards
+    calls.append(1)
+    if len(calls) == 2:
+        Path(sys.argv[2]).write_text("writing")
+        time.sleep(300)
+    return real(self, plan, planner)
+
+
+FileSystemWriter.write_data = slow
+from tests.train.dist_helpers import config_for, data_for
+from astrai.train import train
+
+train(config_for(Path(sys.argv[1]), "pretrain", batch_size=8, max_steps=4, ckpt_interval=1,
+                 checkpoint_format="dcp", async_checkpoint=True, ckpt_dir=sys.argv[3]),
+      data=data_for("pretrain"))
+"""
+
+
+def test_kill_9_during_async_save_keeps_the_last_checkpoint(tmp_path):
+    """A real `kill -9` while the background save of step 2 is writing its shards (the
+    training thread has gone on to step 3): step_1 stays complete, no step_2 appears, the
+    user's own step_9 in --ckpt-dir is untouched, and resume continues exactly."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    ref = reference(tmp_path)
+    ckpt_dir, flag = tmp_path / "ck", tmp_path / "writing"
+    (ckpt_dir / "step_9").mkdir(parents=True)
+    (ckpt_dir / "step_9" / "notes.txt").write_text("mine")
+    script = tmp_path / "run.py"
+    script.write_text(KILLED_RUN)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "kill"), str(flag),
+                             str(ckpt_dir)], env=env, cwd=root)
+    try:
+        deadline = time.monotonic() + 240
+        while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert flag.exists(), "the run never reached its second save"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    names = sorted(p.name for p in ckpt_dir.iterdir())
+    assert names == [".step_2.tmp-dcp", "step_1", "step_9"], names
+    assert state(ckpt_dir / "step_1")  # complete and loadable
+    summary = resume(tmp_path / "kill" / "run", data=data_for("pretrain"))
+    assert summary.resumed_from.endswith("step_1") and summary.steps == 4
+    assert losses(tmp_path / "kill" / "run") == losses(ref)
+    assert (ckpt_dir / "step_9" / "notes.txt").read_text() == "mine"
+    assert not (ckpt_dir / ".step_2.tmp-dcp").exists()  # the torn save was cleaned
+
+
+@pytest.fixture
+def dcp_run(tmp_path):
+    run = tmp_path / "dcp"
+    dcp_cut(run, "none")
+    return run / "run"
+
+
+def test_damaged_dcp_checkpoint_is_one_line_naming_the_file(dcp_run):
+    """A truncated .metadata, a missing or truncated shard: one CheckpointError naming the
+    file and what to do, from the loader and from resume (which names the older one)."""
+    step3 = dcp_run / "checkpoints" / "step_3"
+    shard = step3 / "dcp" / "__0_0.distcp"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"__0_0.distcp: truncated shard") as e:
+        load_checkpoint(step3)
+    assert "\n" not in str(e.value) and "copy the whole checkpoint" in str(e.value)
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=r"__0_0.distcp: missing shard") as e:
+        resume(dcp_run, data=data_for("pretrain"))
+    assert "step_2" in str(e.value) and "\n" not in str(e.value)  # resume from the older one
+    meta = step3 / "dcp" / ".metadata"
+    meta.write_bytes((dcp_run / "checkpoints" / "step_2" / "dcp" / ".metadata").read_bytes()[:40])
+    with pytest.raises(CheckpointError, match=r"\.metadata: truncated or damaged") as e:
+        read_metadata(step3)
+    assert "\n" not in str(e.value)
+
+
+class _Evil:
+    def __init__(self, flag: Path):
+        self.flag = flag
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.flag}",)
+
+
+def test_crafted_metadata_runs_no_code(dcp_run, tmp_path):
+    """.metadata is a pickle; DCP's own reader would run what it names. Ours refuses."""
+    flag = tmp_path / "pwned"
+    meta = dcp_run / "checkpoints" / "step_3" / "dcp" / ".metadata"
+    meta.write_bytes(pickle.dumps(_Evil(flag)))
+    with pytest.raises(CheckpointError, match="refused global"):
+        load_checkpoint(meta.parent.parent)
+    assert not flag.exists()
+
+
+def test_convert_both_ways(dcp_run, tmp_path):
+    """DCP -> full -> DCP: the same weights and optimizer moments each way, and the full
+    one resumes like the original."""
+    from astrai.train.convert_checkpoint import convert_checkpoint, dcp_optimizer
+
+    src = dcp_run / "checkpoints" / "step_3"
+    assert convert_checkpoint(src, tmp_path / "full") == "full"
+    assert convert_checkpoint(tmp_path / "full", tmp_path / "back") == "dcp"
+    for k, v in state(src).items():
+        assert torch.equal(state(tmp_path / "full")[k], v), k
+        assert torch.equal(state(tmp_path / "back")[k], v), k
+    opt = torch.load(tmp_path / "full" / "optimizer.pt", weights_only=True)
+    again = dcp_optimizer(tmp_path / "back")
+    assert opt["param_names"] == again["param_names"] and "embed_tokens.weight" in opt["param_names"]
+    for i, s in opt["state"].items():
+        for key, t in s.items():
+            assert torch.equal(again["state"][i][key], t), (i, key)
+    assert opt["param_groups"] == again["param_groups"]
+    with pytest.raises(CheckpointError, match="already exists"):
+        convert_checkpoint(src, tmp_path / "full")
