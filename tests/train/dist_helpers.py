@@ -162,9 +162,11 @@ def losses(run_dir: Path) -> list[float]:
 
 
 def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+    """The weights of checkpoint step_N, either format (fsdp runs write DCP by default)."""
+    from astrai.model.checkpoint import load_checkpoint
 
-    return load_file(Path(run_dir) / "checkpoints" / f"step_{step}" / "model.safetensors")
+    model, _, _ = load_checkpoint(Path(run_dir) / "checkpoints" / f"step_{step}")
+    return model.state_dict()
 
 
 DCP_LAYOUT = {"none": {"parallel": "none", "nprocs": 1, "batch_size": 8},

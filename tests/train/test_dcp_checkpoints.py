@@ -19,8 +19,6 @@ from astrai.train.launch import run_workers
 
 from .dist_helpers import (
     DCP_LAYOUT,
-    Interrupt,
-    StopAfterStep,
     config_for,
     data_for,
     dcp_cut,
