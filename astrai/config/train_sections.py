@@ -138,13 +138,9 @@ class CheckpointOptions(Section):
     keep_last: int = Field(3, ge=0)
     """Keep only the newest K checkpoints; 0 = keep all."""
     format: Literal["auto", "dcp", "full"] = "auto"
-    """dcp: every rank writes its own shards of weights and optimizer state
-    (torch.distributed.checkpoint; resumable on another number of processes); full: one
-    model.safetensors + optimizer.pt gathered to rank 0; auto = dcp under --parallel fsdp,
-    full otherwise."""
+    """dcp: per-rank shards; full: one file; auto: dcp under fsdp."""
     async_save: bool = False
-    """dcp only: write each checkpoint in the background while the next steps run (DCP's
-    async_save); the run waits for it before the next save and at the end."""
+    """dcp: save in the background."""
 
     def resolved_format(self, parallel: str) -> str:
         """`format` with auto resolved for executor `parallel`."""

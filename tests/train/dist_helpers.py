@@ -175,11 +175,11 @@ DCP_LAYOUT = {"none": {"parallel": "none", "nprocs": 1, "batch_size": 8},
 """The same global batch (8 samples per step) on one process and on two."""
 
 
-def dcp_cut(run: Path, parallel: str, **kw) -> None:
-    """A DCP run of 4 steps (checkpoint every 2) that crashes in step 4: it leaves step_2 and
-    step_3 (the last good state, saved on the error)."""
+def dcp_cut(run: Path, parallel: str, fmt: str = "dcp", **kw) -> None:
+    """A run of 4 steps (checkpoint every 2, DCP unless `fmt`) that crashes in step 4: it
+    leaves step_2 and step_3 (the last good state, saved on the error)."""
     layout = DCP_LAYOUT[parallel]
-    cfg = config_for(run, "pretrain", max_steps=4, ckpt_interval=2, checkpoint_format="dcp",
+    cfg = config_for(run, "pretrain", max_steps=4, ckpt_interval=2, checkpoint_format=fmt,
                      parallel=parallel, nprocs=layout["nprocs"],
                      batch_size=layout["batch_size"], **kw)
     try:

@@ -92,12 +92,14 @@ def test_resume_refuses_another_global_batch(tmp_path):
 def test_reshard_fsdp_to_one_process_and_ddp_and_one_process_to_ddp(tmp_path):
     """The resharding matrix on 2 gloo processes, global batch 8 kept: an async fsdp run
     (2 processes) cut after step 3 continues as 1 process (`none`) and as 2-process ddp; a
-    1-process run continues as 2-process ddp. Each equals the uninterrupted run: losses
+    1-process run continues as 2-process ddp (DCP, and full). Each equals the uninterrupted run: losses
     within fp32 tolerance, the same learning rates, the same weights; so no sample was
     skipped or repeated and the schedule went on."""
     ref = reference(tmp_path)
     dcp_cut(tmp_path / "none_1", "none")
-    names = ["cut:fsdp_a:fsdp", "cut:fsdp_b:fsdp", "resume:fsdp_a:ddp", "resume:none_1:ddp"]
+    dcp_cut(tmp_path / "full_1", "none", fmt="full")  # a full checkpoint reshards too
+    names = ["cut:fsdp_a:fsdp", "cut:fsdp_b:fsdp", "resume:fsdp_a:ddp", "resume:none_1:ddp",
+             "resume:full_1:ddp"]
     res = run_workers(dcp_scenarios, (str(tmp_path), names), nprocs=2)
     step2 = tmp_path / "fsdp_b" / "run" / "checkpoints" / "step_2" / "dcp"
     shards = sorted(p.name for p in step2.glob("*.distcp"))
@@ -105,7 +107,7 @@ def test_reshard_fsdp_to_one_process_and_ddp_and_one_process_to_ddp(tmp_path):
     sizes = [(step2 / s).stat().st_size for s in shards]
     assert min(sizes) > 0.3 * max(sizes), sizes  # halves of the model, not one gathered copy
     resume(tmp_path / "fsdp_b" / "run", data=data_for("pretrain"), layout=DCP_LAYOUT["none"])
-    for where in ("fsdp_a", "fsdp_b", "none_1"):
+    for where in ("fsdp_a", "fsdp_b", "none_1", "full_1"):
         assert_continues(tmp_path / where / "run", ref)
     assert res[0]["resume:fsdp_a:ddp"].endswith("step_3")
 
