@@ -39,10 +39,11 @@ def state(ckpt: Path) -> dict[str, torch.Tensor]:
 
 
 def reference(tmp_path: Path, **kw) -> Path:
-    """One process, batch 8, 4 steps, full checkpoints at 2 and 4."""
+    """One process, 8 x 2 accumulated = the global batch of every DCP_LAYOUT, 4 steps (two
+    epochs of 2), full checkpoints at 2 and 4."""
     out = tmp_path / "ref"
-    train(config_for(out, "pretrain", batch_size=8, max_steps=4, ckpt_interval=2, **kw),
-          data=data_for("pretrain"))
+    train(config_for(out, "pretrain", **{"batch_size": 8, "max_steps": 4, "ckpt_interval": 2,
+                                         **kw}), data=data_for("pretrain"))
     return out / "run"
 
 
@@ -62,7 +63,7 @@ def test_one_process_dcp_equals_full_and_async_resumes_exactly(tmp_path):
     load_checkpoint, the loader of chat/export/serve/eval); an async run's step_2 is the
     state of step 2 although steps 3.. ran while it was written; a run stopped after step
     3 resumes bit-identically."""
-    ref = reference(tmp_path)
+    ref = reference(tmp_path, **DCP_LAYOUT["none"])  # the same layout: bit-identical
     run = tmp_path / "dcp"
     dcp_cut(run, "none", async_checkpoint=True)
     ckpts = run / "run" / "checkpoints"
@@ -86,11 +87,12 @@ def test_resume_refuses_another_global_batch(tmp_path):
     dcp_cut(run, "none")
     with pytest.raises(ConfigError, match="global batch"):
         resume(run / "run", data=data_for("pretrain"),
-               layout={"parallel": "ddp", "nprocs": 2, "batch_size": 8})
+               layout={"parallel": "ddp", "nprocs": 2, "batch_size": 8, "grad_accum_steps": 2})
 
 
 def test_reshard_fsdp_to_one_process_and_ddp_and_one_process_to_ddp(tmp_path):
-    """The resharding matrix on 2 gloo processes, global batch 8 kept: an async fsdp run
+    """The resharding matrix on 2 gloo processes, global batch 16 kept (2 x 4 x accumulation
+    2 = 1 x 4 x accumulation 4, so a step's micro-batch count changes too): an async fsdp run
     (2 processes) cut after step 3 continues as 1 process (`none`) and as 2-process ddp; a
     1-process run continues as 2-process ddp (DCP, and full). Each equals the uninterrupted run: losses
     within fp32 tolerance, the same learning rates, the same weights; so no sample was
