@@ -157,6 +157,31 @@ def read_items(path: str | Path, names: list[str] | None = None, prefix: str = "
     return {k[len(prefix):]: v for k, v in template.items()}
 
 
+def read_optimizer(path: str | Path) -> dict[str, Any] | None:
+    """The checkpoint's optimizer state in optimizer.pt's layout: torch.optim's own
+    (`state` and `param_groups` keyed by parameter index) plus `param_names`, the name of
+    each index; None when it holds no optimizer state."""
+    items = read_items(path, prefix="optimizer.")
+    if not items:
+        return None
+    groups: dict[int, dict[str, Any]] = {}
+    by_name: dict[str, dict[str, Any]] = {}
+    for key, value in items.items():
+        kind, rest = key.split(".", 1)
+        if kind == "param_groups":  # param_groups.<i>.<field>
+            index, name = rest.split(".", 1)
+            groups.setdefault(int(index), {})[name] = value
+        elif kind == "state":  # state.<parameter name>.<field>; fields hold no dot
+            name, key_ = rest.rsplit(".", 1)
+            by_name.setdefault(name, {})[key_] = value
+    ordered = [groups[i] for i in sorted(groups)]
+    names = [n for g in ordered for n in g.get("params", [])]
+    index = {n: i for i, n in enumerate(names)}
+    return {"state": {index[n]: s for n, s in by_name.items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in ordered],
+            "param_names": names}
+
+
 def write_tensors(path: str | Path, state: dict[str, Any]) -> None:
     """Write `state` (nested dicts of tensors and plain values) as a DCP directory from this
     one process (a conversion; training saves with every rank, astrai.train.dcp_save)."""

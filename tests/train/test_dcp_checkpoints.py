@@ -231,7 +231,8 @@ def test_crafted_metadata_runs_no_code(dcp_run, tmp_path):
 def test_convert_both_ways(dcp_run, tmp_path):
     """DCP -> full -> DCP: the same weights and optimizer moments each way, and the full
     one resumes like the original."""
-    from astrai.train.convert_checkpoint import convert_checkpoint, dcp_optimizer
+    from astrai.model.dcp_format import read_optimizer
+    from astrai.train.convert_checkpoint import convert_checkpoint
 
     src = dcp_run / "checkpoints" / "step_3"
     assert convert_checkpoint(src, tmp_path / "full") == "full"
@@ -240,11 +241,54 @@ def test_convert_both_ways(dcp_run, tmp_path):
         assert torch.equal(state(tmp_path / "full")[k], v), k
         assert torch.equal(state(tmp_path / "back")[k], v), k
     opt = torch.load(tmp_path / "full" / "optimizer.pt", weights_only=True)
-    again = dcp_optimizer(tmp_path / "back")
+    again = read_optimizer(tmp_path / "back")
     assert opt["param_names"] == again["param_names"] and "embed_tokens.weight" in opt["param_names"]
     for i, s in opt["state"].items():
         for key, t in s.items():
             assert torch.equal(again["state"][i][key], t), (i, key)
     assert opt["param_groups"] == again["param_groups"]
+    from astrai.inspect.next_update import read_optimizer_state  # inspect-weights' reader
+
+    assert read_optimizer_state(tmp_path / "back")["param_names"] == opt["param_names"]
     with pytest.raises(CheckpointError, match="already exists"):
         convert_checkpoint(src, tmp_path / "full")
+
+
+def dcp_round_trip(tmp_path: Path, device: str) -> None:
+    """fsdp (a group of one) on `device` with async DCP saves, cut after step 3 and resumed:
+    the straight run's losses and weights; then `astrai export --format hf` of the DCP
+    checkpoint holds those weights."""
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from astrai_cli.main import app
+
+    from .dist_helpers import Interrupt, StopAfterStep
+
+    kw = {"device": device, "precision": "fp32", "parallel": "fsdp", "max_steps": 4,
+          "ckpt_interval": 2, "batch_size": 8, "async_checkpoint": True}
+    train(config_for(tmp_path / "a", "pretrain", **kw), data=data_for("pretrain"))
+    with pytest.raises(Interrupt):
+        train(config_for(tmp_path / "b", "pretrain", **kw), data=data_for("pretrain"),
+              callbacks=[StopAfterStep(3)])
+    assert resume(tmp_path / "b" / "run", data=data_for("pretrain")).resumed_from.endswith(
+        "step_3")
+    a, b = (tmp_path / x / "run" for x in "ab")
+    torch.testing.assert_close(losses(b), losses(a), atol=1e-4, rtol=0)
+    ckpt = b / "checkpoints" / "step_4"
+    assert (ckpt / "dcp" / ".metadata").is_file()
+    w = state(ckpt)
+    for k, v in state(a / "checkpoints" / "step_4").items():
+        torch.testing.assert_close(w[k], v, atol=1e-4, rtol=0, msg=k)
+    r = CliRunner().invoke(app, ["export", str(ckpt), str(tmp_path / "hf"), "--format", "hf"])
+    assert r.exit_code == 0, r.output
+    hf = load_file(tmp_path / "hf" / "model.safetensors")
+    assert torch.equal(hf["model.embed_tokens.weight"], w["embed_tokens.weight"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_dcp_save_async_resume_export(tmp_path):
+    """The DCP path on one GPU (scripts/gpu_check.sh runs it): CUDA tensors staged to host
+    by the async save, a nccl group of one beside the checkpoints' gloo group."""
+    dcp_round_trip(tmp_path, "cuda")
