@@ -90,28 +90,40 @@ def test_resume_refuses_another_global_batch(tmp_path):
                layout={"parallel": "ddp", "nprocs": 2, "batch_size": 8, "grad_accum_steps": 2})
 
 
-def test_reshard_fsdp_to_one_process_and_ddp_and_one_process_to_ddp(tmp_path):
-    """The resharding matrix on 2 gloo processes, global batch 16 kept (2 x 4 x accumulation
-    2 = 1 x 4 x accumulation 4, so a step's micro-batch count changes too): an async fsdp run
-    (2 processes) cut after step 3 continues as 1 process (`none`) and as 2-process ddp; a
-    1-process run continues as 2-process ddp (DCP, and full). Each equals the uninterrupted run: losses
-    within fp32 tolerance, the same learning rates, the same weights; so no sample was
-    skipped or repeated and the schedule went on."""
+def test_reshard_two_to_one_and_one_to_two_processes(tmp_path):
+    """Resharding on 2 gloo processes, global batch 16 kept (2 x 4 x accumulation 2 =
+    1 x 4 x accumulation 4, so a step's micro-batch count changes too): an async fsdp run
+    of 2 processes cut after step 3 continues as 1 process (`none`); a 1-process run
+    continues as 2-process ddp. Each equals the uninterrupted run: losses within fp32
+    tolerance, the same learning rates, the same weights; so no sample was skipped or
+    repeated and the schedule went on."""
     ref = reference(tmp_path)
     dcp_cut(tmp_path / "none_1", "none")
-    dcp_cut(tmp_path / "full_1", "none", fmt="full")  # a full checkpoint reshards too
-    names = ["cut:fsdp_a:fsdp", "cut:fsdp_b:fsdp", "resume:fsdp_a:ddp", "resume:none_1:ddp",
-             "resume:full_1:ddp"]
-    res = run_workers(dcp_scenarios, (str(tmp_path), names), nprocs=2)
+    res = run_workers(dcp_scenarios, (str(tmp_path), ["cut:fsdp_b:fsdp", "resume:none_1:ddp"]),
+                      nprocs=2)
     step2 = tmp_path / "fsdp_b" / "run" / "checkpoints" / "step_2" / "dcp"
     shards = sorted(p.name for p in step2.glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own shards
     sizes = [(step2 / s).stat().st_size for s in shards]
     assert min(sizes) > 0.3 * max(sizes), sizes  # halves of the model, not one gathered copy
     resume(tmp_path / "fsdp_b" / "run", data=data_for("pretrain"), layout=DCP_LAYOUT["none"])
-    for where in ("fsdp_a", "fsdp_b", "none_1", "full_1"):
+    for where in ("fsdp_b", "none_1"):
         assert_continues(tmp_path / where / "run", ref)
-    assert res[0]["resume:fsdp_a:ddp"].endswith("step_3")
+    assert res[0]["resume:none_1:ddp"].endswith("step_3")
+
+
+@pytest.mark.slow
+def test_reshard_between_fsdp_and_ddp_and_from_a_full_checkpoint(tmp_path):
+    """The rest of the matrix: fsdp -> ddp and ddp -> fsdp on 2 processes, and a full
+    (model.safetensors) checkpoint of 1 process continued as 2-process ddp."""
+    ref = reference(tmp_path)
+    dcp_cut(tmp_path / "full_1", "none", fmt="full")
+    names = ["cut:fsdp_a:fsdp", "cut:ddp_a:ddp", "resume:fsdp_a:ddp", "resume:ddp_a:fsdp",
+             "resume:full_1:ddp"]
+    res = run_workers(dcp_scenarios, (str(tmp_path), names), nprocs=2)
+    for where in ("fsdp_a", "ddp_a", "full_1"):
+        assert_continues(tmp_path / where / "run", ref)
+    assert all(res[0][n].endswith("step_3") for n in names if n.startswith("resume"))
 
 
 KILLED_RUN = """
