@@ -30,6 +30,7 @@ at the end; rank 0 renames a finished save into place as soon as it sees it done
 from __future__ import annotations
 
 import shutil
+import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,11 @@ def start_save(ctx: TrainContext, final: Path, checkpoint_group: Any,
     state = training_state(ctx.model, ctx.optimizer)
     writer = FileSystemWriter(str(tmp / DCP_DIR))
     single = not _distributed()
+    if asynchronous and single:
+        # DCP warns from its background thread that it saves without a process group,
+        # which is what a one-process run means; a filter scoped by catch_warnings would
+        # be gone by then (and is not thread-safe), so this one stays for the process.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     with alone():
         if asynchronous:
             future = dcp.async_save(state, storage_writer=writer,
