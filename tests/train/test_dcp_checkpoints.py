@@ -304,3 +304,18 @@ def test_cuda_dcp_save_async_resume_export(tmp_path):
     """The DCP path on one GPU (scripts/gpu_check.sh runs it): CUDA tensors staged to host
     by the async save, a nccl group of one beside the checkpoints' gloo group."""
     dcp_round_trip(tmp_path, "cuda")
+
+
+def test_a_users_step_dir_is_never_replaced(tmp_path):
+    """A DCP save whose step_N would replace a directory the trainer did not write stops
+    with one line naming it; the directory and its files stay, no temporary is left."""
+    ckpt_dir = tmp_path / "ck"
+    (ckpt_dir / "step_2").mkdir(parents=True)
+    (ckpt_dir / "step_2" / "notes.txt").write_text("mine")
+    cfg = config_for(tmp_path / "r", "pretrain", batch_size=8, max_steps=4, ckpt_interval=2,
+                     checkpoint_format="dcp", ckpt_dir=str(ckpt_dir))
+    with pytest.raises(CheckpointError, match="step_2: exists and was not written") as e:
+        train(cfg, data=data_for("pretrain"))
+    assert "\n" not in str(e.value)
+    assert (ckpt_dir / "step_2" / "notes.txt").read_text() == "mine"
+    assert not list(ckpt_dir.glob(".step_*"))
