@@ -319,3 +319,39 @@ def test_a_users_step_dir_is_never_replaced(tmp_path):
     assert "\n" not in str(e.value)
     assert (ckpt_dir / "step_2" / "notes.txt").read_text() == "mine"
     assert not list(ckpt_dir.glob(".step_*"))
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_disk_full_during_a_dcp_save_is_one_line(asynchronous, tmp_path, monkeypatch):
+    """ENOSPC while the shards are written (blocking or in the background): one line
+    naming the step, the free space and the last good checkpoint; no temporary is left."""
+    import errno
+
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    real, calls = FileSystemWriter.write_data, []
+
+    def full(self, plan, planner):
+        calls.append(1)
+        if len(calls) >= 2:  # from the save of step 2 on; step 1 is written
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, plan, planner)
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", full)
+    cfg = config_for(tmp_path / "r", "pretrain", batch_size=8, max_steps=4, ckpt_interval=1,
+                     checkpoint_format="dcp", async_checkpoint=asynchronous)
+    with pytest.raises(CheckpointError, match="disk full while saving checkpoint step_2") as e:
+        train(cfg, data=data_for("pretrain"))
+    assert "\n" not in str(e.value) and "step_1" in str(e.value)
+    ckpts = tmp_path / "r" / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_1"]
+
+
+def test_a_damaged_shard_is_one_line_on_resume(dcp_run):
+    """Shards of the right length but garbage contents: resume names the directory and
+    the older checkpoint instead of a traceback."""
+    shard = dcp_run / "checkpoints" / "step_3" / "dcp" / "__0_0.distcp"
+    shard.write_bytes(b"\0" * shard.stat().st_size)
+    with pytest.raises(CheckpointError, match=r"step_3/dcp: unreadable shards") as e:
+        resume(dcp_run, data=data_for("pretrain"))
+    assert "\n" not in str(e.value) and "step_2" in str(e.value)
