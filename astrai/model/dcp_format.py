@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from astrai.errors import CheckpointError
@@ -152,7 +153,7 @@ def read_items(path: str | Path, names: list[str] | None = None, prefix: str = "
     try:
         with alone():
             dcp.load(template, storage_reader=SafeReader(str(d)), no_dist=True)
-    except Exception as e:  # noqa: BLE001 - DCP wraps every reader failure in its own type
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - any reader failure
         raise CheckpointError(f"{d}: unreadable DCP data ({_first_line(e)}); {_fix(d)}") from None
     return {k[len(prefix):]: v for k, v in template.items()}
 
@@ -200,5 +201,15 @@ def alone() -> Iterator[None]:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[-1][:300] if text else type(e).__name__
+    """The reason of a DCP failure: the first failed rank's exception (a CheckpointException
+    carries one per rank), its first line."""
+    for failure in getattr(e, "failures", {}).values():
+        e = failure[0] if isinstance(failure, tuple) else failure
+        break
+    text = str(e)
+    if "weights_only" in text:  # torch.load's refusal: keep its reason, never its advice
+        reason = text.split("WeightsUnpickler error:", 1)[-1]
+        lines = [x.strip() for x in reason.splitlines() if x.strip() and "weights_only" not in x]
+        return f"not data DCP wrote: {lines[0][:200]}" if lines else "not data DCP wrote"
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__

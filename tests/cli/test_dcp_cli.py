@@ -101,6 +101,16 @@ def test_damaged_dcp_checkpoint_is_one_line_exit_2(pair, tmp_path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "__0_0.distcp: missing shard" in lines[0], (cmd, r.stderr)
         assert "copy the whole checkpoint directory" in lines[0]
+    shutil.copy2(pair[1] / "dcp" / "__0_0.distcp", bad / "dcp" / "__0_0.distcp")
+    shard = bad / "dcp" / "__0_0.distcp"
+    shard.write_bytes(b"\0" * shard.stat().st_size)  # the right length, garbage inside
+    for cmd in (["chat", str(bad), "--prompt", "hi", "--device", "cpu"],
+                ["export", str(bad), str(tmp_path / "out"), "--format", "gguf"]):
+        r = runner.invoke(app, cmd)
+        assert r.exit_code == 2, (cmd, r.output)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "unreadable DCP data" in lines[0], (cmd, r.stderr)
+        assert "Traceback" not in r.output and "weights_only" not in lines[0]  # no unsafe advice
 
 
 def test_train_dcp_then_resume_on_another_batch_layout(tmp_path):

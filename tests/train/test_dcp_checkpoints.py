@@ -355,3 +355,4 @@ def test_a_damaged_shard_is_one_line_on_resume(dcp_run):
     with pytest.raises(CheckpointError, match=r"step_3/dcp: unreadable shards") as e:
         resume(dcp_run, data=data_for("pretrain"))
     assert "\n" not in str(e.value) and "step_2" in str(e.value)
+    assert "weights_only" not in str(e.value)  # the reason, never the advice to load unsafely
