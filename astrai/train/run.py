@@ -39,7 +39,7 @@ from astrai.train.checkpointing import (
 )
 from astrai.train.context import RunPaths, TrainContext
 from astrai.train.data import TrainData, open_train_data
-from astrai.train.executors.process_group import dist_env
+from astrai.train.executors.process_group import dist_env, expected_world_size
 from astrai.train.model_source import ModelSource
 from astrai.train.plan import TrainPlan
 from astrai.train.rewards.trust import absolute_reward, confirm_rewards
@@ -203,7 +203,7 @@ def relayout(config: TrainConfig, meta: dict[str, Any], layout: dict[str, Any] |
     new.out = config.out
     world = int(meta.get("world_size") or config.runtime.nnodes * config.runtime.nprocs)
     before = world * config.batch_size * config.grad_accum_steps
-    after = new.runtime.nnodes * new.runtime.nprocs * new.batch_size * new.grad_accum_steps
+    after = expected_world_size(new) * new.batch_size * new.grad_accum_steps
     if before != after:
         raise ConfigError(
             f"resume: the run's global batch is {world} processes x batch {config.batch_size}"
