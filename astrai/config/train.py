@@ -125,7 +125,18 @@ class TrainConfig(TypedConfig):
             self._check_ref_model()
         self._check_lora()
         self._check_muon()
+        self._check_checkpoint_format()
         return self
+
+    def _check_checkpoint_format(self) -> None:
+        ckpt = self.checkpoint
+        fmt = ckpt.resolved_format(self.runtime.parallel)
+        if ckpt.async_save and fmt != "dcp":
+            raise ValueError("async_checkpoint: asynchronous saves write DCP checkpoints; add "
+                             "--checkpoint-format dcp or drop --async-checkpoint")
+        if fmt == "dcp" and self.lora.enabled:
+            raise ValueError("checkpoint_format: a LoRA run saves its adapter in PEFT's format "
+                             "(full checkpoints); drop --checkpoint-format dcp")
 
     def _check_muon(self) -> None:
         opt, defaults = self.optimizer, OptimizerOptions.model_fields

@@ -126,7 +126,9 @@ class CheckpointOptions(Section):
     """When and where checkpoints are saved."""
 
     flag_prefix: ClassVar[str] = "ckpt_"
-    flag_names: ClassVar[dict[str, str]] = {"keep_last": "keep_last"}
+    flag_names: ClassVar[dict[str, str]] = {"keep_last": "keep_last",
+                                            "format": "checkpoint_format",
+                                            "async_save": "async_checkpoint"}
     panel: ClassVar[str] = "Checkpoints"
 
     interval: int = Field(1000, ge=0)
@@ -135,6 +137,16 @@ class CheckpointOptions(Section):
     """Where checkpoints go; None = RUN_DIR/checkpoints."""
     keep_last: int = Field(3, ge=0)
     """Keep only the newest K checkpoints; 0 = keep all."""
+    format: Literal["auto", "dcp", "full"] = "auto"
+    """dcp: per-rank shards; full: one file; auto: dcp under fsdp."""
+    async_save: bool = False
+    """dcp: save in the background."""
+
+    def resolved_format(self, parallel: str) -> str:
+        """`format` with auto resolved for executor `parallel`."""
+        if self.format != "auto":
+            return self.format
+        return "dcp" if parallel == "fsdp" else "full"
 
 
 class EvalOptions(Section):

@@ -1,10 +1,13 @@
 """Where the weights are and how to read them a slice at a time.
 
 A checkpoint is an astrai checkpoint directory (config.json + model.safetensors +
-meta.json), an HF-format directory (config.json with `model_type`, model.safetensors or
-shards listed in model.safetensors.index.json) or a single .safetensors file. Tensors are
-never loaded whole: `read_rows` reopens the file for every slice, so the memory map never
-holds more than the slice just read (peak memory stays bounded by the chunk size).
+meta.json; or config.json + dcp/, the shards torch.distributed.checkpoint wrote), an
+HF-format directory (config.json with `model_type`, model.safetensors or shards listed in
+model.safetensors.index.json) or a single .safetensors file. Safetensors are never loaded
+whole: `read_rows` reopens the file for every slice, so the memory map never holds more
+than the slice just read (peak memory stays bounded by the chunk size). A DCP checkpoint
+is read one tensor at a time (DCP reads only that tensor's chunks from every rank's file),
+so peak memory is one tensor, never the whole model.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from astrai.errors import CheckpointError
+from astrai.model.dcp_format import is_dcp, read_metadata, read_tensors
 
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -70,10 +74,18 @@ class WeightSource:
     """Name -> info, in natural order (layer 2 before layer 10)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """meta.json of an astrai checkpoint ({} otherwise)."""
+    _held: tuple[str, torch.Tensor] | None = None
+    """DCP: the one whole tensor last read (its rows are asked for a chunk at a time)."""
 
     def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) of a tensor as a 2-D [rows, cols] tensor in its stored dtype."""
         info = self.tensors[name]
+        if info.file.is_dir():  # a DCP directory
+            if self._held is None or self._held[0] != name:
+                self._held = None  # let the previous tensor go before reading the next
+                self._held = (name, read_tensors(info.file, [name])[name])
+            t = self._held[1].reshape(1, 1) if not info.shape else self._held[1][start:stop]
+            return t.reshape(stop - start if info.shape else 1, info.cols)
         try:
             with safe_open(str(info.file), framework="pt") as fh:
                 if len(info.shape) == 0:
@@ -180,6 +192,8 @@ def open_source(path: str | Path) -> WeightSource:
     if not path.is_file() and not path.is_dir():  # a device, FIFO or socket (or a link to one)
         raise CheckpointError(f"{path}: not a regular file or a directory of weights; pass a "
                               "checkpoint directory or a .safetensors file")
+    if path.is_dir() and not (path / "model.safetensors").is_file() and is_dcp(path):
+        return _dcp_source(path)
     if path.is_file():
         if path.suffix != ".safetensors":
             raise CheckpointError(f"{path}: not a .safetensors file; pass a checkpoint "
@@ -200,6 +214,33 @@ def open_source(path: str | Path) -> WeightSource:
             ) from None
     if not tensors:
         raise CheckpointError(f"{path}: the weights file holds no tensors")
+    return WeightSource(path, fmt, _natural_order(tensors), _read_meta(path))
+
+
+_SAFETENSORS_DTYPE = {v: k for k, v in _DTYPES.items()}
+
+
+def _dcp_source(path: Path) -> WeightSource:
+    """The weights of a DCP checkpoint, indexed from its metadata (no tensor data read)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    d = path / "dcp"
+    tensors = {}
+    for key, m in read_metadata(path).state_dict_metadata.items():
+        if key.startswith("model.") and isinstance(m, TensorStorageMetadata):
+            name = key[len("model."):]
+            dtype = _SAFETENSORS_DTYPE.get(m.properties.dtype, str(m.properties.dtype))
+            tensors[name] = TensorInfo(name, d, tuple(m.size), dtype)
+    if not tensors:
+        raise CheckpointError(f"{d}: the DCP checkpoint holds no model weights")
+    return WeightSource(path, "astrai", _natural_order(tensors), _read_meta(path))
+
+
+def _natural_order(tensors: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+    return {k: tensors[k] for k in sorted(tensors, key=_natural)}
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     meta_file = path / "meta.json" if path.is_dir() else None
     if meta_file is not None and meta_file.is_file():
@@ -209,5 +250,4 @@ def open_source(path: str | Path) -> WeightSource:
             raise CheckpointError(f"{meta_file}: line {e.lineno}: invalid JSON ({e.msg})") from None
         if not isinstance(meta, dict):
             raise CheckpointError(f"{meta_file}: expected a JSON object")
-    ordered = {k: tensors[k] for k in sorted(tensors, key=_natural)}
-    return WeightSource(path, fmt, ordered, meta)
+    return meta

@@ -1,7 +1,9 @@
 """The self-contained checkpoint directory (docs/architecture.md "Checkpoint format").
 
     config.json          ModelConfig
-    model.safetensors    weights (tied embeddings stored once)
+    model.safetensors    weights (tied embeddings stored once); or, in a DCP checkpoint,
+    dcp/                 torch.distributed.checkpoint shards of weights and optimizer state
+                         written by every rank (astrai.model.dcp_format)
     tokenizer.json ...   tokenizer files (+ chat template), so chat needs nothing else
     meta.json            step, epoch, consumed_samples, timestamp, version, train config
     optimizer.pt, scheduler.pt, trainer_state.pt   (training runs; loaded weights_only=True)
@@ -30,6 +32,7 @@ from astrai.diskfull import writing
 from astrai.errors import CheckpointError
 from astrai.jsonfile import read_json_object
 from astrai.model.config import ModelConfig
+from astrai.model.dcp_format import is_dcp, read_tensors, tensor_shapes
 from astrai.model.transformer import Transformer
 from astrai.tempdir import follow_umask
 
@@ -73,17 +76,27 @@ def save_checkpoint(
     inside the directory before it appears (a LoRA run's adapter/)."""
     state = model.state_dict() if isinstance(model, torch.nn.Module) else model
     with writing(path), atomic_dir(path) as tmp:
-        config.save(tmp / CONFIG)
         save_weights(state, tmp / WEIGHTS)
-        if tokenizer_dir is not None:
-            copy_tokenizer(tokenizer_dir, tmp)
-        full_meta = {"version": __version__, "timestamp": time.time(), **(meta or {})}
-        (tmp / META).write_text(json.dumps(full_meta, indent=2, default=str) + "\n")
-        for name, obj in (extras or {}).items():
-            torch.save(obj, tmp / f"{name}.pt")
+        write_checkpoint_files(tmp, config, tokenizer_dir=tokenizer_dir, meta=meta,
+                               extras=extras)
         if write_more is not None:
             write_more(tmp)
     return Path(path)
+
+
+def write_checkpoint_files(directory: Path, config: ModelConfig, *,
+                           tokenizer_dir: str | Path | None = None,
+                           meta: dict[str, Any] | None = None,
+                           extras: dict[str, Any] | None = None) -> None:
+    """Everything of a checkpoint but its weights, into `directory`: config.json, the
+    tokenizer, meta.json (with version and timestamp) and the `{name}.pt` extras."""
+    config.save(directory / CONFIG)
+    if tokenizer_dir is not None:
+        copy_tokenizer(tokenizer_dir, directory)
+    full_meta = {"version": __version__, "timestamp": time.time(), **(meta or {})}
+    (directory / META).write_text(json.dumps(full_meta, indent=2, default=str) + "\n")
+    for name, obj in (extras or {}).items():
+        torch.save(obj, directory / f"{name}.pt")
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
@@ -184,11 +197,37 @@ def _few(items: list[str], n: int = 8) -> str:
     return head + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
+def has_weights(path: Path) -> bool:
+    """Whether checkpoint directory `path` holds weights: model.safetensors, or DCP shards."""
+    return (path / WEIGHTS).is_file() or is_dcp(path)
+
+
+def read_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], str]:
+    """(every weight of checkpoint directory `path`, the file or directory they came from):
+    model.safetensors, or a DCP checkpoint's shards assembled in this process. The one
+    place a checkpoint's weights are read, whichever format wrote them."""
+    path = Path(path)
+    if not (path / WEIGHTS).is_file() and is_dcp(path):
+        return read_tensors(path), str(path / "dcp")
+    return read_safetensors([path / WEIGHTS]), str(path / WEIGHTS)
+
+
+def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]] | None:
+    """Every weight's shape from the headers or the DCP metadata (no tensor data read);
+    None when `path` holds no weights."""
+    path = Path(path)
+    if (path / WEIGHTS).is_file():
+        return header_shapes([path / WEIGHTS])
+    return tensor_shapes(path) if is_dcp(path) else None
+
+
 def require_checkpoint_dir(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory; pass a checkpoint directory")
-    missing = [n for n in (CONFIG, WEIGHTS) if not (path / n).is_file()]
+    missing = [n for n in (CONFIG,) if not (path / n).is_file()]
+    if not has_weights(path):
+        missing.append(f"{WEIGHTS} (or dcp/.metadata)")
     if missing:
         raise CheckpointError(
             f"{path}: not a complete checkpoint, missing {', '.join(missing)}"
@@ -198,13 +237,13 @@ def require_checkpoint_dir(path: str | Path) -> Path:
 
 def run_checkpoints(run_dir: str | Path) -> list[Path]:
     """Every checkpoint of a training run directory, oldest first: each RUN/checkpoints/
-    step_N holding config.json and model.safetensors ([] when there are none)."""
+    step_N holding config.json and weights (either format; [] when there are none)."""
     ckpts = Path(run_dir) / "checkpoints"
     found = []
     if ckpts.is_dir():
         for p in ckpts.iterdir():
             step = p.name.removeprefix("step_")
-            if step.isdigit() and (p / CONFIG).is_file() and (p / WEIGHTS).is_file():
+            if step.isdigit() and (p / CONFIG).is_file() and has_weights(p):
                 found.append((int(step), p))
     return [p for _, p in sorted(found)]
 
@@ -220,7 +259,7 @@ def newest_in_run(run_dir: str | Path) -> Path | None:
     pointer = run_dir / "latest"
     if pointer.is_file():
         target = run_dir / pointer.read_text().strip()
-        if (target / CONFIG).is_file() and (target / WEIGHTS).is_file():
+        if (target / CONFIG).is_file() and has_weights(target):
             return target
     return None
 
@@ -240,8 +279,9 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, str | None]:
     return path, None
 
 
-def _model_class(state: dict[str, torch.Tensor]) -> type[Transformer]:
-    """Transformer, or RewardModel when the weights carry a scalar score head."""
+def model_class(state: dict[str, Any]) -> type[Transformer]:
+    """Transformer, or RewardModel when the weights (names -> tensors or shapes) carry a
+    scalar score head."""
     if "score_head.weight" in state:
         from astrai.model.reward_head import RewardModel
 
@@ -251,15 +291,15 @@ def _model_class(state: dict[str, torch.Tensor]) -> type[Transformer]:
 
 def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
                     dtype: torch.dtype | None = None) -> tuple[Transformer, ModelConfig, dict]:
-    """(model in eval mode, config, meta) from an astrai checkpoint directory."""
+    """(model in eval mode, config, meta) from an astrai checkpoint directory, either
+    format (read_weights)."""
     path = require_checkpoint_dir(path)
     config = ModelConfig.load(path / CONFIG)
-    state = read_safetensors([path / WEIGHTS])
-    check_config_shapes(config, {k: tuple(v.shape) for k, v in state.items()},
-                        str(path / WEIGHTS))
+    state, source = read_weights(path)
+    check_config_shapes(config, {k: tuple(v.shape) for k, v in state.items()}, source)
     with torch.device("meta"):
-        model = _model_class(state)(config)
-    check_state_dict(model, state, str(path / WEIGHTS))
+        model = model_class(state)(config)
+    check_state_dict(model, state, source)
     model.load_state_dict(state, assign=True)
     model.reset_rope("cpu")
     model = model.to(device=device, dtype=dtype) if dtype else model.to(device)

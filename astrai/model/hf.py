@@ -28,6 +28,7 @@ from astrai.model.checkpoint import (
     header_shapes,
     load_checkpoint,
     read_safetensors,
+    weight_shapes,
 )
 from astrai.model.config import ModelConfig
 from astrai.model.gguf_file import is_gguf
@@ -62,8 +63,9 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
     data = read_json_object(f, CheckpointError)
     if not is_hf_config(data):
         config = ModelConfig.from_dict(data, source=str(f))
-        _check_against_header(config, [path / WEIGHTS] if (path / WEIGHTS).is_file() else [],
-                              str(f), lambda name: name)
+        shapes = weight_shapes(path)  # model.safetensors' header or the DCP metadata
+        if shapes is not None:
+            check_config_shapes(config, shapes, str(f))
         return config, {"format": "astrai"}
     config, notes = config_from_hf(data, source=str(f))
     try:

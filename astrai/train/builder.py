@@ -22,13 +22,13 @@ import torch
 from astrai.config.train import TrainConfig
 from astrai.device import resolve_device
 from astrai.errors import ConfigError, DataError
+from astrai.train.bf16_update import restore_rounding, rounding_seed
 from astrai.train.compile import (
     apply_activation_checkpointing,
     apply_compile,
     checkpoint_module_types,
 )
 from astrai.train.context import RunPaths, TrainContext, TrainerState
-from astrai.train.bf16_update import restore_rounding, rounding_seed
 from astrai.train.data import TrainData
 from astrai.train.executors import EXECUTORS
 from astrai.train.executors.process_group import check_parallel, expected_world_size
@@ -177,6 +177,12 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
             **schedule_options(config))
 
     model, optimizer, scheduler = executor.prepare(model_fn, optimizer_fn, scheduler_fn)
+    if resume is not None and resume.get("dcp") is not None:
+        # every rank reads its own pieces of the weights and optimizer state, before the
+        # strategy copies anything from the model (a reference, an old policy)
+        from astrai.train.dcp_checkpoint import load_training_state
+
+        load_training_state(model, optimizer, resume["dcp"])
     if p.checkpoint_types:
         apply_activation_checkpointing(model, p.checkpoint_types)
     coef = config.moe_aux_loss_coef
@@ -211,10 +217,12 @@ def restore(ctx: TrainContext, resume: dict[str, Any]) -> dict[str, Any]:
     from astrai.train.context import set_rng_state
 
     ts = resume["trainer_state"]
-    ctx.executor.load_optimizer_state_dict(ctx.optimizer, resume["optimizer"])
+    if resume["optimizer"] is not None:  # None: a DCP checkpoint, loaded with the weights
+        ctx.executor.load_optimizer_state_dict(ctx.optimizer, resume["optimizer"])
     restore_rounding(ctx.optimizer, ts.get("bf16_rounding"), ctx.executor.rank)
     ctx.scheduler.load_state_dict(resume["scheduler"])
     state = TrainerState(**ts["state"])
+    state.epoch_batches = epoch_batches(state, ts.get("sampler"), ctx)
     if state.step > ctx.total_steps:
         raise ConfigError(f"checkpoint step {state.step} is past the run's {ctx.total_steps} "
                           "total steps")
@@ -227,3 +235,14 @@ def restore(ctx: TrainContext, resume: dict[str, Any]) -> dict[str, Any]:
         set_rng_state(ts["rng"])
         ctx.boundary_rng = ts["rng"]
     return ts.get("callbacks", {})
+
+
+def epoch_batches(state: Any, sampler: dict | None, ctx: TrainContext) -> int:
+    """This rank's micro-batches of the current epoch, from the sampler's global position
+    when it has one (RDSampler: samples of the epoch consumed by all ranks together): the
+    same count as saved on the same layout, and the right one when a resume changed the
+    number of processes or the batch size (keeping the global batch)."""
+    if not sampler or "world_size" not in sampler or sampler.get("epoch") != state.epoch:
+        return state.epoch_batches  # another sampler, or saved at an epoch's end
+    per_batch = ctx.config.batch_size * ctx.executor.world_size
+    return int(sampler["consumed"]) // per_batch

@@ -7,6 +7,9 @@
                                        trainer_state.pt)
     RUN_DIR/checkpoints/step_N/adapter/  LoRA runs: adapter_config.json + adapter_model.safetensors
                                        (PEFT's format); model.safetensors holds the frozen base
+    RUN_DIR/checkpoints/step_N/dcp/    DCP checkpoints (--checkpoint-format dcp): every rank's
+                                       shards of weights and optimizer state, instead of
+                                       model.safetensors + optimizer.pt (astrai.train.dcp_checkpoint)
     RUN_DIR/latest                     name of the newest complete checkpoint
 
 A checkpoint directory appears only by an atomic rename (astrai.model.checkpoint), so every
@@ -35,6 +38,7 @@ from astrai.diskfull import DiskFullError
 from astrai.errors import CheckpointError
 from astrai.inspect.names import clean_name
 from astrai.model.checkpoint import CONFIG, META, WEIGHTS, load_extra, read_meta, save_checkpoint
+from astrai.model.dcp_format import DCP_DIR, METADATA, is_dcp, read_metadata
 from astrai.train.bf16_update import rounding_states
 from astrai.train.checkpoint_errors import (
     damaged_hint,
@@ -50,6 +54,8 @@ ADAPTER_DIR = "adapter"
 """Inside a LoRA run's checkpoint: the PEFT adapter directory."""
 STEP_DIR = re.compile(r"^step_(\d+)$")
 REQUIRED = (CONFIG, WEIGHTS, META, "optimizer.pt", "scheduler.pt", "trainer_state.pt")
+REQUIRED_DCP = (CONFIG, META, f"{DCP_DIR}/{METADATA}", "scheduler.pt", "trainer_state.pt")
+"""A DCP checkpoint's files (its shards are checked when it is read: read_metadata)."""
 MARKER = ".astrai-checkpoint"
 """Written into every training checkpoint: only directories holding it are ever deleted."""
 
@@ -70,7 +76,8 @@ def list_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
     out = []
     for p in ckpt_dir.iterdir():
         m = STEP_DIR.match(p.name)
-        if m and p.is_dir() and all((p / f).is_file() for f in REQUIRED):
+        if m and p.is_dir() and any(all((p / f).is_file() for f in files)
+                                    for files in (REQUIRED, REQUIRED_DCP)):
             out.append((int(m.group(1)), p))
     return sorted(out)
 
@@ -180,9 +187,20 @@ def optimizer_param_names(ctx: TrainContext) -> list[str]:
     return [names.get(id(p), "") for g in ctx.optimizer.param_groups for p in g["params"]]
 
 
+def checkpoint_meta(ctx: TrainContext) -> dict[str, Any]:
+    """meta.json of a training checkpoint of the committed state."""
+    s = ctx.state
+    return {
+        "step": s.step, "epoch": s.epoch, "consumed_samples": s.consumed_samples,
+        "consumed_tokens": s.consumed_tokens, "total_steps": ctx.total_steps,
+        "strategy": ctx.config.strategy, **ctx.meta, "train_config": ctx.config.to_dict(),
+        "world_size": ctx.executor.world_size,
+    }
+
+
 def save_training_checkpoint(ctx: TrainContext, callbacks: list[Any]) -> Path | None:
-    """Write checkpoints/step_N for the committed state. Every rank calls it (gathering a
-    sharded state is collective); rank 0 writes."""
+    """Write checkpoints/step_N (full format) for the committed state. Every rank calls it
+    (gathering a sharded state is collective); rank 0 writes."""
     weights = ctx.executor.model_state_dict()
     optimizer = ctx.executor.optimizer_state_dict(ctx.optimizer)
     rounding = rounding_states(ctx.optimizer)
@@ -191,11 +209,7 @@ def save_training_checkpoint(ctx: TrainContext, callbacks: list[Any]) -> Path | 
         if optimizer:  # names let inspect-weights pair each state with its weight
             optimizer = {**optimizer, "param_names": optimizer_param_names(ctx)}
         s = ctx.state
-        meta = {
-            "step": s.step, "epoch": s.epoch, "consumed_samples": s.consumed_samples,
-            "consumed_tokens": s.consumed_tokens, "total_steps": ctx.total_steps,
-            "strategy": ctx.config.strategy, **ctx.meta, "train_config": ctx.config.to_dict(),
-        }
+        meta = checkpoint_meta(ctx)
         path = ctx.paths.ckpt_dir / step_dir_name(s.step)
         refuse_users_dir(path)
         weights, write_adapter = split_adapter(ctx, weights)
@@ -244,8 +258,17 @@ def older_checkpoint(path: Path) -> Path | None:
 
 def check_weight_files(path: Path) -> None:
     """Open the safetensors files of checkpoint `path` (their header against the file's
-    size, not the data): a truncated one is a CheckpointError naming the checkpoint to
-    resume from instead."""
+    size, not the data), or a DCP checkpoint's metadata and the presence and length of
+    every shard it names: a truncated or missing one is a CheckpointError naming the
+    checkpoint to resume from instead."""
+    if is_dcp(path):
+        try:
+            read_metadata(path)
+        except CheckpointError as e:
+            what = str(e).split("; ")[0]
+            raise CheckpointError(f"{what}; {damaged_hint(path, older_checkpoint(path))}"
+                                  ) from None
+        return
     for f in (path / WEIGHTS, path / ADAPTER_DIR / "adapter_model.safetensors"):
         if not f.is_file():
             continue
@@ -259,10 +282,14 @@ def check_weight_files(path: Path) -> None:
                                   f"{damaged_hint(path, older_checkpoint(path))}") from None
 
 
-def load_training_state(path: Path) -> tuple[dict, dict, dict, dict]:
-    """(meta, optimizer state, scheduler state, trainer state) of a checkpoint."""
-    extras = {}
-    for name in ("optimizer", "scheduler", "trainer_state"):
+def load_training_state(path: Path) -> tuple[dict, dict | None, dict, dict]:
+    """(meta, optimizer state, scheduler state, trainer state) of a checkpoint; the
+    optimizer state is None for a DCP checkpoint (each rank reads its own shards of it:
+    astrai.train.dcp_checkpoint.load_training_state)."""
+    extras: dict[str, Any] = {"optimizer": None}
+    names = ("scheduler", "trainer_state") if is_dcp(path) else (
+        "optimizer", "scheduler", "trainer_state")
+    for name in names:
         try:
             extras[name] = load_extra(path, name)
         except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file

@@ -104,22 +104,25 @@ def launch_train(config: TrainConfig, *, launch: LaunchOptions | None = None,
 
 def launch_resume(run_dir: str | Path, *, reward: list[str] | None = None,
                   launch: LaunchOptions | None = None, progress: bool = False,
-                  console: Any = None, tensorboard: bool = False):
-    """Continue a run with the process layout it was started with. `reward`: the run's
-    --reward specs, required again when they are Python code (astrai.train.rewards.trust);
-    `tensorboard`: turn TensorBoard event files on from here."""
+                  console: Any = None, tensorboard: bool = False,
+                  layout: dict[str, Any] | None = None):
+    """Continue a run with the process layout it was started with, or `layout`
+    (astrai.train.run.relayout: parallel, nprocs, nnodes, batch_size, grad_accum_steps,
+    keeping the global batch). `reward`: the run's --reward specs, required again when
+    they are Python code (astrai.train.rewards.trust); `tensorboard`: turn TensorBoard
+    event files on from here."""
     from astrai.train import run
     from astrai.train.run_lock import probe_run
 
     if Path(run_dir).is_dir():
         probe_run(run_dir)  # a live run holds it: say so before reading its checkpoints
-    config, _ = run.find_resume_point(run_dir, reward)
+    config, _ = run.find_resume_point(run_dir, reward, layout)
     if not needs_launch(config):
         with _external_group():
             return run.resume(run_dir, reward=reward, progress=progress, console=console,
-                              tensorboard=tensorboard)
+                              tensorboard=tensorboard, layout=layout)
     return _launch("resume", {"run_dir": str(run_dir), "reward": reward,
-                              "tensorboard": tensorboard}, config,
+                              "tensorboard": tensorboard, "layout": layout}, config,
                    launch or LaunchOptions(), progress)
 
 
@@ -231,7 +234,8 @@ def _worker(action: str, target: Any, progress: bool, result_dir: str) -> None:
             summary = run.train(TrainConfig.from_dict(target), progress=progress)
         else:
             summary = run.resume(target["run_dir"], reward=target["reward"],
-                                 tensorboard=target["tensorboard"], progress=progress)
+                                 tensorboard=target["tensorboard"], progress=progress,
+                                 layout=target.get("layout"))
     except AstraiError as e:
         _write(result_dir, "error", {"type": type(e).__name__, "message": str(e)}, env.rank)
         sys.exit(e.exit_code)

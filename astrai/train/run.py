@@ -20,10 +20,11 @@ from typing import Any
 
 from astrai.atomic import write_json_atomic
 from astrai.config.train import TrainConfig
-from astrai.errors import CheckpointError, DataError
+from astrai.errors import CheckpointError, ConfigError, DataError
 from astrai.jsonfile import read_json_object
-from astrai.model.checkpoint import load_checkpoint
+from astrai.model.checkpoint import load_checkpoint, model_class, weight_shapes
 from astrai.model.config import ModelConfig
+from astrai.model.dcp_format import is_dcp
 from astrai.model.presets import PRESETS
 from astrai.train.builder import Prepared, build_context, prepare, run_paths
 from astrai.train.callbacks import Callback, default_callbacks
@@ -38,7 +39,7 @@ from astrai.train.checkpointing import (
 )
 from astrai.train.context import RunPaths, TrainContext
 from astrai.train.data import TrainData, open_train_data
-from astrai.train.executors.process_group import dist_env
+from astrai.train.executors.process_group import dist_env, expected_world_size
 from astrai.train.model_source import ModelSource
 from astrai.train.plan import TrainPlan
 from astrai.train.rewards.trust import absolute_reward, confirm_rewards
@@ -180,11 +181,44 @@ def _names_key(d: Any, key: str) -> bool:
     return isinstance(d, dict) and (key in d or any(_names_key(v, key) for v in d.values()))
 
 
-def find_resume_point(run_dir: str | Path, reward: Sequence[str] | None = None
-                      ) -> tuple[TrainConfig, Path]:
+LAYOUT_KEYS = ("parallel", "nprocs", "nnodes", "batch_size", "grad_accum_steps")
+"""What `astrai resume` may change: the process layout, keeping the global batch."""
+
+
+def relayout(config: TrainConfig, meta: dict[str, Any], layout: dict[str, Any] | None,
+             source: str) -> TrainConfig:
+    """The run's config on another process layout (`layout`: LAYOUT_KEYS given again).
+    The global batch (processes x batch size x accumulation) must stay the run's: the data
+    position is a global sample index and the schedule counts steps, so both continue
+    only if one step still consumes the same samples."""
+    given = {k: v for k, v in (layout or {}).items() if v is not None}
+    if not given:
+        return config
+    bad = sorted(set(given) - set(LAYOUT_KEYS))
+    if bad:
+        raise ConfigError(f"resume: {bad[0]} cannot change on resume; only "
+                          f"{', '.join(LAYOUT_KEYS)} can")
+    saved = config.model_dump(mode="json")
+    new = TrainConfig.from_dict({**saved, **given}, source=f"{source} (resume options)")
+    new.out = config.out
+    world = int(meta.get("world_size") or config.runtime.nnodes * config.runtime.nprocs)
+    before = world * config.batch_size * config.grad_accum_steps
+    after = expected_world_size(new) * new.batch_size * new.grad_accum_steps
+    if before != after:
+        raise ConfigError(
+            f"resume: the run's global batch is {world} processes x batch {config.batch_size}"
+            f" x accumulation {config.grad_accum_steps} = {before} samples per step, the new "
+            f"layout gives {after}; choose --batch-size / --grad-accum-steps so that "
+            "processes x batch x accumulation stays the same")
+    return new
+
+
+def find_resume_point(run_dir: str | Path, reward: Sequence[str] | None = None,
+                      layout: dict[str, Any] | None = None) -> tuple[TrainConfig, Path]:
     """(the run's resolved config, its newest complete checkpoint). `reward`: the --reward
     specs given again on the command line, required when the run's rewards are Python code
-    (a run directory never names code that resume would run on its own)."""
+    (a run directory never names code that resume would run on its own). `layout`:
+    another process layout to continue on (relayout)."""
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: is a file, not a run directory; pass the directory "
@@ -208,21 +242,22 @@ def find_resume_point(run_dir: str | Path, reward: Sequence[str] | None = None
         # keeps what the run did (auto is stochastic with bf16-true)
         config.precision.bf16_update = "nearest"
     confirm_rewards(config, reward, ckpt / "meta.json")
-    return config, ckpt
+    return relayout(config, meta, layout, f"{ckpt}/meta.json"), ckpt
 
 
 def resume(run_dir: str | Path, *, reward: Sequence[str] | None = None,
            data: TrainData | None = None, callbacks: Sequence[Callback] = (),
            progress: bool = False, console: Any = None,
-           tensorboard: bool = False) -> TrainSummary:
+           tensorboard: bool = False, layout: dict[str, Any] | None = None) -> TrainSummary:
     """Continue a run from its newest complete checkpoint: weights, optimizer, scheduler,
     sampler position, RNG states and counters; metrics.jsonl continues without duplicates.
     `reward`: the run's --reward specs, required again when they name Python code.
     `tensorboard` turns TensorBoard event files on from here (kept in later checkpoints).
+    `layout`: continue on another process layout (relayout; a DCP checkpoint reshards).
     The run directory is locked while it trains (astrai.train.run_lock): a second resume
     of it, or a train into it, is refused naming this process."""
     kw = {"reward": reward, "data": data, "callbacks": callbacks, "progress": progress,
-          "console": console, "tensorboard": tensorboard}
+          "console": console, "tensorboard": tensorboard, "layout": layout}
     d = Path(run_dir)
     looks_like_run = (d / "train_config.json").is_file() or (d / "checkpoints").is_dir()
     if dist_env().rank != 0 or not looks_like_run:  # find_resume_point says what it is
@@ -233,8 +268,8 @@ def resume(run_dir: str | Path, *, reward: Sequence[str] | None = None,
 
 def _resume(run_dir: Path, *, reward: Sequence[str] | None, data: TrainData | None,
             callbacks: Sequence[Callback], progress: bool, console: Any,
-            tensorboard: bool) -> TrainSummary:
-    config, ckpt = find_resume_point(run_dir, reward)
+            tensorboard: bool, layout: dict[str, Any] | None) -> TrainSummary:
+    config, ckpt = find_resume_point(run_dir, reward, layout)
     check_weight_files(ckpt)  # a truncated file: say so before anything is built
     if tensorboard:
         config.logging.tensorboard = True
@@ -248,8 +283,11 @@ def _resume(run_dir: Path, *, reward: Sequence[str] | None, data: TrainData | No
             f"{config.data} has now; resume needs the run's own dataset"
         )
     model_config = ModelConfig.load(ckpt / "config.json")
+    sharded = is_dcp(ckpt)
 
     def model_fn():
+        if sharded:  # the weights come from the shards once the executor has wrapped it
+            return model_class(weight_shapes(ckpt) or {})(model_config).train()
         model, _, _ = load_checkpoint(ckpt)
         return model.train()
 
@@ -265,6 +303,7 @@ def _resume(run_dir: Path, *, reward: Sequence[str] | None, data: TrainData | No
         )
     ctx, states = build_context(prepared, resume={
         "optimizer": opt_state, "scheduler": sched_state, "trainer_state": trainer_state,
+        "dcp": ckpt if sharded else None,
     })
     if ctx.is_main:
         clean_leftovers(ctx.paths.ckpt_dir)  # what a kill during a save or deletion left

@@ -38,6 +38,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from astrai.errors import AstraiError
+from astrai.train import dcp_checkpoint
 from astrai.train.callbacks.base import Callback, CallbackList
 from astrai.train.checkpointing import save_training_checkpoint
 from astrai.train.context import TrainContext, rng_state
@@ -59,6 +60,9 @@ class Trainer:
         self.last_saved: int | None = ctx.state.step if ctx.state.step > 0 else None
         """Step of the newest checkpoint this run has (a resumed run starts from one)."""
         self.saved: list[Path] = []
+        self.pending: dcp_checkpoint.PendingSave | None = None
+        """A DCP save still being written in the background (--async-checkpoint)."""
+        self.format = ctx.config.checkpoint.resolved_format(ctx.config.runtime.parallel)
         self._updating = False  # inside optimizer.step(): the weights may be half-updated
         self._window_start = 0.0  # perf_counter() when the current window began
         self._samples = self._tokens = self._batches = 0  # the current window's counts
@@ -76,6 +80,7 @@ class Trainer:
             ctx.completed = ctx.stop_reason is None
             if ctx.completed and self.last_saved != ctx.state.step:
                 self.save()
+            self.wait_for_save()
         except BaseException as e:
             cbs.on_error(ctx, e)
             self._save_last_good(e)
@@ -135,6 +140,8 @@ class Trainer:
         due = self._due(cfg.checkpoint.interval) or ctx.stop_reason is not None
         if due and self.last_saved != ctx.state.step:
             self.save()
+        elif self.pending is not None:
+            self._saved(dcp_checkpoint.poll(ctx, self.pending))
 
     def _run_window(self, window: list[Batch], step: int) -> StepSums:
         """Forward and backward of every micro-batch; the window's sums, on the device."""
@@ -197,20 +204,44 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save(self) -> None:
-        """checkpoints/step_N of the committed state (collective: every rank calls it)."""
-        path = save_training_checkpoint(self.ctx, list(self.callbacks))
+        """checkpoints/step_N of the committed state (collective: every rank calls it). A
+        DCP save first waits for the previous one; an async one returns while it writes."""
+        if self.format == "dcp":
+            self.wait_for_save()
+            self.pending = dcp_checkpoint.begin(self.ctx, list(self.callbacks),
+                                                self.ctx.config.checkpoint.async_save)
+            if self.pending.committed:
+                self._saved(self.pending.final)
+        else:
+            self._saved(save_training_checkpoint(self.ctx, list(self.callbacks)))
         self.last_saved = self.ctx.state.step
-        if path is not None:
+
+    def wait_for_save(self) -> None:
+        """Block until the DCP save in flight is written and (rank 0) renamed into place."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            committed = pending.committed
+            path = dcp_checkpoint.finish(self.ctx, pending)
+            if not committed:
+                self._saved(path)
+
+    def _saved(self, path: Path | None) -> None:
+        if path is not None and path not in self.saved:
             self.saved.append(path)
 
     def _save_last_good(self, error: BaseException) -> None:
         """After an error: save the committed state unless the weights may be half-updated
         (an error inside optimizer.step()) or it is saved already."""
         ctx = self.ctx
+        try:  # the save in flight is complete state: let it finish and appear
+            self.wait_for_save()
+        except Exception as e:  # noqa: BLE001 - reported; the original error propagates
+            ctx.errors.append(f"checkpoint in flight after {type(error).__name__}: {e}")
         if self._updating or ctx.state.step == 0 or ctx.state.step == self.last_saved:
             return
         try:
             self.save()
+            self.wait_for_save()
         except Exception as e:  # noqa: BLE001 - reported; the original error propagates
             ctx.errors.append(f"checkpoint after {type(error).__name__}: {e}")
 

@@ -33,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                             "-> a run directory.")),
     "resume": ("resume_cmd", ("Continue a run from its newest complete checkpoint, as if "
                               "never interrupted.")),
+    "convert-checkpoint": ("convert_cmd", ("Convert a checkpoint between DCP shards and "
+                                           "model.safetensors, both ways.")),
     "plot": ("plot_cmd", ("Plot training curves (loss, validation bits per byte, lr, ...) "
                           "from metrics.jsonl.")),
 }
@@ -63,5 +65,7 @@ EXAMPLES: dict[str, list[str]] = {
     "train": ["astrai train --data runs/data/pretrain --model tiny --out runs/pretrain",
               "astrai train --strategy sft --data runs/data/sft --model runs/pretrain"],
     "resume": ["astrai resume runs/pretrain"],
+    "convert-checkpoint": [("astrai convert-checkpoint runs/x/checkpoints/step_100 "
+                            "step_100-full")],
     "plot": ["astrai plot runs/pretrain runs/other --out curves.png"],
 }

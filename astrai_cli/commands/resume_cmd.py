@@ -31,6 +31,19 @@ def register(app: typer.Typer) -> None:
         shutdown_timeout: Annotated[int | None, typer.Option(
             help=LAUNCH_HELP["shutdown_timeout"], show_default=False)] = None,
         threads: Annotated[str | None, threads_option()] = None,
+        parallel: Annotated[str | None, typer.Option(
+            help="Continue under another executor (none, ddp, fsdp); a DCP checkpoint "
+            "reshards to it.", show_default=False)] = None,
+        nprocs: Annotated[int | None, typer.Option(
+            help="Continue on another number of processes per node (keep the global batch: "
+            "give --batch-size too).", show_default=False)] = None,
+        nnodes: Annotated[int | None, typer.Option(
+            help="Continue on another number of nodes.", show_default=False)] = None,
+        batch_size: Annotated[int | None, typer.Option(
+            help="Per-process batch size on the new layout; processes x batch x accumulation "
+            "must stay the run's.", show_default=False)] = None,
+        grad_accum_steps: Annotated[int | None, typer.Option(
+            help="Accumulation steps on the new layout.", show_default=False)] = None,
     ) -> None:
         """Continue a run from its newest complete checkpoint: weights, optimizer, scheduler,
         data position, RNG states and counters come back, so the result equals an
@@ -42,6 +55,8 @@ def register(app: typer.Typer) -> None:
                                  "shutdown_timeout": shutdown_timeout})
         use_threads(threads)
         err = log_console(stderr=True)
+        layout = {"parallel": parallel, "nprocs": nprocs, "nnodes": nnodes,
+                  "batch_size": batch_size, "grad_accum_steps": grad_accum_steps}
         summary = launch_resume(run_dir, reward=reward or None, launch=launch, progress=True,
-                                console=err, tensorboard=tensorboard)
+                                console=err, tensorboard=tensorboard, layout=layout)
         finish(summary, as_json)

@@ -162,6 +162,41 @@ def losses(run_dir: Path) -> list[float]:
 
 
 def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+    """The weights of checkpoint step_N, either format (fsdp runs write DCP by default)."""
+    from astrai.model.checkpoint import load_checkpoint
 
-    return load_file(Path(run_dir) / "checkpoints" / f"step_{step}" / "model.safetensors")
+    model, _, _ = load_checkpoint(Path(run_dir) / "checkpoints" / f"step_{step}")
+    return model.state_dict()
+
+
+DCP_LAYOUT = {"none": {"parallel": "none", "nprocs": 1, "batch_size": 4, "grad_accum_steps": 4},
+              "ddp": {"parallel": "ddp", "nprocs": 2, "batch_size": 4, "grad_accum_steps": 2},
+              "fsdp": {"parallel": "fsdp", "nprocs": 2, "batch_size": 4, "grad_accum_steps": 2}}
+"""The same global batch (16 samples per step) on one process and on two; one process
+accumulates 4 micro-batches where two accumulate 2 each."""
+
+
+def dcp_cut(run: Path, parallel: str, fmt: str = "dcp", **kw) -> None:
+    """A run of 4 steps (checkpoint every 2, DCP unless `fmt`) that crashes in step 4: it
+    leaves step_2 and step_3 (the last good state, saved on the error)."""
+    cfg = config_for(run, "pretrain", max_steps=4, ckpt_interval=2, checkpoint_format=fmt,
+                     **DCP_LAYOUT[parallel], **kw)
+    try:
+        train(cfg, data=data_for("pretrain"), callbacks=[StopAfterStep(3)])
+    except Interrupt:
+        pass
+
+
+def dcp_scenarios(out_root: str, names: list[str]) -> dict:
+    """2-process DCP scenarios: `cut:DIR:fsdp` (an async fsdp run in DIR stopped after
+    step 3), `resume:DIR:LAYOUT` (the cut run in DIR continued on LAYOUT)."""
+    out, results = Path(out_root), {}
+    for name in names:
+        what, where, layout = name.split(":")
+        if what == "cut":
+            dcp_cut(out / where, layout, async_checkpoint=True)
+        else:
+            summary = resume(out / where / "run", data=data_for("pretrain"),
+                             layout=DCP_LAYOUT[layout])
+            results[name] = summary.resumed_from
+    return results

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from astrai.errors import ConfigError
+from astrai.model.checkpoint import load_checkpoint
 from astrai.train import train
 from astrai.train.adamw import AdamW
 from astrai.train.optim import build_adamw
@@ -115,7 +116,7 @@ def test_bf16_training_is_finite_and_keeps_moment_dtype(precision, state, parall
     """Reliability (d): a few steps on tiny shapes, finite losses; the checkpoint holds the
     weights in their training dtype and the moments in the asked dtype (fsdp: gathered)."""
     cfg = make_config(tmp_path, precision=precision, optimizer_state_dtype=state,
-                      parallel=parallel, max_steps=3, batch_size=2)
+                      parallel=parallel, max_steps=3, batch_size=2, checkpoint_format="full")
     s = train(cfg, data=make_data("pretrain", n=8, T=8))
     assert s.steps == 3 and math.isfinite(s.final_loss)
     ckpt = tmp_path / "run" / "checkpoints" / "step_3"
@@ -165,6 +166,7 @@ def test_bf16_true_resume_is_bit_identical(parallel, optimizer, update, tmp_path
     with pytest.raises(Interrupt):
         train(make_config(tmp_path / "b", **kw), data=data(), callbacks=[StopAfterStep(3)])
     assert resume(tmp_path / "b" / "run", data=data()).resumed_from.endswith("step_3")
-    a, b = (load_file(tmp_path / x / "run" / "checkpoints" / "step_5" / "model.safetensors")
+    # fsdp writes DCP checkpoints (each rank its shards): read both through the one loader
+    a, b = (load_checkpoint(tmp_path / x / "run" / "checkpoints" / "step_5")[0].state_dict()
             for x in "ab")
     assert all(torch.equal(a[k], b[k]) for k in a)

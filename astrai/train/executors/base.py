@@ -134,6 +134,11 @@ class Executor:
     def barrier(self) -> None:
         pass
 
+    def checkpoint_group(self) -> Any:
+        """The process group of background (async) checkpoint writes; None with one
+        process (DCP then saves without one)."""
+        return None
+
     def close(self) -> None:
         pass
 

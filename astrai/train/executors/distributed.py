@@ -34,5 +34,14 @@ class DistributedExecutor(Executor):
     def barrier(self) -> None:
         torch.distributed.barrier()
 
+    def checkpoint_group(self) -> Any:
+        """A gloo group of every rank, created at the first async save (all ranks reach it
+        at the same step): DCP's background writer runs its collectives there, never on
+        the default group, whose order the training step's collectives own (torch's
+        async_save documentation recommends a separate gloo group for this)."""
+        if getattr(self, "_ckpt_group", None) is None:
+            self._ckpt_group = torch.distributed.new_group(backend="gloo")
+        return self._ckpt_group
+
     def close(self) -> None:
         pg.destroy_process_group(self._owns_group)
