@@ -64,6 +64,8 @@ class ServerState:
     None: unbounded."""
     responses: ResponseStore = field(default_factory=ResponseStore)
     """The stored responses of /v1/responses (responses_store.py)."""
+    reasoning: Any = None
+    """The reasoning parser (`--reasoning-parser`, astrai.infer.reasoning); None: none."""
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -241,7 +243,7 @@ def job_from(state: ServerState, kind: str, body: Any) -> Job:
     try:
         job = parse(kind, body, tokenizer=state.tokenizer, vocab_size=state.vocab_size,
                     max_context=state.max_context, admit=admit,
-                    tool_parser=state.tool_call_parser,
+                    tool_parser=state.tool_call_parser, reasoning=state.reasoning,
                     max_prompt_chars=state.max_prompt_chars,
                     max_request_tokens=state.max_request_tokens)
     except AstraiError as e:  # e.g. a chat template that rejects the conversation

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from astrai.errors import ConfigError
 from astrai.infer.build import EngineOptions
 from astrai.infer.config import CacheConfig, SchedulerConfig
+from astrai.infer.reasoning import reasoning_parser
 from astrai.serve.auth import key_problem
 from astrai.serve.responses_store import ResponseStoreConfig
 from astrai.serve.tool_parsers import PARSERS
@@ -52,6 +53,9 @@ class ServeConfig(EngineOptions):
     """Continuous-batching policy (step token budget)."""
     ui: bool = True
     """Serve the chat page at / (`--no-ui` turns it off: / is then a 404)."""
+    reasoning_parser: str = "auto"
+    """How a thinking model's thinking is told from its answer (`reasoning_content`): auto
+    (from the chat template's <think> block) | none | qwen3 | deepseek_r1."""
     response_store: ResponseStoreConfig = field(default_factory=ResponseStoreConfig)
     """The bounds of /v1/responses' stored responses (count, bytes, expiry)."""
 
@@ -71,6 +75,8 @@ class ServeConfig(EngineOptions):
                               f"one of {', '.join(PARSERS)}")
         self.validate_engine()
         self.response_store.validate()
+        if self.reasoning_parser not in ("auto", "none"):
+            reasoning_parser(self.reasoning_parser)  # a ConfigError naming the choices
         self._validate_loras()
         problem = key_problem(self.api_key)
         if problem is not None:

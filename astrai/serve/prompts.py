@@ -21,14 +21,22 @@ from astrai.serve.errors import bad_request
 def chat_prompt_ids(tokenizer: Any, messages: Sequence[dict[str, Any]],
                     tools: Sequence[dict] | None = None, max_chars: int | None = None
                     ) -> list[int]:
-    """The prompt ids of a chat (with `tools`, OpenAI's function list, when given) ending
-    where the assistant's reply begins; a 400 naming `messages` when the render is longer
-    than `max_chars`. No loss mask is needed, so no reply is located."""
+    """The prompt ids of a chat (`chat_prompt`'s ids)."""
+    return chat_prompt(tokenizer, messages, tools, max_chars)[0]
+
+
+def chat_prompt(tokenizer: Any, messages: Sequence[dict[str, Any]],
+                tools: Sequence[dict] | None = None, max_chars: int | None = None,
+                extra: dict[str, Any] | None = None) -> tuple[list[int], str]:
+    """(ids, text) of the prompt of a chat (with `tools`, OpenAI's function list, and
+    `extra` template variables, when given) ending where the assistant's reply begins; a
+    400 naming `messages` when the render is longer than `max_chars`. No loss mask is
+    needed, so no reply is located."""
     rc = render_conversation(tokenizer, list(messages), add_generation_prompt=True,
-                             train_roles=(), tools=tools)
+                             train_roles=(), tools=tools, extra=extra)
     if max_chars is not None and len(rc.text) > max_chars:
         raise bad_request(f"the conversation renders to {len(rc.text)} characters; this "
                           f"model's context takes at most {max_chars} (its context times its "
                           "longest token's characters): shorten the messages", "messages",
                           "context_length_exceeded")
-    return list(tokenizer.encode_batch([rc.text])[0])
+    return list(tokenizer.encode_batch([rc.text])[0]), rc.text

@@ -28,7 +28,7 @@ from astrai.serve.limits import (
     MAX_TOP_LOGPROBS,
 )
 from astrai.serve.messages import read_messages
-from astrai.serve.prompts import chat_prompt_ids
+from astrai.serve.prompts import chat_prompt
 from astrai.serve.constraints import read_constraint
 from astrai.serve.tool_grammar import tool_grammar
 from astrai.serve.tools import ToolPlan, read_tools
@@ -39,7 +39,10 @@ SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "sto
             "logprobs", "model", "user"}
 SAMPLING |= {"response_format", "structured_outputs"}
 CHAT_FIELDS = SAMPLING | {"messages", "max_completion_tokens", "top_logprobs", "tools",
-                          "tool_choice", "parallel_tool_calls"}
+                          "tool_choice", "parallel_tool_calls", "chat_template_kwargs"}
+TEMPLATE_KWARGS = ("enable_thinking", "thinking")
+"""`chat_template_kwargs` keys a request may set (booleans read by thinking templates: Qwen3's
+enable_thinking, others' thinking); anything else could reach into the template's logic."""
 COMPLETION_FIELDS = SAMPLING | {"prompt"}
 HARMLESS = {"echo": False, "best_of": 1, "logit_bias": {}, "tools": [], "tool_choice": "none",
             "parallel_tool_calls": False}
@@ -66,6 +69,11 @@ class Job:
     constrained_by: str | None = None
     """The field whose constraint every choice follows (response_format,
     structured_outputs, tools: a required or named tool call); None: free text."""
+    reasoning: Any = None
+    """The reasoning parser splitting the thinking from the answer (astrai.infer.reasoning);
+    None: the output is all answer."""
+    thinking_open: bool = False
+    """The prompt ends inside a thinking block (the reply starts thinking)."""
 
 
 def choice_seed(seed: int, j: int) -> int:
@@ -224,11 +232,13 @@ def _tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:
 def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, vocab_size: int,
           max_context: int, default_seed: int | None = None,
           admit: Callable[[int], None] | None = None, tool_parser: str | None = None,
-          max_prompt_chars: int | None = None, max_request_tokens: int | None = None) -> Job:
+          max_prompt_chars: int | None = None, max_request_tokens: int | None = None,
+          reasoning: Any = None) -> Job:
     """Validate one request body into a Job; raises APIError (400) naming the field.
     `tool_parser` is the server's `--tool-call-parser` (None: chosen from the template);
     `max_prompt_chars`: the longest prompt text the context could take;
-    `max_request_tokens`: the most tokens all choices together may generate (limits.py).
+    `max_request_tokens`: the most tokens all choices together may generate (limits.py);
+    `reasoning`: the server's reasoning parser (None: none).
 
     `admit(k)` is called with the request's number of choices (prompts x n) once the body
     is validated and before any prompt is tokenized or rendered and any SamplingParams
@@ -246,11 +256,14 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
     template = getattr(tokenizer, "chat_template", None)
     plan = read_tools(body, template, tool_parser) if kind == "chat" else None
     kw["structured_outputs"], where = _constraint(body, plan, tokenizer)
+    extra = _template_kwargs(body) if kind == "chat" else None
     if admit is not None:
         admit(len(raw) * n)
+    opened = False
     if kind == "chat":
-        raw = [chat_prompt_ids(tokenizer, raw[0], plan.tools if plan else None,
-                               max_prompt_chars)]
+        ids, text = chat_prompt(tokenizer, raw[0], plan.tools if plan else None,
+                                max_prompt_chars, extra)
+        raw, opened = [ids], reasoning is not None and reasoning.opens_thinking(text)
     ids = iter(_tokenize(tokenizer, [p for p in raw if isinstance(p, str)]))
     prompts = [next(ids) if isinstance(p, str) else list(p) for p in raw]
     for ids in prompts:
@@ -269,7 +282,24 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
                 pk.update(logprobs=True, top_logprobs=top_logprobs)
             params.append(_params(pk))
     return Job(kind, model, prompts, params, n, stream, include_usage, top_logprobs, plan,
-               where)
+               where, reasoning if kind == "chat" else None, opened)
+
+
+def _template_kwargs(body: dict) -> dict[str, Any] | None:
+    """`chat_template_kwargs`: an object of TEMPLATE_KWARGS booleans (400 otherwise)."""
+    kw = body.get("chat_template_kwargs")
+    if kw is None:
+        return None
+    if not isinstance(kw, dict):
+        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    for key, value in kw.items():
+        if key not in TEMPLATE_KWARGS:
+            raise bad_request(f"'chat_template_kwargs.{key}' is not allowed; use "
+                              f"{', '.join(TEMPLATE_KWARGS)}", f"chat_template_kwargs.{key}")
+        if not isinstance(value, bool):
+            raise bad_request(f"'chat_template_kwargs.{key}' must be true or false",
+                              f"chat_template_kwargs.{key}")
+    return kw
 
 
 def _constraint(body: dict, plan: ToolPlan | None, tokenizer: Any

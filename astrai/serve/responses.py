@@ -45,6 +45,12 @@ class Choice:
     started: bool = False
     tools: ToolStream | None = None
     """The tool calls streamed so far, when the request's output is read for them."""
+    split: Any = None
+    """Splits the thinking from the answer (astrai.infer.reasoning), with a reasoning parser."""
+    reasoning: str = ""
+    """The thinking so far (`text` is then the answer alone)."""
+    delta: tuple[str, str] = ("", "")
+    """(thinking, answer) of the latest output."""
 
 
 class ResponseBuilder:
@@ -62,11 +68,23 @@ class ResponseBuilder:
         if self.parser is not None and job.stream:
             for c in self.choices:
                 c.tools = ToolStream(self.parser, self.limit)
+        if job.reasoning is not None:
+            for c in self.choices:
+                c.split = job.reasoning.splitter("")
+                c.split.thinking = c.split.thought = job.thinking_open
 
     # -- bookkeeping -----------------------------------------------------------------------
     def add(self, index: int, out: Any) -> Choice:
         c = self.choices[index]
-        c.text += out.delta_text
+        c.delta = ("", out.delta_text)
+        if c.split is not None:
+            think, said = c.split.feed(out.delta_text)
+            if out.finished:
+                rest = c.split.finish()
+                think, said = think + rest[0], said + rest[1]
+            c.delta = (think, said)
+            c.reasoning += think
+        c.text += c.delta[1]
         c.tokens += out.delta_token_ids
         if out.delta_logprobs:
             c.logprobs += out.delta_logprobs
@@ -122,6 +140,8 @@ class ResponseBuilder:
                 msg = ({"role": "assistant", "content": c.text} if self.parser is None
                        else message(self.parser, c.text, self.limit,
                                     cut=c.finish_reason == "length"))
+                if c.split is not None:  # vLLM's field (also SGLang's, llama.cpp's)
+                    msg["reasoning_content"] = c.reasoning or None
                 choices.append({"index": i, "message": msg, "logprobs": self._logprobs(c, 0),
                                 "finish_reason": _finish(c.finish_reason, "tool_calls" in msg)})
             else:
@@ -156,8 +176,12 @@ class ResponseBuilder:
             body = {"index": index, "delta": self._tool_delta(c, out.finished), "logprobs": lp,
                     "finish_reason": _finish(c.finish_reason, c.tools.called)}
         elif self.chat:
-            body = {"index": index, "delta": {"content": out.delta_text} if out.delta_text
-                    else {}, "logprobs": lp, "finish_reason": c.finish_reason}
+            think, said = c.delta
+            delta = {"reasoning_content": think} if think else {}
+            if said:
+                delta["content"] = said
+            body = {"index": index, "delta": delta, "logprobs": lp,
+                    "finish_reason": c.finish_reason}
         else:
             body = {"index": index, "text": out.delta_text, "logprobs": lp,
                     "finish_reason": c.finish_reason}
@@ -168,6 +192,8 @@ class ResponseBuilder:
     def _tool_delta(c: Choice, final: bool) -> dict[str, Any]:
         content, calls = c.tools.push(c.text, final)
         delta: dict[str, Any] = {"content": content} if content else {}
+        if c.delta[0]:
+            delta["reasoning_content"] = c.delta[0]
         if calls:
             delta["tool_calls"] = calls
         return delta

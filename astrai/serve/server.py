@@ -51,6 +51,18 @@ def load_engine(config: ServeConfig) -> Any:
     return build_engine(model, tok, config, cache, backend=config.backend, scheduler=sched)
 
 
+def pick_reasoning(name: str, tok: Any) -> Any:
+    """The reasoning parser of `--reasoning-parser`: auto = the one the chat template's
+    <think> block calls for (astrai.infer.reasoning), none = none."""
+    from astrai.infer.reasoning import parser_for_template, reasoning_parser
+
+    if name == "none":
+        return None
+    if name == "auto":
+        return parser_for_template(getattr(tok, "chat_template", None))
+    return reasoning_parser(name)
+
+
 def check_template(tok: Any, where: str) -> None:
     """Render a one-message conversation through the chat template before serving: a
     template that fails on it would fail every chat request, so it is refused at start-up
@@ -104,7 +116,9 @@ class Server:
                                  max_prompt_chars=max_prompt_chars(engine.tokenizer,
                                                                    engine.max_context),
                                  max_request_tokens=engine.cache_config.max_kv_tokens,
-                                 responses=ResponseStore(config.response_store))
+                                 responses=ResponseStore(config.response_store),
+                                 reasoning=pick_reasoning(config.reasoning_parser,
+                                                          engine.tokenizer))
         self.app = create_app(self.state, ui=config.ui)
         self._uv = _Uvicorn(uvicorn.Config(
             self.app, host=config.host, port=config.port, log_config=None, access_log=False,

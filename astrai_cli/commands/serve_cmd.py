@@ -102,6 +102,10 @@ def register(app: typer.Typer) -> None:
             "--seed", help="Seed of requests that give none.")] = 0,
         ui: Annotated[bool, typer.Option(
             "--ui/--no-ui", help="Serve the chat page at / (--no-ui: / is a 404).")] = True,
+        reasoning_parser: Annotated[str, typer.Option(
+            "--reasoning-parser", metavar="auto|none|qwen3|deepseek_r1", help="Return a "
+            "thinking model's <think> block as reasoning_content, apart from the answer (auto: "
+            "when the chat template writes one).")] = "auto",
         response_store_max: Annotated[int, typer.Option(
             "--response-store-max", help="Stored /v1/responses responses kept at most; the "
             "oldest is evicted first.")] = 1000,
@@ -133,7 +137,7 @@ def register(app: typer.Typer) -> None:
             cache=CacheConfig.from_dict(dict(page_size=page_size, max_kv_tokens=max_kv_tokens,
                                              max_context=max_context)),
             scheduler=SchedulerConfig.from_dict(dict(max_step_tokens=max_step_tokens)),
-            ui=ui, response_store=ResponseStoreConfig(response_store_max, response_store_bytes,
+            ui=ui, reasoning_parser=reasoning_parser, response_store=ResponseStoreConfig(response_store_max, response_store_bytes,
                                                       response_store_ttl))
         config.validate()  # bad flags fail before the weights load
         warn_dtype(engine.device, engine.dtype)
