@@ -19,7 +19,9 @@ from typing import Any, Literal
 from astrai.errors import ConfigError
 from astrai.infer.params import SEED_RANGE, SamplingParams
 from astrai.infer.structured import StructuredOutputs
+from astrai.serve.constraints import read_constraint
 from astrai.serve.errors import bad_request
+from astrai.serve.generic_tools import generic_messages, generic_schema
 from astrai.serve.limits import (
     MAX_N,
     MAX_PROMPTS,
@@ -29,7 +31,6 @@ from astrai.serve.limits import (
 )
 from astrai.serve.messages import read_messages
 from astrai.serve.prompts import chat_prompt
-from astrai.serve.constraints import read_constraint
 from astrai.serve.tool_grammar import tool_grammar
 from astrai.serve.tools import ToolPlan, read_tools
 
@@ -261,8 +262,11 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
         admit(len(raw) * n)
     opened = False
     if kind == "chat":
-        ids, text = chat_prompt(tokenizer, raw[0], plan.tools if plan else None,
-                                max_prompt_chars, extra)
+        messages, tools = raw[0], plan.tools if plan else None
+        if plan is not None and plan.generic:  # tools in a system message (generic_tools.py)
+            messages = generic_messages(messages, plan) if plan.parser else messages
+            tools = None
+        ids, text = chat_prompt(tokenizer, messages, tools, max_prompt_chars, extra)
         raw, opened = [ids], reasoning is not None and reasoning.opens_thinking(text)
     ids = iter(_tokenize(tokenizer, [p for p in raw if isinstance(p, str)]))
     prompts = [next(ids) if isinstance(p, str) else list(p) for p in raw]
@@ -307,6 +311,12 @@ def _constraint(body: dict, plan: ToolPlan | None, tokenizer: Any
     """The request's constraint and the field it comes from: a required or named tool
     call (its grammar, tool_grammar.py), else response_format / structured_outputs."""
     spec = read_constraint(body)
+    if plan is not None and plan.generic and plan.parser is not None:
+        if spec is not None:
+            raise bad_request("this model's template does not render tools, so its replies "
+                              "follow the generic tool format; drop 'response_format' / "
+                              "'structured_outputs' or 'tools'", "response_format")
+        return StructuredOutputs(json=generic_schema(plan)), "tools"
     if plan is not None and plan.enforced:
         if spec is not None:
             raise bad_request("a required or named 'tool_choice' already constrains the "

@@ -347,6 +347,47 @@ _SIGNS = (("hermes", re.compile(r"<tool_call>")),
           ("llama3_json", re.compile(r"<\|python_tag\|>|\"parameters\": ")))
 
 
+class GenericParser(ToolParser):
+    """Reads a reply in the generic format (astrai/serve/generic_tools.py: {"tool_call": ...}
+    or {"response": ...}) once it is complete."""
+
+    name = "generic"
+    parallel = False
+
+    def segments(self, text: str, final: bool) -> list[Segment]:
+        if not final:
+            return []  # a partial JSON string cannot be shown yet
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError:  # cut by max_tokens: the answer so far, else as written
+            m = _ANSWER.match(text)
+            said = _partial_string(text[m.end():]) if m else None
+            piece = text if said is None else said
+            return [Segment(0, piece)] if piece else []
+        if isinstance(obj, dict) and isinstance(obj.get("response"), str):
+            return [Segment(0, obj["response"])] if obj["response"] else []
+        call = obj.get("tool_call") if isinstance(obj, dict) else None
+        if (isinstance(call, dict) and isinstance(call.get("name"), str)
+                and isinstance(call.get("arguments"), dict)):
+            args = json.dumps(call["arguments"], ensure_ascii=False)
+            return [Segment(0, text, CallScan(0, call["name"], args, len(text)))]
+        return [Segment(0, text)]
+
+
+_ANSWER = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+
+
+def _partial_string(body: str) -> str | None:
+    """The text of a JSON string cut before its closing quote (an escape cut in half
+    dropped), or None when `body` is no such string."""
+    for cut in range(min(len(body), 6) + 1):
+        try:
+            return json.loads('"' + body[:len(body) - cut] + '"')
+        except json.JSONDecodeError:
+            continue
+    return None
+
+
 def parser_for_template(source: str) -> str | None:
     """The format a chat template teaches, from the call syntax it writes; None if none
     of the three."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from astrai.data.chat import renders_tools
 from astrai.serve.errors import bad_request
-from astrai.serve.tool_parsers import PARSERS, ToolParser, parser_for_template
+from astrai.serve.tool_parsers import PARSERS, GenericParser, ToolParser, parser_for_template
 
 MAX_TOOLS = 128
 """Most tools one request may carry."""
@@ -46,6 +46,9 @@ class ToolPlan:
     """Several calls in one reply (the request allows it and the format carries it)."""
     parser: ToolParser | None
     """How calls are read from the output; None with choice none."""
+    generic: bool = False
+    """The chat template does not render tools: they are described in a system message and
+    the reply held to the generic JSON format (generic_tools.py)."""
 
     @property
     def limit(self) -> int | None:
@@ -152,10 +155,17 @@ def read_tools(body: dict, template: str | None, parser_name: str | None
         if choice in ("required", "function"):
             raise bad_request(f"'tool_choice' {choice!r} needs 'tools'", "tool_choice")
         return None
-    if template is None or not renders_tools(template):
-        raise bad_request("this model's chat template does not render tools, so the model "
-                          "cannot see them; remove 'tools' or serve with --chat-template "
-                          "FILE whose template does", "tools")
+    if template is None:
+        raise bad_request("this model has no chat template to show it tools; serve with "
+                          "--chat-template FILE", "tools")
+    if not renders_tools(template):
+        if parser_name is not None:  # the server named a format the template cannot show
+            raise bad_request("this model's chat template does not render tools, so "
+                              f"--tool-call-parser {parser_name} cannot apply; serve without "
+                              "it (tools are then described in a system message) or with a "
+                              "--chat-template FILE that renders them", "tools")
+        return ToolPlan(list(tools), choice, function, False,
+                        None if choice == "none" else GenericParser(), generic=True)
     parser = None
     if choice != "none":
         name = parser_name or parser_for_template(template)

@@ -43,8 +43,10 @@ def raw(server, path: str, body: bytes | str, headers: dict | None = None,
     ({"max_tokens": "many"}, "max_tokens"),
     ({"logit_bias": {"5": 10}}, "logit_bias"),
     ({"tools": [{"type": "function"}]}, "tools[0].function"),
-    # the tiny model's ChatML template does not render tools
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    # the tiny model's ChatML template does not render tools: generic format, no grammar
+    # beside it
+    ({"tools": [{"type": "function", "function": {"name": "f"}}],
+      "response_format": {"type": "json_object"}}, "response_format"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"frobnicate": True}, "frobnicate"),
     ({"top_logprobs": 2}, "top_logprobs"),

@@ -171,9 +171,39 @@ def test_bad_tools_and_tool_messages_are_400_naming_the_field(real_tokenizer_dir
     assert e.value.status == 400 and e.value.param == param, e.value.message
 
 
-def test_template_without_tools_is_a_400(real_tokenizer_dirs):
+def test_a_template_without_tools_gets_the_generic_format(real_tokenizer_dirs):
+    """Llama 3's template shows no tools: they are described in a system message, the
+    earlier call and its result rewritten as text the template renders, and the reply held
+    to the generic JSON format by a grammar; a --tool-call-parser for it stays a 400."""
+    import json
+
     tok = Tokenizer.load(real_tokenizer_dirs["llama3"])  # Llama 3's template: no tools
-    with pytest.raises(APIError, match="does not render tools") as e:
-        job(tok, {"messages": [ASK], "tools": [WEATHER]})
-    assert e.value.param == "tools"
+    j = job(tok, {"messages": [ASK, CALLED, RESULT], "tools": [WEATHER, ADD]})
+    assert j.tools.generic and j.tools.parser.name == "generic" and j.constrained_by == "tools"
+    prompt = tok.decode(j.prompts[0])
+    assert '"name": "get_weather"' in prompt and '{"response": TEXT}' in prompt
+    assert '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"' in prompt
+    assert 'get_weather returned: {"temperature": 21}' in prompt
+    def schema_of(job_):
+        s = job_.params[0].structured_outputs.json
+        return json.loads(s) if isinstance(s, str) else s
+
+    schema = schema_of(j)
+    assert len(schema["anyOf"]) == 3  # two functions and the answer
+    named = job(tok, {"messages": [ASK], "tools": [WEATHER, ADD],
+                      "tool_choice": {"type": "function", "function": {"name": "add"}}})
+    s = schema_of(named)
+    assert s["properties"]["tool_call"]["properties"]["name"] == {"const": "add"}
+    assert "Reply with one JSON object calling add" in tok.decode(named.prompts[0])
+    none = job(tok, {"messages": [ASK], "tools": [WEATHER], "tool_choice": "none"})
+    assert none.params[0].structured_outputs is None and "tool_call" not in tok.decode(
+        none.prompts[0])
+    with pytest.raises(APIError, match="does not render tools, so --tool-call-parser hermes"):
+        parse("chat", {"messages": [ASK], "tools": [WEATHER]}, tokenizer=tok,
+              vocab_size=tok.vocab_size, max_context=1 << 16, tool_parser="hermes")
+    with pytest.raises(APIError) as e:
+        job(tok, {"messages": [ASK], "tools": [WEATHER],
+                  "response_format": {"type": "json_object"}})
+    assert e.value.param == "response_format"
     assert job(tok, {"messages": [ASK], "tools": [], "tool_choice": "none"}).tools is None
+    assert json.loads(json.dumps(schema))  # plain JSON, as the grammar engine takes it
