@@ -53,6 +53,13 @@ class ResponseHead:
     created_at: int = field(default_factory=lambda: int(time.time()))
 
 
+def reasoning_item(text: str, status: str) -> dict:
+    """A reasoning output item: the model's thinking (astrai.infer.reasoning) as
+    `reasoning_text` content, no summary (none is written)."""
+    return {"type": "reasoning", "id": new_id("rs"), "summary": [], "status": status,
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
 def message_item(text: str, status: str, item_id: str | None = None) -> dict:
     return {"type": "message", "id": item_id or new_id("msg"), "role": "assistant",
             "status": status, "content": [output_text(text)]}
@@ -82,8 +89,16 @@ def as_message(output: list[dict]) -> dict:
 class ResponsesBuilder:
     """One response's text so far, its items and the events that announce them."""
 
-    def __init__(self, head: ResponseHead, plan: ToolPlan | None) -> None:
+    def __init__(self, head: ResponseHead, plan: ToolPlan | None, job: Any = None) -> None:
         self.head = head
+        self.split = None
+        """Splits the thinking from the answer (the job's reasoning parser), or None."""
+        if job is not None and job.reasoning is not None:
+            self.split = job.reasoning.splitter("")
+            self.split.thinking = self.split.thought = job.thinking_open
+        self.reasoning = ""
+        self.reasoning_tokens = 0
+        self.delta = ("", "")
         self.parser = plan.parser if plan is not None else None
         self.limit = plan.limit if plan is not None else None
         self.text = ""
@@ -100,7 +115,17 @@ class ResponsesBuilder:
 
     # -- bookkeeping -----------------------------------------------------------------------
     def add(self, out: Any) -> None:
-        self.text += out.delta_text
+        self.delta = ("", out.delta_text)
+        if self.split is not None:
+            think, said = self.split.feed(out.delta_text)
+            if out.finished:
+                rest = self.split.finish()
+                think, said = think + rest[0], said + rest[1]
+            self.delta = (think, said)
+            self.reasoning += think
+            if self.split.thinking or (think and not said):
+                self.reasoning_tokens += len(out.delta_token_ids)
+        self.text += self.delta[1]
         self.output_tokens += len(out.delta_token_ids)
         self.prompt_tokens = out.usage.prompt_tokens
         self.cached_tokens = out.usage.cached_tokens
@@ -115,7 +140,7 @@ class ResponsesBuilder:
         return {"input_tokens": self.prompt_tokens,
                 "input_tokens_details": {"cached_tokens": self.cached_tokens},
                 "output_tokens": self.output_tokens,
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
                 "total_tokens": self.prompt_tokens + self.output_tokens}
 
     def response(self, status: str, output: list[dict], usage: dict | None) -> dict:
@@ -136,12 +161,13 @@ class ResponsesBuilder:
     def final_items(self) -> list[dict]:
         """The output items of the finished text (not streamed)."""
         status = self.status()
+        thought = [reasoning_item(self.reasoning, "completed")] if self.reasoning else []
         if self.parser is None:
-            return [message_item(self.text, status)]
+            return thought + [message_item(self.text, status)]
         content, calls = split_output(self.parser, self.text, self.limit, self.cut)
         items = [message_item(content, status)] if content or not calls else []
-        return items + [call_item(call_id(), c.name, c.arguments, "completed")
-                        for c in calls]
+        return thought + items + [call_item(call_id(), c.name, c.arguments, "completed")
+                                  for c in calls]
 
     def final(self) -> dict:
         return self.response(self.status(), self.final_items(), self.usage())
@@ -160,17 +186,18 @@ class ResponsesBuilder:
     def events(self, out: Any) -> list[dict]:
         """The events of one engine output."""
         self.add(out)
+        evs = self._thinking(self.delta[0])
         if self.tools is None:
-            return self._content(out.delta_text)
+            return evs + self._content(self.delta[1])
         content, entries = self.tools.push(self.text, out.finished)
-        evs = self._content(content)
+        evs += self._content(content)
         for e in entries:
             evs += self._call(e)
         return evs
 
     def end_events(self) -> list[dict]:
         evs = self._close()
-        if not self.items:  # nothing was written: the answer is an empty message
+        if all(i["type"] == "reasoning" for i in self.items):  # no answer: an empty message
             evs += self._open(message_item("", "in_progress"))
             evs += self._close()
         status = self.status()
@@ -193,6 +220,18 @@ class ResponsesBuilder:
             evs.append(self.event("response.content_part.added", item_id=item["id"],
                                   output_index=self.open, content_index=0,
                                   part=output_text("")))
+        return evs
+
+    def _thinking(self, delta: str) -> list[dict]:
+        if not delta:
+            return []
+        evs = []
+        if self.open is None or self.items[self.open]["type"] != "reasoning":
+            evs += self._open(reasoning_item("", "in_progress"))
+        item = self.items[self.open]
+        item["content"][0]["text"] += delta
+        evs.append(self.event("response.reasoning_text.delta", item_id=item["id"],
+                              output_index=self.open, content_index=0, delta=delta))
         return evs
 
     def _content(self, delta: str) -> list[dict]:
@@ -232,7 +271,11 @@ class ResponsesBuilder:
         item["status"] = "incomplete" if self.cut and index == len(self.items) - 1 \
             else "completed"
         evs = []
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            evs.append(self.event("response.reasoning_text.done", item_id=item["id"],
+                                  output_index=index, content_index=0,
+                                  text=item["content"][0]["text"]))
+        elif item["type"] == "message":
             part = item["content"][0]
             evs.append(self.event("response.output_text.done", item_id=item["id"],
                                   output_index=index, content_index=0, text=part["text"],

@@ -41,7 +41,8 @@ ID = re.compile(r"^resp_[0-9a-f]{32}$")
 """A response id as this server writes them."""
 ITEM_KEYS = {"message": {"type", "role", "content", "id", "status"},
              "function_call": {"type", "call_id", "name", "arguments", "id", "status"},
-             "function_call_output": {"type", "call_id", "output", "id", "status"}}
+             "function_call_output": {"type", "call_id", "output", "id", "status"},
+             "reasoning": {"type", "id", "summary", "content", "status", "encrypted_content"}}
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 
 
@@ -96,11 +97,14 @@ def _item(item: Any, where: str, out: list[dict]) -> None:
     kind = item.get("type", "message")
     if kind not in ITEM_KEYS:
         raise bad_request(f"'{where}.type' {reprlib.repr(kind)} is not supported; use "
-                          "message, function_call or function_call_output", f"{where}.type")
+                          "message, function_call, function_call_output or reasoning",
+                          f"{where}.type")
     extra = {k for k, v in item.items() if v is not None} - ITEM_KEYS[kind]
     if extra:
         raise bad_request(f"'{where}': field '{min(extra)}' is not supported for a {kind} "
                           "item", f"{where}.{min(extra)}", "unsupported_parameter")
+    if kind == "reasoning":  # an earlier turn's thinking: the templates leave it out too
+        return
     if kind == "message":
         role = item.get("role")
         if role not in ROLES:

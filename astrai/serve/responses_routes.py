@@ -89,7 +89,7 @@ def add_responses_routes(app: FastAPI, state: Any, auth: Callable[[Request], Non
         lora = resolve_model(state, job.model)
         head = ResponseHead(new_id("resp"), lora or state.model_name, req.echo,
                             req.instructions, req.previous_id, req.store)
-        return await run_response(state, request, prep, ResponsesBuilder(head, job.tools),
+        return await run_response(state, request, prep, ResponsesBuilder(head, job.tools, job),
                                   lora)
 
     @app.get("/v1/responses/{rid}")

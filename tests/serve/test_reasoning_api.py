@@ -104,3 +104,30 @@ def test_a_real_server_returns_the_thinking_as_reasoning_content(r1_server):
                       ([1], "chat_template_kwargs")):
         status, body = _post(r1_server.url, {"messages": msgs, "chat_template_kwargs": kw})
         assert status == 400 and body["error"]["param"] == param, body
+
+
+def test_the_responses_api_returns_a_reasoning_item(r1_server):
+    """/v1/responses on the same server: the thinking is a `reasoning` output item before the
+    (empty) message, equal to chat's reasoning_content, streamed as reasoning_text events,
+    counted in reasoning_tokens; passed back as input, the item is accepted."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=r1_server.url + "/v1", api_key=API_KEY, max_retries=0)
+    chat = client.chat.completions.create(model="ckpt", messages=[{"role": "user",
+                                                                   "content": "Hi"}],
+                                          max_tokens=12, temperature=0)
+    want = chat.choices[0].message.model_extra["reasoning_content"]
+    r = client.responses.create(model="ckpt", input="Hi", max_output_tokens=12,
+                                temperature=0)
+    kinds = [o.type for o in r.output]
+    assert kinds == ["reasoning", "message"], kinds
+    assert r.output[0].content[0].text == want and r.output_text == ""
+    assert r.usage.output_tokens_details.reasoning_tokens == 12
+    events = list(client.responses.create(model="ckpt", input="Hi", max_output_tokens=12,
+                                          temperature=0, stream=True))
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    done = [e.text for e in events if e.type == "response.reasoning_text.done"]
+    assert deltas == want and done == [want]
+    again = client.responses.create(model="ckpt", input=[
+        {"role": "user", "content": "Hi"}, *[o.model_dump(exclude_none=True) for o in r.output],
+        {"role": "user", "content": "And?"}], max_output_tokens=2)
+    assert again.status == "incomplete"  # cut at 2 tokens: it ran

@@ -305,7 +305,7 @@ FN = {"type": "function", "name": "f"}
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]},
      "input[0].arguments"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ({"input": [{"type": "web_search_call", "id": "ws"}]}, "input[0].type"),
     ({"input": [{"role": "user", "content": "x", "color": "red"}]}, "input[0].color"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"max_output_tokens": 10**7}, "input"),  # more than the context leaves
