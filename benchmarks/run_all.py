@@ -131,6 +131,26 @@ def parse_distributed(out: str) -> list[Row]:
     return rows
 
 
+def parse_checkpoints(out: str) -> list[Row]:
+    rows = []
+    for m in re.finditer(r"(\S+) \(([\d.]+)M parameters\):\n(.*?)\n\s+ratio dcp/full: save time "
+                         r"([\d.]+), rank-0 peak memory ([\d.]+); async step time / no "
+                         r"checkpoints ([\d.]+)", out, re.S):
+        cells = dict(re.findall(r"^\s+(\S+)\s+([\d.]+) s save", m[3], re.M))
+        mem = dict(re.findall(r"^\s+(\S+)\s+[\d.]+ s save \[[^]]*\] \| ([\d.]+) MiB", m[3],
+                              re.M))
+        if "dcp" in cells and "full" in cells:
+            rows.append(Row("checkpoints", f"{m[1]} ({m[2]}M), fsdp x2: save time, DCP vs full",
+                            _fmt(_f(cells["dcp"]), "s"), _fmt(_f(cells["full"]), "s"), m[4],
+                            "< 1 faster"))
+            rows.append(Row("checkpoints", f"{m[1]} ({m[2]}M): rank-0 memory during the save",
+                            _fmt(_f(mem["dcp"]), "MiB"), _fmt(_f(mem["full"]), "MiB"), m[5],
+                            "< 1 less"))
+            rows.append(Row("checkpoints", f"{m[1]}: step time with async DCP saves vs none",
+                            "", "", m[6], "~1 hidden"))
+    return rows
+
+
 def parse_inference(out: str) -> list[Row]:
     rows = []
     for block in re.split(r"\n== preset ", out)[1:]:
@@ -387,6 +407,8 @@ BENCHES = [
     Bench("distributed", "train_distributed.py",
           ["--presets", "tiny", "--nprocs", "2", "--steps", "4", "--warmup", "1"],
           parse_distributed, "plain torch DDP"),
+    Bench("checkpoints", "checkpoint_save.py", ["--presets", "tiny", "small", "--rounds", "2"],
+          parse_checkpoints, "astrai's full-state save (gathered to rank 0)"),
     Bench("inference", "inference.py", ["--presets", "tiny", "--quick", "--repeat", "1"],
           parse_inference, "HF transformers generate"),
     Bench("speculative", "inference.py", ["--only", "s", "--quick", "--repeat", "2"],
