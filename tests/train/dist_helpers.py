@@ -201,3 +201,47 @@ def dcp_scenarios(out_root: str, names: list[str]) -> dict:
                              layout=DCP_LAYOUT[layout])
             results[name] = summary.resumed_from
     return results
+
+
+TP_MODEL = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8,
+            "ffn_dim": 64, "max_seq_len": 64}
+"""A tiny model whose heads (4) and kv heads (2) split over tp = 2."""
+
+TP_LAYOUT = {"2x2": {"parallel": "fsdp", "nprocs": 4, "tp": 2, "batch_size": 4},
+             "4x1": {"parallel": "fsdp", "nprocs": 4, "tp": 1, "batch_size": 2},
+             "1": {"parallel": "none", "nprocs": 1, "tp": 1, "batch_size": 8}}
+"""The same global batch (8 samples per step): dp 2 x batch 4, dp 4 x batch 2, 1 x 8."""
+
+
+def tp_config(run: Path, layout: str, **kw):
+    return config_for(run, "pretrain", model_overrides=TP_MODEL, max_steps=4,
+                      ckpt_interval=2, **{**TP_LAYOUT[layout], **kw})
+
+
+class Layout(Callback):
+    """How the first block's projections and the head are placed on this rank."""
+
+    name = "layout"
+
+    def on_train_begin(self, ctx):
+        attn = ctx.model.layers[0].attn
+        self.got = {"heads": [attn.n_heads, attn.n_kv_heads],
+                    **{n: str(getattr(m.weight, "placements", None)) for n, m in (
+                        ("q_proj", attn.q_proj), ("o_proj", attn.o_proj),
+                        ("down_proj", ctx.model.layers[0].mlp.down_proj),
+                        ("lm_head", ctx.model.lm_head), ("embed", ctx.model.embed_tokens))}}
+
+
+def tp_scenarios(out_root: str) -> dict:
+    """On 4 processes: a straight 2 x 2 (dp x tp) run of 4 steps, and one cut after step 3
+    resumed as 4 x 1 (fsdp over 4, no tp) from its DCP checkpoint."""
+    out = Path(out_root)
+    layout = Layout()
+    train(tp_config(out / "straight", "2x2"), data=data_for("pretrain"), callbacks=[layout])
+    try:
+        train(tp_config(out / "cut", "2x2"), data=data_for("pretrain"),
+              callbacks=[StopAfterStep(3)])
+    except Interrupt:
+        pass
+    summary = resume(out / "cut" / "run", data=data_for("pretrain"), layout=TP_LAYOUT["4x1"])
+    return {"resumed_from": summary.resumed_from, "layout": layout.got}
