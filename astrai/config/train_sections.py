@@ -205,8 +205,7 @@ class RuntimeOptions(Section):
     nnodes: int = Field(1, gt=0)
     """Nodes of a multi-node run (each runs the same command with --rdzv-endpoint)."""
     tp: int = Field(1, gt=0)
-    """Tensor-parallel degree (fsdp): each layer's projections split over N processes,
-    FSDP shards over the world / N data-parallel groups."""
+    """Tensor-parallel degree (fsdp): each layer split over N processes."""
     compile: Literal["none", "block", "model"] = "none"
     """torch.compile each decoder block, the whole model, or nothing."""
     compile_backend: str = "inductor"

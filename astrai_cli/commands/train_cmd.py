@@ -273,11 +273,9 @@ LAUNCH_HELP = {
     "rdzv_id": "Multi-node: job id shared by the nodes (default: from the run directory).",
     "shutdown_timeout": "Seconds the workers get after SIGTERM/SIGINT to save their "
                         "checkpoint before being killed (default 600).",
-    "node_rank": "Multi-node: this node's index, 0 to nnodes-1 (SLURM_NODEID); node 0 "
-                 "hosts the rendezvous store (default: the node whose address is the "
-                 "endpoint's).",
-    "max_restarts": "Times the launcher restarts every worker after one fails; a restarted "
-                    "job continues from its newest complete checkpoint (default 0).",
+    "node_rank": "Multi-node: this node's index (0 hosts the rendezvous).",
+    "max_restarts": "Restart the workers up to K times after a failure (from the newest "
+                    "checkpoint).",
 }
 INT_LAUNCH_OPTIONS = ("shutdown_timeout", "node_rank", "max_restarts")
 
