@@ -73,8 +73,11 @@ step "astrai kernels" 30 build.log $ASTRAI kernels
 # 2. The kernels' GPU tests, then every other room's GPU tests.
 step "pytest kernels -m gpu" 170 tests.log $PY -m pytest tests/kernels -m gpu -q -rfEs \
   -p no:cacheprovider --durations=10
+# DCP checkpoints on CUDA: fsdp with async saves (CUDA -> host staging), resume, export.
+step "DCP save/async/resume/export" 45 tests.log $PY -m pytest tests/train/test_dcp_checkpoints.py \
+  -m gpu -q -rfEs -p no:cacheprovider
 step "pytest (other rooms) -m gpu" 60 tests.log $PY -m pytest tests -m gpu -q -rfEs \
-  -p no:cacheprovider --ignore=tests/kernels
+  -p no:cacheprovider --ignore=tests/kernels --ignore=tests/train/test_dcp_checkpoints.py
 
 # 3. Kernel benchmarks (ratios against torch and, when importable, flash-attn).
 step "benchmarks/cuda_kernels.py" 100 bench.log $PY benchmarks/cuda_kernels.py --json "$OUT/bench.json"

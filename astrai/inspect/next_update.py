@@ -20,6 +20,7 @@ import torch
 from astrai.errors import CheckpointError
 from astrai.inspect.source import WeightSource
 from astrai.inspect.visibility import adam_step, lr_to_move, rounds_away
+from astrai.model.dcp_format import is_dcp, read_optimizer
 
 OPTIMIZER_FILE = "optimizer.pt"
 MuonStep = Callable[[torch.Tensor, dict[str, Any]], torch.Tensor]
@@ -69,7 +70,10 @@ class Visibility:
 
 
 def read_optimizer_state(path: Path) -> dict[str, Any] | None:
-    """optimizer.pt of a checkpoint directory (weights_only), or None when it has none."""
+    """optimizer.pt of a checkpoint directory (weights_only), or the same layout read from
+    a DCP checkpoint's shards; None when it has none."""
+    if path.is_dir() and not (path / OPTIMIZER_FILE).is_file() and is_dcp(path):
+        return read_optimizer(path)
     f = path / OPTIMIZER_FILE if path.is_dir() else None
     if f is None or not f.is_file():
         return None

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from astrai.errors import CheckpointError
@@ -152,9 +153,34 @@ def read_items(path: str | Path, names: list[str] | None = None, prefix: str = "
     try:
         with alone():
             dcp.load(template, storage_reader=SafeReader(str(d)), no_dist=True)
-    except Exception as e:  # noqa: BLE001 - DCP wraps every reader failure in its own type
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - any reader failure
         raise CheckpointError(f"{d}: unreadable DCP data ({_first_line(e)}); {_fix(d)}") from None
     return {k[len(prefix):]: v for k, v in template.items()}
+
+
+def read_optimizer(path: str | Path) -> dict[str, Any] | None:
+    """The checkpoint's optimizer state in optimizer.pt's layout: torch.optim's own
+    (`state` and `param_groups` keyed by parameter index) plus `param_names`, the name of
+    each index; None when it holds no optimizer state."""
+    items = read_items(path, prefix="optimizer.")
+    if not items:
+        return None
+    groups: dict[int, dict[str, Any]] = {}
+    by_name: dict[str, dict[str, Any]] = {}
+    for key, value in items.items():
+        kind, rest = key.split(".", 1)
+        if kind == "param_groups":  # param_groups.<i>.<field>
+            index, name = rest.split(".", 1)
+            groups.setdefault(int(index), {})[name] = value
+        elif kind == "state":  # state.<parameter name>.<field>; fields hold no dot
+            name, key_ = rest.rsplit(".", 1)
+            by_name.setdefault(name, {})[key_] = value
+    ordered = [groups[i] for i in sorted(groups)]
+    names = [n for g in ordered for n in g.get("params", [])]
+    index = {n: i for i, n in enumerate(names)}
+    return {"state": {index[n]: s for n, s in by_name.items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in ordered],
+            "param_names": names}
 
 
 def write_tensors(path: str | Path, state: dict[str, Any]) -> None:
@@ -175,5 +201,15 @@ def alone() -> Iterator[None]:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[-1][:300] if text else type(e).__name__
+    """The reason of a DCP failure: the first failed rank's exception (a CheckpointException
+    carries one per rank), its first line."""
+    for failure in getattr(e, "failures", {}).values():
+        e = failure[0] if isinstance(failure, tuple) else failure
+        break
+    text = str(e)
+    if "weights_only" in text:  # torch.load's refusal: keep its reason, never its advice
+        reason = text.split("WeightsUnpickler error:", 1)[-1]
+        lines = [x.strip() for x in reason.splitlines() if x.strip() and "weights_only" not in x]
+        return f"not data DCP wrote: {lines[0][:200]}" if lines else "not data DCP wrote"
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__

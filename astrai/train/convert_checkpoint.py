@@ -30,8 +30,8 @@ from astrai.model.checkpoint import (
     require_checkpoint_dir,
     save_weights,
 )
-from astrai.model.dcp_format import DCP_DIR, is_dcp, read_items, read_tensors, write_tensors
-from astrai.train.executors.fsdp import fqn_to_index, index_to_fqn
+from astrai.model.dcp_format import DCP_DIR, is_dcp, read_optimizer, read_tensors, write_tensors
+from astrai.train.executors.fsdp import index_to_fqn
 
 SMALL = (CONFIG, *TOKENIZER_FILES, "scheduler.pt", "trainer_state.pt")
 
@@ -68,7 +68,7 @@ def _to_full(src: Path, tmp: Path) -> None:
     import torch
 
     save_weights(read_tensors(src), tmp / WEIGHTS)
-    optimizer = dcp_optimizer(src)
+    optimizer = read_optimizer(src)
     if optimizer is not None:
         torch.save(optimizer, tmp / "optimizer.pt")
 
@@ -89,25 +89,3 @@ def _to_dcp(src: Path, tmp: Path) -> None:
         state["optimizer"] = index_to_fqn(
             {"state": optimizer["state"], "param_groups": optimizer["param_groups"]}, names)
     write_tensors(tmp / DCP_DIR, state)
-
-
-def dcp_optimizer(path: Path) -> dict[str, Any] | None:
-    """A DCP checkpoint's optimizer state in optimizer.pt's layout (index-keyed, with
-    `param_names`), or None when it holds none."""
-    items = read_items(path, prefix="optimizer.")
-    if not items:
-        return None
-    groups: dict[int, dict[str, Any]] = {}
-    state: dict[str, dict[str, Any]] = {}
-    for key, value in items.items():
-        kind, rest = key.split(".", 1)
-        if kind == "param_groups":
-            index, field = rest.split(".", 1)
-            groups.setdefault(int(index), {})[field] = value
-        elif kind == "state":
-            name, field = rest.rsplit(".", 1)
-            state.setdefault(name, {})[field] = value
-    ordered = [groups[i] for i in sorted(groups)]
-    names = [n for g in ordered for n in g.get("params", [])]
-    out = fqn_to_index({"state": state, "param_groups": ordered}, names)
-    return {**out, "param_names": names}

@@ -30,14 +30,37 @@ at the end; rank 0 renames a finished save into place as soon as it sees it done
 from __future__ import annotations
 
 import shutil
+import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
+from astrai.atomic import replace_dir
+from astrai.errors import CheckpointError
+from astrai.model.checkpoint import write_checkpoint_files
 from astrai.model.dcp_format import DCP_DIR, SafeReader, alone
+from astrai.train.bf16_update import rounding_states
+from astrai.train.checkpoint_errors import (
+    damaged_hint,
+    disk_full_message,
+    is_disk_full,
+    load_failure,
+)
+from astrai.train.checkpointing import (
+    MARKER,
+    checkpoint_meta,
+    list_checkpoints,
+    older_checkpoint,
+    prune,
+    refuse_users_dir,
+    step_dir_name,
+    trainer_state_payload,
+    write_pointer,
+)
 
 if TYPE_CHECKING:
     from astrai.train.context import TrainContext
@@ -79,6 +102,11 @@ def start_save(ctx: TrainContext, final: Path, checkpoint_group: Any,
     state = training_state(ctx.model, ctx.optimizer)
     writer = FileSystemWriter(str(tmp / DCP_DIR))
     single = not _distributed()
+    if asynchronous and single:
+        # DCP warns from its background thread that it saves without a process group,
+        # which is what a one-process run means; a filter scoped by catch_warnings would
+        # be gone by then (and is not thread-safe), so this one stays for the process.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     with alone():
         if asynchronous:
             future = dcp.async_save(state, storage_writer=writer,
@@ -106,11 +134,31 @@ def load_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     state = training_state(model, optimizer)
-    with alone():
-        dcp.load(state, storage_reader=SafeReader(str(ckpt / DCP_DIR)),
-                 no_dist=not _distributed())
+    try:
+        with alone():
+            dcp.load(state, storage_reader=SafeReader(str(ckpt / DCP_DIR)),
+                     no_dist=not _distributed())
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - any reader failure
+        raise CheckpointError(f"{ckpt / DCP_DIR}: unreadable shards ({reason(e)}); "
+                              f"{damaged_hint(ckpt, older_checkpoint(ckpt))}") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
+
+
+def failures(e: BaseException) -> list[BaseException]:
+    """The exceptions a DCP CheckpointException carries (one per failed rank), or [e]."""
+    found = [f[0] if isinstance(f, tuple) else f
+             for f in getattr(e, "failures", {}).values()]
+    return [f for f in found if isinstance(f, BaseException)] or [e]
+
+
+def reason(e: BaseException) -> str:
+    """One short line for a failed DCP save or load: the first failed rank's reason."""
+    return load_failure(failures(e)[0])[:300]
+
+
+def full_disk(e: BaseException) -> bool:
+    return any(is_disk_full(f) for f in failures(e))
 
 
 def _distributed() -> bool:
@@ -126,10 +174,6 @@ def begin(ctx: TrainContext, callbacks: list[Any], asynchronous: bool) -> Pendin
     """Collective: rank 0 writes the small files of step_N into its temporary directory,
     then every rank writes its shards there (blocking, or in the background). A blocking
     save is committed (renamed into place) before this returns."""
-    from astrai.errors import CheckpointError
-    from astrai.train.bf16_update import rounding_states
-    from astrai.train.checkpointing import refuse_users_dir, step_dir_name
-
     final = ctx.paths.ckpt_dir / step_dir_name(ctx.state.step)
     rounding = rounding_states(ctx.optimizer)  # collective
     error: BaseException | None = None
@@ -147,7 +191,12 @@ def begin(ctx: TrainContext, callbacks: list[Any], asynchronous: bool) -> Pendin
         raise CheckpointError(f"{final}: rank 0 could not start this checkpoint (its error "
                               "is reported by rank 0)")
     group = ctx.executor.checkpoint_group() if asynchronous else None
-    pending = start_save(ctx, final, group, asynchronous)
+    try:
+        pending = start_save(ctx, final, group, asynchronous)
+    except (Exception, CheckpointException) as e:
+        if full_disk(e):
+            raise _disk_full(ctx, final) from None
+        raise
     if not asynchronous:
         finish(ctx, pending)
         ctx.executor.barrier()  # step_N exists for every rank before training goes on
@@ -156,9 +205,6 @@ def begin(ctx: TrainContext, callbacks: list[Any], asynchronous: bool) -> Pendin
 
 def _write_small_files(ctx: TrainContext, callbacks: list[Any], rounding: Any,
                        tmp: Path) -> None:
-    from astrai.model.checkpoint import write_checkpoint_files
-    from astrai.train.checkpointing import MARKER, checkpoint_meta, trainer_state_payload
-
     discard(tmp)  # a kill during an earlier save of this step left it
     tmp.mkdir(parents=True)
     extras = {"scheduler": ctx.scheduler.state_dict(),
@@ -173,7 +219,12 @@ def finish(ctx: TrainContext, pending: PendingSave) -> Path | None:
     """Wait for this rank's part; rank 0 then renames the finished directory to step_N,
     points `latest` at it and prunes. Returns step_N on rank 0 (None elsewhere). Local to
     each rank: no collective, so the ranks may finish at different steps."""
-    wait(pending)
+    try:
+        wait(pending)
+    except (Exception, CheckpointException) as e:
+        if full_disk(e):
+            raise _disk_full(ctx, pending.final) from None
+        raise
     if not ctx.is_main:
         return None
     if not pending.committed:
@@ -189,10 +240,19 @@ def poll(ctx: TrainContext, pending: PendingSave | None) -> Path | None:
     return finish(ctx, pending)
 
 
-def _commit(ctx: TrainContext, pending: PendingSave) -> None:
-    from astrai.atomic import replace_dir
-    from astrai.train.checkpointing import prune, write_pointer
+def _disk_full(ctx: TrainContext, final: Path) -> CheckpointError:
+    """The one line for a DCP save that ran out of space; its temporary directory is
+    removed (rank 0), the older checkpoints are untouched (pruning follows a commit)."""
+    if ctx.is_main:
+        discard(tmp_dir(final))
+    done = list_checkpoints(ctx.paths.ckpt_dir)
+    step = int(final.name.removeprefix("step_"))
+    return CheckpointError(disk_full_message(ctx.paths.ckpt_dir, step,
+                                             done[-1][1] if done else None,
+                                             ctx.paths.run_dir))
 
+
+def _commit(ctx: TrainContext, pending: PendingSave) -> None:
     replace_dir(pending.tmp, pending.final)
     pending.committed = True
     write_pointer(ctx.paths.run_dir, pending.final)

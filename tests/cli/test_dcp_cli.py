@@ -101,3 +101,46 @@ def test_damaged_dcp_checkpoint_is_one_line_exit_2(pair, tmp_path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "__0_0.distcp: missing shard" in lines[0], (cmd, r.stderr)
         assert "copy the whole checkpoint directory" in lines[0]
+    shutil.copy2(pair[1] / "dcp" / "__0_0.distcp", bad / "dcp" / "__0_0.distcp")
+    shard = bad / "dcp" / "__0_0.distcp"
+    shard.write_bytes(b"\0" * shard.stat().st_size)  # the right length, garbage inside
+    for cmd in (["chat", str(bad), "--prompt", "hi", "--device", "cpu"],
+                ["export", str(bad), str(tmp_path / "out"), "--format", "gguf"]):
+        r = runner.invoke(app, cmd)
+        assert r.exit_code == 2, (cmd, r.output)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "unreadable DCP data" in lines[0], (cmd, r.stderr)
+        assert "Traceback" not in r.output and "weights_only" not in lines[0]  # no unsafe advice
+
+
+def test_train_dcp_then_resume_on_another_batch_layout(tmp_path):
+    """`astrai train --checkpoint-format dcp --async-checkpoint` writes DCP checkpoints;
+    `astrai resume --batch-size 1 --grad-accum-steps 4` continues the batch-2 x 2 run from
+    step 2 (global batch 4 kept) to the same losses; a layout that changes the global batch
+    is one line, exit 2."""
+    import shutil
+
+    from astrai.data.testing import tiny_dataset
+
+    from .test_train_cmd import SMALL
+
+    data = tiny_dataset(tmp_path / "data", "pretrain", n=24, n_val=4)
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["train", "--data", str(data), "--out", str(out), *SMALL,
+                            "--batch-size", "2", "--grad-accum-steps", "2", "--max-steps", "4",
+                            "--ckpt-interval", "2", "--keep-last", "0", "--checkpoint-format",
+                            "dcp", "--async-checkpoint", "--max-lr", "3e-3"])
+    assert r.exit_code == 0, r.output
+    assert (out / "checkpoints" / "step_4" / "dcp" / ".metadata").is_file()
+    before = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(out / "checkpoints" / "step_4")  # as if stopped after step 2
+    r = runner.invoke(app, ["resume", str(out), "--batch-size", "4"])
+    assert r.exit_code == 2 and "global batch" in r.stderr, r.output
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = runner.invoke(app, ["resume", str(out), "--batch-size", "1", "--grad-accum-steps", "4",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["resumed_from"].endswith("step_2")
+    after = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(after) == 4
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=0)

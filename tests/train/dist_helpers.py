@@ -169,19 +169,18 @@ def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-DCP_LAYOUT = {"none": {"parallel": "none", "nprocs": 1, "batch_size": 8},
-              "ddp": {"parallel": "ddp", "nprocs": 2, "batch_size": 4},
-              "fsdp": {"parallel": "fsdp", "nprocs": 2, "batch_size": 4}}
-"""The same global batch (8 samples per step) on one process and on two."""
+DCP_LAYOUT = {"none": {"parallel": "none", "nprocs": 1, "batch_size": 4, "grad_accum_steps": 4},
+              "ddp": {"parallel": "ddp", "nprocs": 2, "batch_size": 4, "grad_accum_steps": 2},
+              "fsdp": {"parallel": "fsdp", "nprocs": 2, "batch_size": 4, "grad_accum_steps": 2}}
+"""The same global batch (16 samples per step) on one process and on two; one process
+accumulates 4 micro-batches where two accumulate 2 each."""
 
 
 def dcp_cut(run: Path, parallel: str, fmt: str = "dcp", **kw) -> None:
     """A run of 4 steps (checkpoint every 2, DCP unless `fmt`) that crashes in step 4: it
     leaves step_2 and step_3 (the last good state, saved on the error)."""
-    layout = DCP_LAYOUT[parallel]
     cfg = config_for(run, "pretrain", max_steps=4, ckpt_interval=2, checkpoint_format=fmt,
-                     parallel=parallel, nprocs=layout["nprocs"],
-                     batch_size=layout["batch_size"], **kw)
+                     **DCP_LAYOUT[parallel], **kw)
     try:
         train(cfg, data=data_for("pretrain"), callbacks=[StopAfterStep(3)])
     except Interrupt:
