@@ -165,7 +165,26 @@ def run_workers(fn: Callable[..., Any], args: tuple, *, nprocs: int, nnodes: int
         monitor_interval=0.1, start_method="spawn", shutdown_timeout=opts.shutdown_timeout_s,
         logs_specs=DefaultLogsSpecs(log_dir=opts.log_dir),
     )
-    return elastic_launch(cfg, _entry)(fn, args)
+    with _restartable(opts.max_restarts):
+        return elastic_launch(cfg, _entry)(fn, args)
+
+
+@contextlib.contextmanager
+def _restartable(max_restarts: int):
+    """With restarts, each round of workers gets a fresh TCP store hosted by its rank 0
+    instead of the agents' shared rendezvous store, whose keys from the failed round
+    (gloo's and NCCL's peer addresses) a restarted worker may read and then connect to a
+    dead peer (pytorch/pytorch#135712, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0 is not
+    compatible with torchelastic restarts"; torch's agent reads this variable)."""
+    key = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+    if max_restarts == 0 or key in os.environ:
+        yield
+        return
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
 
 
 def check_launch(opts: LaunchOptions, nnodes: int) -> None:
