@@ -174,8 +174,8 @@ def _restartable(max_restarts: int):
     """With restarts, each round of workers gets a fresh TCP store hosted by its rank 0
     instead of the agents' shared rendezvous store, whose keys from the failed round
     (gloo's and NCCL's peer addresses) a restarted worker may read and then connect to a
-    dead peer (pytorch/pytorch#135712, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0 is not
-    compatible with torchelastic restarts"; torch's agent reads this variable)."""
+    dead peer (PyTorch's issue "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0 is not compatible
+    with torchelastic restarts"; torch's agent reads this variable)."""
     key = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
     if max_restarts == 0 or key in os.environ:
         yield
