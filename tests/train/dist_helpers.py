@@ -205,6 +205,7 @@ def dcp_scenarios(out_root: str, names: list[str]) -> dict:
 TP_MODEL = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8,
             "ffn_dim": 64, "max_seq_len": 64}
 """A tiny model whose heads (4) and kv heads (2) split over tp = 2."""
+TIED = {**TP_MODEL, "tie_embeddings": True}
 
 TP_LAYOUT = {"2x2": {"parallel": "fsdp", "nprocs": 4, "tp": 2, "batch_size": 4},
              "4x1": {"parallel": "fsdp", "nprocs": 4, "tp": 1, "batch_size": 2},
@@ -213,8 +214,8 @@ TP_LAYOUT = {"2x2": {"parallel": "fsdp", "nprocs": 4, "tp": 2, "batch_size": 4},
 
 
 def tp_config(run: Path, layout: str, **kw):
-    return config_for(run, "pretrain", model_overrides=TP_MODEL, max_steps=4,
-                      ckpt_interval=2, **{**TP_LAYOUT[layout], **kw})
+    base = {"model_overrides": TP_MODEL, "max_steps": 4, "ckpt_interval": 2}
+    return config_for(run, "pretrain", **{**base, **TP_LAYOUT[layout], **kw})
 
 
 class Layout(Callback):
@@ -225,7 +226,8 @@ class Layout(Callback):
     def on_train_begin(self, ctx):
         attn = ctx.model.layers[0].attn
         self.got = {"heads": [attn.n_heads, attn.n_kv_heads],
-                    **{n: str(getattr(m.weight, "placements", None)) for n, m in (
+                    **{n: (m.weight.device_mesh.mesh_dim_names, str(m.weight.placements[-1]))
+                       for n, m in (
                         ("q_proj", attn.q_proj), ("o_proj", attn.o_proj),
                         ("down_proj", ctx.model.layers[0].mlp.down_proj),
                         ("lm_head", ctx.model.lm_head), ("embed", ctx.model.embed_tokens))}}
@@ -243,4 +245,6 @@ def tp_scenarios(out_root: str) -> dict:
     except Interrupt:
         pass
     summary = resume(out / "cut" / "run", data=data_for("pretrain"), layout=TP_LAYOUT["4x1"])
+    train(tp_config(out / "tied", "2x2", max_steps=2, model_overrides=TIED),
+          data=data_for("pretrain"))
     return {"resumed_from": summary.resumed_from, "layout": layout.got}

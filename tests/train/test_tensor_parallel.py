@@ -17,7 +17,7 @@ from astrai.train.launch import run_workers
 
 from .cli_util import invoke, one_line
 from .conftest import make_config, make_data
-from .dist_helpers import TP_MODEL, data_for, losses, tp_config, tp_scenarios, weights
+from .dist_helpers import TIED, TP_MODEL, data_for, losses, tp_config, tp_scenarios, weights
 
 
 def grad_norms(run_dir):
@@ -31,7 +31,8 @@ def test_2x2_matches_one_process_and_resumes_as_4x1(tmp_path):
     and the global gradient norm of every step and the weights after 4 steps, within fp32
     tolerance (the all-reduces of the row-parallel layers sum in another order). A 2 x 2
     run cut after step 3 resumes from its DCP checkpoint as fsdp over 4 (no tp, batch 2)
-    and continues the uninterrupted loss."""
+    and continues the uninterrupted loss. A model with tied embeddings trains as one
+    process does."""
     res = run_workers(tp_scenarios, (str(tmp_path),), nprocs=4)
     ref = tmp_path / "ref"
     train(tp_config(ref, "1"), data=data_for("pretrain"))
@@ -49,16 +50,21 @@ def test_2x2_matches_one_process_and_resumes_as_4x1(tmp_path):
         torch.testing.assert_close(w[k], w_ref[k], atol=atol, rtol=0, msg=k)
     assert res[0]["resumed_from"].endswith("step_3")
     torch.testing.assert_close(losses(cut), losses(ref), atol=1e-6, rtol=0)
+    # a tied embedding/head stays replicated over tp: the same run as one process too
+    tied = tmp_path / "tied-ref"
+    train(tp_config(tied, "1", max_steps=2, model_overrides=TIED), data=data_for("pretrain"))
+    torch.testing.assert_close(losses(tmp_path / "tied" / "run"), losses(tied / "run"),
+                               atol=1e-6, rtol=0)
     for k, v in weights(cut, 4).items():
         torch.testing.assert_close(v, w_ref[k], atol=atol, rtol=0, msg=k)
     # the projections really are split over tp (and sharded over dp by FSDP2)
     for rank in range(4):
         got = res[rank]["layout"]
         assert got["heads"] == [2, 1]  # 4 query and 2 kv heads over tp = 2
-        for name in ("q_proj", "lm_head", "embed"):
-            assert got[name] == "(Shard(dim=0), Shard(dim=0))", (name, got)
-        for name in ("o_proj", "down_proj"):
-            assert got[name] == "(Shard(dim=0), Shard(dim=1))", (name, got)
+        for name in ("q_proj", "lm_head", "embed"):  # rows: output features / vocab
+            assert got[name] == (("dp", "tp"), "S(0)"), (name, got)
+        for name in ("o_proj", "down_proj"):  # columns: input features
+            assert got[name] == (("dp", "tp"), "S(1)"), (name, got)
 
 
 def test_plan_splits_the_data_over_dp_groups(tmp_path):

@@ -22,7 +22,10 @@ sequence parallelism (norms on sequence shards), which pays only at long sequenc
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
@@ -68,18 +71,22 @@ def parallelize(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
 
 
 def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The global L2 norm of gradients that live on different meshes (2-D tp x dp shards,
-    1-D dp shards of replicated weights): one foreach norm per mesh, each made whole by
-    its DTensor reduction, then combined (torch's get_total_norm takes one mesh at a time).
-    A replicated gradient counts once, as in one process."""
-    by_mesh: dict[object, list[torch.Tensor]] = {}
+    """The global L2 norm of gradients that are DTensors on the 2-D mesh (split weights:
+    sharded over dp and tp) or on its dp dimension (weights replicated over tp). Each rank
+    sums its local squares (fp64), a replicated piece divided by its number of copies so
+    that it counts once, as in one process; one all-reduce over every rank then gives all
+    of them the same norm (DTensor's own reduction of a 2-D partial norm runs one
+    all-reduce per mesh dimension, in an order that may differ between ranks)."""
+    world, sums = dist.get_world_size(), []
     for g in grads:
-        by_mesh.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
-    parts = []
-    for group in by_mesh.values():
-        n = torch.nn.utils.get_total_norm(group, norm_type=2.0)
-        parts.append(n.full_tensor() if isinstance(n, DTensor) else n)
-    return torch.linalg.vector_norm(torch.stack(parts))
+        mesh = g.device_mesh  # ranks outside it (the other tp ranks of a dp mesh) hold copies
+        copies = world // mesh.size() * math.prod(
+            mesh.size(i) for i, p in enumerate(g.placements) if p.is_replicate())
+        local = g.to_local()
+        sums.append(torch.linalg.vector_norm(local, dtype=torch.float64).square() / copies)
+    sq = torch.stack(sums).sum()
+    dist.all_reduce(sq)  # the world: every element of every gradient once
+    return sq.sqrt().to(grads[0].dtype)
 
 
 def clip_(params: list[torch.Tensor], max_norm: float, norm: torch.Tensor, clip) -> None:
