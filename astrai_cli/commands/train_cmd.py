@@ -217,7 +217,9 @@ def render_plan(plan: dict[str, Any], console: Console) -> None:
         ("parallel", (f"{plan.get('parallel', 'none')}: "
                       f"{_count(plan['world_size'], 'process', 'processes')} "
                       f"({_count(plan.get('nnodes', 1), 'node', 'nodes')} x "
-                      f"{plan.get('nprocs', 1)})")),
+                      f"{plan.get('nprocs', 1)})"
+                      + (f", tp {plan['tp']} x dp {plan['world_size'] // plan['tp']}"
+                         if plan.get("tp", 1) > 1 else ""))),
         ("FLOPs per token", f"{plan['flops_per_token']:,}"),
         ("memory estimate", ", ".join(f"{k} {_gib(v)}" for k, v in plan["memory_bytes"].items())),
     ]

@@ -213,6 +213,14 @@ TP_LAYOUT = {"2x2": {"parallel": "fsdp", "nprocs": 4, "tp": 2, "batch_size": 4},
 """The same global batch (8 samples per step): dp 2 x batch 4, dp 4 x batch 2, 1 x 8."""
 
 
+def tp_eval_data():
+    """data_for("pretrain") with 10 validation rows (5 per dp group of 2, batch 4: the
+    second batch of each group is short)."""
+    data = make_data("pretrain", n=N_SAMPLES, eval_n=10)
+    data.sampler_fn = None
+    return data
+
+
 def tp_config(run: Path, layout: str, **kw):
     base = {"model_overrides": TP_MODEL, "max_steps": 4, "ckpt_interval": 2}
     return config_for(run, "pretrain", **{**base, **TP_LAYOUT[layout], **kw})
@@ -245,6 +253,6 @@ def tp_scenarios(out_root: str) -> dict:
     except Interrupt:
         pass
     summary = resume(out / "cut" / "run", data=data_for("pretrain"), layout=TP_LAYOUT["4x1"])
-    train(tp_config(out / "tied", "2x2", max_steps=2, model_overrides=TIED),
-          data=data_for("pretrain"))
+    train(tp_config(out / "tied", "2x2", max_steps=2, model_overrides=TIED, eval_interval=1),
+          data=tp_eval_data())
     return {"resumed_from": summary.resumed_from, "layout": layout.got}

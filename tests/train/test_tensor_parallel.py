@@ -17,7 +17,21 @@ from astrai.train.launch import run_workers
 
 from .cli_util import invoke, one_line
 from .conftest import make_config, make_data
-from .dist_helpers import TIED, TP_MODEL, data_for, losses, tp_config, tp_scenarios, weights
+from .dist_helpers import (
+    TIED,
+    TP_MODEL,
+    data_for,
+    losses,
+    tp_config,
+    tp_eval_data,
+    tp_scenarios,
+    weights,
+)
+
+
+def val_losses(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(x)["val_loss"] for x in lines if "val_loss" in json.loads(x)]
 
 
 def grad_norms(run_dir):
@@ -50,11 +64,16 @@ def test_2x2_matches_one_process_and_resumes_as_4x1(tmp_path):
         torch.testing.assert_close(w[k], w_ref[k], atol=atol, rtol=0, msg=k)
     assert res[0]["resumed_from"].endswith("step_3")
     torch.testing.assert_close(losses(cut), losses(ref), atol=1e-6, rtol=0)
-    # a tied embedding/head stays replicated over tp: the same run as one process too
+    # a tied embedding/head stays replicated over tp: the same run as one process too,
+    # and so is its validation loss (each dp group validates its share once)
     tied = tmp_path / "tied-ref"
-    train(tp_config(tied, "1", max_steps=2, model_overrides=TIED), data=data_for("pretrain"))
+    train(tp_config(tied, "1", max_steps=2, model_overrides=TIED, eval_interval=1),
+          data=tp_eval_data())
     torch.testing.assert_close(losses(tmp_path / "tied" / "run"), losses(tied / "run"),
                                atol=1e-6, rtol=0)
+    val, val_ref = val_losses(tmp_path / "tied" / "run"), val_losses(tied / "run")
+    assert len(val_ref) == 2
+    torch.testing.assert_close(val, val_ref, atol=1e-6, rtol=0)
     for k, v in weights(cut, 4).items():
         torch.testing.assert_close(v, w_ref[k], atol=atol, rtol=0, msg=k)
     # the projections really are split over tp (and sharded over dp by FSDP2)

@@ -44,12 +44,12 @@ def device_mesh(device: torch.device, world_size: int, tp: int) -> DeviceMesh:
     return init_device_mesh(device.type, (world_size // tp, tp), mesh_dim_names=("dp", "tp"))
 
 
-def block_plan(block: DecoderBlock) -> dict[str, object]:
-    plan: dict[str, object] = {f"attn.{n}": ColwiseParallel() for n in ("q_proj", "k_proj", "v_proj")}
-    plan["attn.o_proj"] = RowwiseParallel()
-    plan.update({"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-                 "mlp.down_proj": RowwiseParallel()})
-    return plan
+def block_plan() -> dict[str, object]:
+    """A decoder block's plan: column-parallel in, row-parallel out, per sub-layer."""
+    return {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(),
+            "attn.v_proj": ColwiseParallel(), "attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel()}
 
 
 def parallelize(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
@@ -57,7 +57,7 @@ def parallelize(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     tp = mesh.size()
     for module in model.modules():
         if isinstance(module, DecoderBlock):
-            parallelize_module(module, mesh, block_plan(module))
+            parallelize_module(module, mesh, block_plan())
             module.attn.n_heads //= tp  # the local heads each rank's attention runs
             module.attn.n_kv_heads //= tp
         lm_head = getattr(module, "lm_head", None)
