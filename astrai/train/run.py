@@ -39,7 +39,7 @@ from astrai.train.checkpointing import (
 )
 from astrai.train.context import RunPaths, TrainContext
 from astrai.train.data import TrainData, open_train_data
-from astrai.train.executors.process_group import dist_env
+from astrai.train.executors.process_group import dist_env, expected_world_size
 from astrai.train.model_source import ModelSource
 from astrai.train.plan import TrainPlan
 from astrai.train.rewards.trust import absolute_reward, confirm_rewards
@@ -205,7 +205,7 @@ def relayout(config: TrainConfig, meta: dict[str, Any], layout: dict[str, Any] |
     world = int(meta.get("world_size") or config.runtime.nnodes * config.runtime.nprocs)
     world //= config.runtime.tp
     before = world * config.batch_size * config.grad_accum_steps
-    after = (new.runtime.nnodes * new.runtime.nprocs // new.runtime.tp * new.batch_size
+    after = (expected_world_size(new) // new.runtime.tp * new.batch_size
              * new.grad_accum_steps)
     if before != after:
         raise ConfigError(
