@@ -126,6 +126,9 @@ class TrainConfig(TypedConfig):
         self._check_lora()
         self._check_muon()
         self._check_checkpoint_format()
+        if self.runtime.tp > 1 and self.runtime.parallel != "fsdp":
+            raise ValueError(f"tp: tensor parallelism composes with FSDP on the data-parallel "
+                             f"dimension; add --parallel fsdp (got '{self.runtime.parallel}')")
         return self
 
     def _check_checkpoint_format(self) -> None:
@@ -151,7 +154,8 @@ class TrainConfig(TypedConfig):
                              "use --optimizer adamw with LoRA")
         if self.runtime.parallel == "fsdp":
             raise ValueError("optimizer: Muon needs each whole matrix on one process and "
-                             "FSDP2 shards them; use --parallel ddp (or none) with Muon")
+                             "FSDP2 shards them (and --tp splits them); use --parallel ddp "
+                             "(or none) with Muon")
 
     def _check_lora(self) -> None:
         lora = self.lora

@@ -204,6 +204,8 @@ class RuntimeOptions(Section):
     an external torchrun already started this process."""
     nnodes: int = Field(1, gt=0)
     """Nodes of a multi-node run (each runs the same command with --rdzv-endpoint)."""
+    tp: int = Field(1, gt=0)
+    """Tensor-parallel degree (fsdp): each layer split over N processes."""
     compile: Literal["none", "block", "model"] = "none"
     """torch.compile each decoder block, the whole model, or nothing."""
     compile_backend: str = "inductor"

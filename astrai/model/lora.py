@@ -158,7 +158,7 @@ def project(x: torch.Tensor, layer: nn.Module, ctx: ForwardContext | None = None
     kernels too). In an engine step with adapters selected per token (`ctx.lora`,
     lora_batch.py), their updates are added."""
     kernels = ctx.kernels if ctx is not None else None
-    if type(layer) is nn.Linear:
+    if type(layer) is nn.Linear and not _hooked(layer):
         y = fast_path.linear(x, layer.weight, layer.bias, kernels)
     elif kernels is not None and "qweight" in layer._buffers:  # quant.Int8Linear
         y = layer(x, kernels)
@@ -166,6 +166,13 @@ def project(x: torch.Tensor, layer: nn.Module, ctx: ForwardContext | None = None
         y = layer(x)
     sel = ctx.lora if ctx is not None else None
     return y if sel is None else lora_batch.apply(sel, x, layer, y)
+
+
+def _hooked(layer: nn.Module) -> bool:
+    """A layer with forward hooks is called as a module: tensor parallelism
+    (torch.distributed.tensor.parallel) moves its input and output between DTensor
+    layouts in them."""
+    return bool(layer._forward_pre_hooks or layer._forward_hooks)
 
 
 def project_many(x: torch.Tensor, layers: tuple[nn.Module, ...],

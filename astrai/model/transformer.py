@@ -67,7 +67,12 @@ class Transformer(nn.Module):
         if pos is None:
             pos = torch.arange(T, device=input_ids.device).expand(B, T)
         rope = rope_factors(self.rope_cos[pos], self.rope_sin[pos])  # 2 x (B, T, 1, D) fp32
-        x = F.embedding(input_ids, self.embed_tokens.weight)  # (B, T, C)
+        emb = self.embed_tokens
+        # a module call where tensor parallelism hooked it (vocab-parallel: each rank looks up
+        # its rows, then one all-reduce), else F.embedding on the weight (block.py: no module
+        # call per leaf layer)
+        hooked = emb._forward_pre_hooks or emb._forward_hooks
+        x = emb(input_ids) if hooked else F.embedding(input_ids, emb.weight)  # (B, T, C)
         aux_total, n_moe = None, 0
         for block in self.layers:
             x, aux = block(x, rope, ctx)

@@ -31,7 +31,11 @@ from astrai.train.compile import (
 from astrai.train.context import RunPaths, TrainContext, TrainerState
 from astrai.train.data import TrainData
 from astrai.train.executors import EXECUTORS
-from astrai.train.executors.process_group import check_parallel, expected_world_size
+from astrai.train.executors.process_group import (
+    check_parallel,
+    check_tensor_parallel,
+    expected_world_size,
+)
 from astrai.train.model_source import ModelSource, resolve_model
 from astrai.train.optim import build_optimizer, planned_groups
 from astrai.train.plan import TrainPlan, make_plan
@@ -100,6 +104,7 @@ def prepare(config: TrainConfig, data: TrainData, *, world_size: int | None = No
         source = resolve_model(config.model, vocab_size=data.vocab_size, seq_len=data.seq_len,
                                seed=config.seed, overrides=config.model_overrides,
                                tokenizer_fingerprint=data.fingerprint, dataset=data.path)
+    check_tensor_parallel(config, world_size, source.config)
     n = len(data.dataset)
     groups = None if config.lora.enabled else planned_groups(source.config, config,
                                                      strategy_cls.prepare_model)
@@ -152,8 +157,9 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
     saved callback states (by callback name) to hand to the run's callbacks."""
     config, data, plan = p.config, p.data, p.plan
     torch.manual_seed(config.seed)
+    tp = {"tp": config.runtime.tp} if config.runtime.tp > 1 else {}
     executor = EXECUTORS.get(config.runtime.parallel)(device=p.device, precision=p.precision,
-                                              **config.runtime.executor_kwargs)
+                                              **tp, **config.runtime.executor_kwargs)
     if executor.world_size != plan.world_size:
         raise ConfigError(f"parallel: {executor.world_size} processes joined but the run was "
                           f"planned for {plan.world_size}; launch it with nnodes x nprocs "
@@ -201,7 +207,7 @@ def build_context(p: Prepared, *, resume: dict[str, Any] | None = None
     ctx = TrainContext(
         config=config, model=model, model_config=p.source.config, optimizer=optimizer,
         scheduler=scheduler, strategy=strategy, executor=executor, train_data=data.dataset,
-        sampler=sampler_for(data, config, executor.rank, executor.world_size),
+        sampler=sampler_for(data, config, executor.dp_rank, executor.dp_size),
         collate_fn=data.collate_fn, total_steps=plan.total_steps,
         windows_per_epoch=plan.windows_per_epoch, paths=run_paths(config),
         seq_len=data.seq_len, tokenizer_dir=data.tokenizer_dir, eval_data=data.eval_dataset,
@@ -244,5 +250,5 @@ def epoch_batches(state: Any, sampler: dict | None, ctx: TrainContext) -> int:
     number of processes or the batch size (keeping the global batch)."""
     if not sampler or "world_size" not in sampler or sampler.get("epoch") != state.epoch:
         return state.epoch_batches  # another sampler, or saved at an epoch's end
-    per_batch = ctx.config.batch_size * ctx.executor.world_size
+    per_batch = ctx.config.batch_size * ctx.executor.dp_size
     return int(sampler["consumed"]) // per_batch

@@ -17,8 +17,8 @@ def evaluate(ctx: TrainContext, max_batches: int | None = None) -> dict[str, flo
     Uses no RNG, so validating never changes the training trajectory."""
     ex, strategy = ctx.executor, ctx.strategy
     data = ctx.eval_data
-    if ex.world_size > 1:
-        data = Subset(data, range(ex.rank, len(data), ex.world_size))
+    if ex.dp_size > 1:  # one share per data-parallel group (a --tp group shares one)
+        data = Subset(data, range(ex.dp_rank, len(data), ex.dp_size))
     loader = DataLoader(data, batch_size=ctx.config.batch_size, shuffle=False,
                         collate_fn=ctx.collate_fn)
     was_training = ctx.model.training
@@ -26,7 +26,7 @@ def evaluate(ctx: TrainContext, max_batches: int | None = None) -> dict[str, flo
     sums: dict[str, float] = {}
     # Every rank runs the same number of forwards (an FSDP forward is collective): a rank
     # whose share is a batch short repeats a batch with weight 0, so the sums still agree.
-    steps = math.ceil(math.ceil(len(ctx.eval_data) / ex.world_size) / ctx.config.batch_size)
+    steps = math.ceil(math.ceil(len(ctx.eval_data) / ex.dp_size) / ctx.config.batch_size)
     if max_batches is not None:
         steps = min(steps, max_batches)
     it, last = iter(loader), None
@@ -43,5 +43,10 @@ def evaluate(ctx: TrainContext, max_batches: int | None = None) -> dict[str, flo
                     sums[k] = sums.get(k, 0) + v * weight
     finally:
         ctx.model.train(was_training)
-    sums = {k: ex.all_reduce_sum(v) for k, v in sums.items()}
-    return strategy.eval_summary(sums) if sums else {}
+    if not sums:
+        return {}
+    # one collective over the data-parallel ranks (each share of the data counted once)
+    keys = list(sums)
+    total = ex.all_reduce_tensor(torch.tensor([float(sums[k]) for k in keys],
+                                              dtype=torch.float64, device=ex.device))
+    return strategy.eval_summary(dict(zip(keys, total.tolist())))

@@ -67,9 +67,13 @@ class LaunchOptions:
     """Job id shared by all nodes; None = derived from the run directory."""
     rdzv_backend: str = "c10d"
     """torch elastic rendezvous backend (c10d needs no extra service)."""
+    node_rank: int | None = None
+    """This node's index (0..nnodes-1); with c10d, node 0 hosts the rendezvous store and
+    the others connect to it. None = the node whose address matches the endpoint hosts."""
     max_restarts: int = 0
-    """Times the agent restarts all workers after a failure (resume picks up the newest
-    checkpoint only through `astrai resume`, so restarts retrain from the start)."""
+    """Times the agent restarts all workers after a failure; a restarted `train` continues
+    from the run's newest complete checkpoint (as `astrai resume`), or starts again when
+    there is none yet."""
     shutdown_timeout_s: int = 600
     """After SIGTERM/SIGINT, seconds the workers get to reach a step boundary and save
     their checkpoint before the agent kills them."""
@@ -150,17 +154,50 @@ def run_workers(fn: Callable[..., Any], args: tuple, *, nprocs: int, nnodes: int
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     opts = launch or LaunchOptions()
-    if nnodes > 1 and not opts.rdzv_endpoint:
-        raise ConfigError(f"nnodes: {nnodes} nodes need --rdzv-endpoint HOST:PORT, the same on "
-                          "every node (one of the nodes' address)")
+    check_launch(opts, nnodes)
+    # c10d: which agent hosts the store; rank assignment stays the rendezvous's
+    rdzv = {} if opts.node_rank is None else {"is_host": opts.node_rank == 0}
     cfg = LaunchConfig(
         min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nprocs,
         rdzv_backend=opts.rdzv_backend, rdzv_endpoint=opts.rdzv_endpoint or "localhost:0",
+        rdzv_configs=rdzv,
         run_id=opts.rdzv_id or run_id or uuid.uuid4().hex, max_restarts=opts.max_restarts,
         monitor_interval=0.1, start_method="spawn", shutdown_timeout=opts.shutdown_timeout_s,
         logs_specs=DefaultLogsSpecs(log_dir=opts.log_dir),
     )
-    return elastic_launch(cfg, _entry)(fn, args)
+    with _restartable(opts.max_restarts):
+        return elastic_launch(cfg, _entry)(fn, args)
+
+
+@contextlib.contextmanager
+def _restartable(max_restarts: int):
+    """With restarts, each round of workers gets a fresh TCP store hosted by its rank 0
+    instead of the agents' shared rendezvous store, whose keys from the failed round
+    (gloo's and NCCL's peer addresses) a restarted worker may read and then connect to a
+    dead peer (PyTorch's issue "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0 is not compatible
+    with torchelastic restarts"; torch's agent reads this variable)."""
+    key = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+    if max_restarts == 0 or key in os.environ:
+        yield
+        return
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
+
+
+def check_launch(opts: LaunchOptions, nnodes: int) -> None:
+    """One-line errors for launcher options that cannot form the job."""
+    if nnodes > 1 and not opts.rdzv_endpoint:
+        raise ConfigError(f"nnodes: {nnodes} nodes need --rdzv-endpoint HOST:PORT, the same on "
+                          "every node (one of the nodes' address)")
+    if opts.node_rank is not None and not 0 <= opts.node_rank < nnodes:
+        raise ConfigError(f"node_rank: {opts.node_rank} is not a node of the {nnodes}-node "
+                          f"job; give 0 to {nnodes - 1}, a different one on each node")
+    if opts.max_restarts < 0:
+        raise ConfigError(f"max_restarts: {opts.max_restarts} is negative; give 0 (no "
+                          "restart) or more")
 
 
 def _entry(fn: Callable[..., Any], args: tuple) -> Any:
@@ -230,6 +267,7 @@ def _worker(action: str, target: Any, progress: bool, result_dir: str) -> None:
 
     env = dist_env()
     try:
+        action, target = _after_restart(action, target)
         if action == "train":
             summary = run.train(TrainConfig.from_dict(target), progress=progress)
         else:
@@ -252,6 +290,23 @@ def _worker(action: str, target: Any, progress: bool, result_dir: str) -> None:
         # too and now waits for this worker to exit; returning would leave it waiting on
         # torch's result hand-off until the shutdown timeout.
         sys.exit(0)
+
+
+def _after_restart(action: str, target: Any) -> tuple[str, Any]:
+    """What a worker that the agent restarted (--max-restarts) runs: a `train` whose run
+    has a complete checkpoint continues from the newest one, as `astrai resume` would;
+    every worker sees the same checkpoints (the old workers are all dead by now)."""
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if action != "train" or restarts == 0:
+        return action, target
+    from astrai.train.checkpointing import list_checkpoints
+    from astrai.train.run import run_paths
+
+    config = TrainConfig.from_dict(target)
+    if not list_checkpoints(run_paths(config).ckpt_dir):
+        return action, target  # failed before its first checkpoint: start again
+    return "resume", {"run_dir": config.out, "reward": None, "tensorboard": False,
+                      "layout": None}
 
 
 def _die_with_parent() -> None:

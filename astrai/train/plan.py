@@ -127,6 +127,8 @@ class TrainPlan:
     parallel: str = "none"
     nnodes: int = 1
     nprocs: int = 1
+    tp: int = 1
+    """Tensor-parallel degree; data-parallel groups = world_size / tp."""
     optimizer_state_dtype: str = "fp32"
     compile: str = "none"
     gradient_checkpointing: bool = False
@@ -166,10 +168,11 @@ def _trainable(config, model_config: ModelConfig) -> int | None:
 def make_plan(*, config, model_config: ModelConfig, model_desc: str, dataset_kind: str,
               dataset_len: int, seq_len: int, world_size: int, device: str,
               precision: str, param_groups: list[dict] | None = None) -> TrainPlan:
-    wpe = windows_per_epoch(dataset_len, config.batch_size, config.grad_accum_steps, world_size)
-    total = total_steps(dataset_len, config.batch_size, config.grad_accum_steps, world_size,
+    dp = world_size // config.runtime.tp  # data-parallel groups: tp ranks share a batch
+    wpe = windows_per_epoch(dataset_len, config.batch_size, config.grad_accum_steps, dp)
+    total = total_steps(dataset_len, config.batch_size, config.grad_accum_steps, dp,
                         config.epochs, config.max_steps)
-    eff = world_size * config.batch_size * config.grad_accum_steps
+    eff = dp * config.batch_size * config.grad_accum_steps
     trainable = _trainable(config, model_config)
     muon = sum(g["params"] for g in param_groups or [] if g["optimizer"] == "muon")
     state_bytes = 2 if config.precision.optimizer_state_dtype == "bf16" else 4
@@ -198,7 +201,8 @@ def make_plan(*, config, model_config: ModelConfig, model_desc: str, dataset_kin
             shards=world_size if config.runtime.parallel == "fsdp" else 1, trainable=trainable,
             muon_params=muon, kahan=update == "kahan" and precision == "bf16-true"),
         parallel=config.runtime.parallel, nnodes=config.runtime.nnodes,
-        nprocs=config.runtime.nprocs, optimizer_state_dtype=config.precision.optimizer_state_dtype,
+        nprocs=config.runtime.nprocs, tp=config.runtime.tp,
+        optimizer_state_dtype=config.precision.optimizer_state_dtype,
         compile=config.runtime.compile,
         gradient_checkpointing=config.runtime.gradient_checkpointing, trainable_params=trainable,
         optimizer=config.optimizer.name, param_groups=param_groups, bf16_update=update,

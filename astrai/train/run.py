@@ -181,7 +181,7 @@ def _names_key(d: Any, key: str) -> bool:
     return isinstance(d, dict) and (key in d or any(_names_key(v, key) for v in d.values()))
 
 
-LAYOUT_KEYS = ("parallel", "nprocs", "nnodes", "batch_size", "grad_accum_steps")
+LAYOUT_KEYS = ("parallel", "nprocs", "nnodes", "tp", "batch_size", "grad_accum_steps")
 """What `astrai resume` may change: the process layout, keeping the global batch."""
 
 
@@ -201,12 +201,16 @@ def relayout(config: TrainConfig, meta: dict[str, Any], layout: dict[str, Any] |
     saved = config.model_dump(mode="json")
     new = TrainConfig.from_dict({**saved, **given}, source=f"{source} (resume options)")
     new.out = config.out
+    # data-parallel groups: a --tp group's processes share one batch
     world = int(meta.get("world_size") or config.runtime.nnodes * config.runtime.nprocs)
+    world //= config.runtime.tp
     before = world * config.batch_size * config.grad_accum_steps
-    after = expected_world_size(new) * new.batch_size * new.grad_accum_steps
+    after = (expected_world_size(new) // new.runtime.tp * new.batch_size
+             * new.grad_accum_steps)
     if before != after:
         raise ConfigError(
-            f"resume: the run's global batch is {world} processes x batch {config.batch_size}"
+            f"resume: the run's global batch is {world} data-parallel processes x batch "
+            f"{config.batch_size}"
             f" x accumulation {config.grad_accum_steps} = {before} samples per step, the new "
             f"layout gives {after}; choose --batch-size / --grad-accum-steps so that "
             "processes x batch x accumulation stays the same")

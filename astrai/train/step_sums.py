@@ -55,7 +55,7 @@ class StepSums:
         stack = torch.stack([self.loss, self.total_units, *(self.metrics[k] for k in keys)])
         stack = executor.all_reduce_tensor(stack)
         units = stack[1]
-        return StepFigures(loss=stack[0] / executor.world_size, units=units,
+        return StepFigures(loss=stack[0] / executor.dp_size, units=units,
                            metrics=stack[2:] / units.clamp(min=1), keys=keys)
 
 

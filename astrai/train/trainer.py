@@ -149,8 +149,8 @@ class Trainer:
         # Counted on the host-side batches (shapes, or tensors never read), before any copy.
         sums = StepSums([strategy.loss_units(b) for b in window], ex.device)
         normalizer = ex.window_normalizer(sums.total_units)  # global over ranks
-        self._samples = sum(strategy.batch_samples(b) for b in window) * ex.world_size
-        self._tokens = sum(strategy.batch_tokens(b) for b in window) * ex.world_size
+        self._samples = sum(strategy.batch_samples(b) for b in window) * ex.dp_size
+        self._tokens = sum(strategy.batch_tokens(b) for b in window) * ex.dp_size
         for i, batch in enumerate(window):
             micro = MicroBatch(step=step, index=i, batch=strategy.to_device(batch))
             cbs.call("on_batch_begin", ctx, micro)

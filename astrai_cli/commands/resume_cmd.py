@@ -30,6 +30,10 @@ def register(app: typer.Typer) -> None:
                                                     show_default=False)] = None,
         shutdown_timeout: Annotated[int | None, typer.Option(
             help=LAUNCH_HELP["shutdown_timeout"], show_default=False)] = None,
+        node_rank: Annotated[int | None, typer.Option(
+            help=LAUNCH_HELP["node_rank"], show_default=False)] = None,
+        max_restarts: Annotated[int | None, typer.Option(
+            help=LAUNCH_HELP["max_restarts"], show_default=False)] = None,
         threads: Annotated[str | None, threads_option()] = None,
         parallel: Annotated[str | None, typer.Option(
             help="Continue under another executor (none, ddp, fsdp); a DCP checkpoint "
@@ -39,6 +43,9 @@ def register(app: typer.Typer) -> None:
             "give --batch-size too).", show_default=False)] = None,
         nnodes: Annotated[int | None, typer.Option(
             help="Continue on another number of nodes.", show_default=False)] = None,
+        tp: Annotated[int | None, typer.Option(
+            help="Continue with another tensor-parallel degree (fsdp; a DCP checkpoint "
+            "reshards to it).", show_default=False)] = None,
         batch_size: Annotated[int | None, typer.Option(
             help="Per-process batch size on the new layout; processes x batch x accumulation "
             "must stay the run's.", show_default=False)] = None,
@@ -52,10 +59,11 @@ def register(app: typer.Typer) -> None:
         from astrai.train.launch import launch_resume
 
         launch = launch_options({"rdzv_endpoint": rdzv_endpoint, "rdzv_id": rdzv_id,
-                                 "shutdown_timeout": shutdown_timeout})
+                                 "shutdown_timeout": shutdown_timeout,
+                                 "node_rank": node_rank, "max_restarts": max_restarts})
         use_threads(threads)
         err = log_console(stderr=True)
-        layout = {"parallel": parallel, "nprocs": nprocs, "nnodes": nnodes,
+        layout = {"parallel": parallel, "nprocs": nprocs, "nnodes": nnodes, "tp": tp,
                   "batch_size": batch_size, "grad_accum_steps": grad_accum_steps}
         summary = launch_resume(run_dir, reward=reward or None, launch=launch, progress=True,
                                 console=err, tensorboard=tensorboard, layout=layout)

@@ -26,7 +26,7 @@ from astrai_cli.options import checkpoint_path, log_console, threads_option, use
 ALIASES = {
     "strategy": ["--train-type"], "data": ["--data-root-path"], "model": ["--param-path"],
     "batch_size": ["--batch-per-device"], "seed": ["--random-seed"],
-    "parallel": ["--parallel-mode"],
+    "parallel": ["--parallel-mode"], "nprocs": ["--nproc-per-node"],
 }
 RUN_PANEL = "Run"
 """--help panel of the top-level fields and of the command's own options."""
@@ -217,7 +217,9 @@ def render_plan(plan: dict[str, Any], console: Console) -> None:
         ("parallel", (f"{plan.get('parallel', 'none')}: "
                       f"{_count(plan['world_size'], 'process', 'processes')} "
                       f"({_count(plan.get('nnodes', 1), 'node', 'nodes')} x "
-                      f"{plan.get('nprocs', 1)})")),
+                      f"{plan.get('nprocs', 1)})"
+                      + (f", tp {plan['tp']} x dp {plan['world_size'] // plan['tp']}"
+                         if plan.get("tp", 1) > 1 else ""))),
         ("FLOPs per token", f"{plan['flops_per_token']:,}"),
         ("memory estimate", ", ".join(f"{k} {_gib(v)}" for k, v in plan["memory_bytes"].items())),
     ]
@@ -273,7 +275,11 @@ LAUNCH_HELP = {
     "rdzv_id": "Multi-node: job id shared by the nodes (default: from the run directory).",
     "shutdown_timeout": "Seconds the workers get after SIGTERM/SIGINT to save their "
                         "checkpoint before being killed (default 600).",
+    "node_rank": "Multi-node: this node's index (0 hosts the rendezvous).",
+    "max_restarts": "Restart the workers up to K times after a failure (from the newest "
+                    "checkpoint).",
 }
+INT_LAUNCH_OPTIONS = ("shutdown_timeout", "node_rank", "max_restarts")
 
 
 def launch_params() -> list[inspect.Parameter]:
@@ -283,7 +289,7 @@ def launch_params() -> list[inspect.Parameter]:
 
     out = []
     for name, help_text in LAUNCH_HELP.items():
-        typ = int | None if name == "shutdown_timeout" else str | None
+        typ = int | None if name in INT_LAUNCH_OPTIONS else str | None
         out.append(inspect.Parameter(
             name, inspect.Parameter.KEYWORD_ONLY, annotation=typ,
             default=typer.Option(None, "--" + name.replace("_", "-"), help=help_text,
@@ -296,9 +302,12 @@ def launch_options(values: dict[str, Any]):
     from astrai.train.launch import LaunchOptions
 
     got = {k: values.pop(k, None) for k in LAUNCH_HELP}
-    opts = LaunchOptions(rdzv_endpoint=got["rdzv_endpoint"], rdzv_id=got["rdzv_id"])
+    opts = LaunchOptions(rdzv_endpoint=got["rdzv_endpoint"], rdzv_id=got["rdzv_id"],
+                         node_rank=got["node_rank"])
     if got["shutdown_timeout"] is not None:
         opts.shutdown_timeout_s = got["shutdown_timeout"]
+    if got["max_restarts"] is not None:
+        opts.max_restarts = got["max_restarts"]
     return opts
 
 

@@ -14,7 +14,8 @@ from astrai_cli.main import app
 # train has ~97 options; at 80 columns one to three lines each plus ten panel frames. The
 # budget is about half of typer's layout (482 lines, names cut) and fails if rows start
 # wrapping names or help goes back to one column.
-TRAIN_HELP_LINES = 297  # 290 + --checkpoint-format and --async-checkpoint
+TRAIN_HELP_LINES = 304  # 290 + --checkpoint-format and --async-checkpoint, + --tp,
+# --node-rank, --max-restarts and the --nproc-per-node alias
 
 
 def _root():

@@ -200,3 +200,59 @@ def dcp_scenarios(out_root: str, names: list[str]) -> dict:
                              layout=DCP_LAYOUT[layout])
             results[name] = summary.resumed_from
     return results
+
+
+TP_MODEL = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8,
+            "ffn_dim": 64, "max_seq_len": 64}
+"""A tiny model whose heads (4) and kv heads (2) split over tp = 2."""
+TIED = {**TP_MODEL, "tie_embeddings": True}
+
+TP_LAYOUT = {"2x2": {"parallel": "fsdp", "nprocs": 4, "tp": 2, "batch_size": 4},
+             "4x1": {"parallel": "fsdp", "nprocs": 4, "tp": 1, "batch_size": 2},
+             "1": {"parallel": "none", "nprocs": 1, "tp": 1, "batch_size": 8}}
+"""The same global batch (8 samples per step): dp 2 x batch 4, dp 4 x batch 2, 1 x 8."""
+
+
+def tp_eval_data():
+    """data_for("pretrain") with 10 validation rows (5 per dp group of 2, batch 4: the
+    second batch of each group is short)."""
+    data = make_data("pretrain", n=N_SAMPLES, eval_n=10)
+    data.sampler_fn = None
+    return data
+
+
+def tp_config(run: Path, layout: str, **kw):
+    base = {"model_overrides": TP_MODEL, "max_steps": 4, "ckpt_interval": 2}
+    return config_for(run, "pretrain", **{**base, **TP_LAYOUT[layout], **kw})
+
+
+class Layout(Callback):
+    """How the first block's projections and the head are placed on this rank."""
+
+    name = "layout"
+
+    def on_train_begin(self, ctx):
+        attn = ctx.model.layers[0].attn
+        self.got = {"heads": [attn.n_heads, attn.n_kv_heads],
+                    **{n: (m.weight.device_mesh.mesh_dim_names, str(m.weight.placements[-1]))
+                       for n, m in (
+                        ("q_proj", attn.q_proj), ("o_proj", attn.o_proj),
+                        ("down_proj", ctx.model.layers[0].mlp.down_proj),
+                        ("lm_head", ctx.model.lm_head), ("embed", ctx.model.embed_tokens))}}
+
+
+def tp_scenarios(out_root: str) -> dict:
+    """On 4 processes: a straight 2 x 2 (dp x tp) run of 4 steps, and one cut after step 3
+    resumed as 4 x 1 (fsdp over 4, no tp) from its DCP checkpoint."""
+    out = Path(out_root)
+    layout = Layout()
+    train(tp_config(out / "straight", "2x2"), data=data_for("pretrain"), callbacks=[layout])
+    try:
+        train(tp_config(out / "cut", "2x2"), data=data_for("pretrain"),
+              callbacks=[StopAfterStep(3)])
+    except Interrupt:
+        pass
+    summary = resume(out / "cut" / "run", data=data_for("pretrain"), layout=TP_LAYOUT["4x1"])
+    train(tp_config(out / "tied", "2x2", max_steps=2, model_overrides=TIED, eval_interval=1),
+          data=tp_eval_data())
+    return {"resumed_from": summary.resumed_from, "layout": layout.got}

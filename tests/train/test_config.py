@@ -48,7 +48,8 @@ def test_bad_values_name_the_field(tmp_path):
 
 
 FLAT_V1 = Path(__file__).parent / "assets" / "flat_train_config_v1.json"
-ADDED_SINCE_V1 = {"bf16_update", "guard_visible_warn", "checkpoint_format", "async_checkpoint"}
+ADDED_SINCE_V1 = {"bf16_update", "guard_visible_warn", "checkpoint_format", "async_checkpoint",
+                  "tp"}
 """Fields added after FLAT_V1 was saved (a v1 config loads with their defaults)."""
 
 

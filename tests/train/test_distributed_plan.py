@@ -54,3 +54,13 @@ def test_impossible_parallel_settings_are_one_line_errors(tmp_path):
         plan_run(make_config(tmp_path, gradient_checkpointing_modules=["Block"]), data=data)
     with pytest.raises(ConfigError, match="--rdzv-endpoint"):
         run_workers(print, (), nprocs=1, nnodes=2, launch=LaunchOptions())
+
+
+def test_impossible_launch_options_are_one_line_errors():
+    """--node-rank outside the job and a negative --max-restarts fail before any
+    rendezvous (no port is opened)."""
+    opts = LaunchOptions(rdzv_endpoint="127.0.0.1:1", node_rank=2)
+    with pytest.raises(ConfigError, match="node_rank: 2 is not a node of the 2-node job"):
+        run_workers(print, (), nprocs=1, nnodes=2, launch=opts)
+    with pytest.raises(ConfigError, match="max_restarts: -1 is negative"):
+        run_workers(print, (), nprocs=1, nnodes=1, launch=LaunchOptions(max_restarts=-1))

@@ -58,6 +58,17 @@ class Executor:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def dp_rank(self) -> int:
+        """This process's data-parallel group: which share of each batch it reads (the
+        rank, unless tensor parallelism makes several processes share one batch)."""
+        return self.rank
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel groups: how many shares each global batch is split into."""
+        return self.world_size
+
     # -- set-up ---------------------------------------------------------------------------
     def prepare(self, model_fn: ModelFn, optimizer_fn: OptimizerFn,
                 scheduler_fn: SchedulerFn) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
@@ -127,8 +138,9 @@ class Executor:
         return value
 
     def all_reduce_tensor(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum of a device tensor over ranks, returned as a new tensor and not read on the
-        host (the step's stacked sums: one collective per step, not one per figure)."""
+        """Sum of a device tensor over the data-parallel ranks (every share of the batch
+        once), returned as a new tensor and not read on the host (the step's stacked sums:
+        one collective per step, not one per figure)."""
         return t
 
     def barrier(self) -> None:

@@ -21,7 +21,7 @@ class DistributedExecutor(Executor):
     def window_normalizer(self, loss_units: torch.Tensor) -> torch.Tensor:
         # Both wrappers average gradients over ranks: dividing by the global unit count
         # over world_size makes the average the gradient of the whole global window.
-        return self.all_reduce_tensor(loss_units).clamp(min=1) / self.world_size
+        return self.all_reduce_tensor(loss_units).clamp(min=1) / self.dp_size
 
     def all_reduce_sum(self, value: float) -> float:
         return pg.all_reduce_sum(value, self.device)

@@ -43,17 +43,43 @@ class FSDPExecutor(DistributedExecutor):
     name = "fsdp"
 
     def __init__(self, *, reshard_after_forward: bool = True, cpu_offload: bool = False,
-                 **options: Any) -> None:
+                 tp: int = 1, **options: Any) -> None:
         super().__init__(**options)
         if cpu_offload and self.device.type != "cuda":
             raise ConfigError("executor_kwargs.cpu_offload: offloading shards to CPU needs a "
                               "CUDA device; drop cpu_offload or use --device cuda")
         self.reshard_after_forward = reshard_after_forward
         self.cpu_offload = cpu_offload
+        self.tp = tp
+        self.mesh = None
+        if tp > 1:  # a (dp, tp) mesh: tensor_parallel.py
+            from astrai.train.executors import tensor_parallel
+
+            self.mesh = tensor_parallel.device_mesh(self.device, self.world_size, tp)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.tp  # the mesh's dp coordinate (ranks are dp-major)
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size // self.tp
+
+    def all_reduce_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        if self.mesh is None:
+            return super().all_reduce_tensor(t)
+        out = t.clone()  # the tp ranks of a group hold the same figures: sum over dp only
+        torch.distributed.all_reduce(out, group=self.mesh.get_group("dp"))
+        return out
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         offload = CPUOffloadPolicy(pin_memory=True) if self.cpu_offload else OffloadPolicy()
         kw = {"reshard_after_forward": self.reshard_after_forward, "offload_policy": offload}
+        if self.mesh is not None:
+            from astrai.train.executors import tensor_parallel
+
+            tensor_parallel.parallelize(model, self.mesh["tp"])
+            kw["mesh"] = self.mesh["dp"]
         for module in list(model.modules()):
             if isinstance(module, DecoderBlock):
                 fully_shard(module, **kw)
@@ -78,6 +104,12 @@ class FSDPExecutor(DistributedExecutor):
         params = [p for p in self.model.parameters() if p.grad is not None]
         if not params:
             return torch.zeros((), device=self.device)
+        if self.mesh is not None:  # gradients on two meshes (tp x dp, and dp)
+            from astrai.train.executors import tensor_parallel
+
+            norm = tensor_parallel.total_norm([p.grad for p in params])
+            tensor_parallel.clip_(params, max_norm, norm, clip_by_norm_)
+            return norm
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()  # sum of the shards' squares over ranks, then sqrt

@@ -142,3 +142,28 @@ def check_parallel(config, world_size: int, device: torch.device) -> None:
                 f"nprocs: {config.runtime.nprocs} processes need one GPU each but {visible} are "
                 "visible; lower --nprocs or set CUDA_VISIBLE_DEVICES"
             )
+
+
+def check_tensor_parallel(config, world_size: int, model_config) -> None:
+    """One-line errors for a --tp that cannot split this model over this many processes:
+    each rank runs H / tp query heads and K / tp key/value heads (grouped-query attention
+    keeps each kv head with its query heads), and the data-parallel groups are whole."""
+    tp = config.runtime.tp
+    if tp == 1:
+        return
+    if world_size % tp:
+        raise ConfigError(f"tp: {tp} does not divide the {world_size} processes "
+                          "(nnodes x nprocs); choose a --tp that divides them")
+    mc = model_config
+    for name, n in (("n_heads", mc.n_heads), ("n_kv_heads", mc.kv_heads)):
+        if n % tp:
+            raise ConfigError(f"tp: {tp} does not divide the model's {name} ({n}); each rank "
+                              "needs whole attention heads: choose a --tp that divides "
+                              f"{name}")
+    for name, n in (("ffn_dim", mc.ffn_dim), ("vocab_size", mc.vocab_size)):
+        if n % tp:
+            raise ConfigError(f"tp: {tp} does not divide the model's {name} ({n}); choose a "
+                              f"--tp that divides {name}")
+    if mc.n_experts:
+        raise ConfigError("tp: mixture-of-experts layers are not tensor-parallel; drop --tp "
+                          "(fsdp alone shards them)")
