@@ -99,6 +99,8 @@ def test_a_peer_under_a_tenth_of_its_floor_is_broken_and_gets_no_ratio():
     res.tg = {a: [60.0] * 5, p: [9.0, 8.0, 9.5, 50.0, 9.0]}  # median 9 < 10% of 100
     assert "under 10% of its bandwidth floor 100" in report.broken(s, res, p)
     assert report.broken(s, res, a) is None
+    res.tg[a] = [60.0, 5.0, 62.0]  # one round slowed by the machine is not a broken tool
+    assert report.broken(s, res, a) is None
     lines, missed = report.ratios(s, res, cpu_decode.TARGETS)
     assert all("no ratio (BROKEN: tg128 9.0 tok/s" in ln for ln in lines) and not missed
     res.tg[p] = [40.0, 50.0, 45.0]
