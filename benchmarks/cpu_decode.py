@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="formats of the 1b shape (fp32 costs ~30 s a run)")
     ap.add_argument("--quality-steps", type=int, default=None,
                     help="quickstart steps of the quality model (default 300; --quick 100)")
+    ap.add_argument("--quality-checkpoint", type=Path, default=None,
+                    help="a quickstart checkpoint already trained (skips the training)")
     ap.add_argument("--no-quality", action="store_true")
     a = ap.parse_args(argv)
     rounds = a.rounds or (3 if a.quick else 5)
@@ -145,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         if not a.no_quality:
             import cpu_decode_quality
 
-            log(f"quality model: astrai quickstart --steps {steps}, bits per byte, tokens")
-            quality = cpu_decode_quality.measure(work, steps, a.threads)
+            log(f"quality model: {a.quality_checkpoint or f'astrai quickstart --steps {steps}'}"
+                ", bits per byte, greedy tokens")
+            quality = cpu_decode_quality.measure(work, steps, a.threads, a.quality_checkpoint)
         shapes = {}
         for name in (("125m",) if a.quick else ("125m", "1b")):
             log(f"shape {name}: model, GGUF exports, engines")

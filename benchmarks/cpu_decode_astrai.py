@@ -70,22 +70,20 @@ def run(eng: Engine, prompts: list[list[int]], new: int) -> tuple[float, float, 
     return t0, t_first or time.perf_counter(), time.perf_counter()
 
 
-def prompt_processing(eng: Engine, prompts: Prompts, batch: int) -> float:
-    t0, t1, _ = run(eng, [prompts(PP) for _ in range(batch)], 1)
-    return batch * PP / (t1 - t0)
-
-
-def generation(eng: Engine, prompts: Prompts, batch: int) -> float:
-    """tg128 (batch 1: a one-token prompt; 4 concurrent: after 512-token prompts)."""
-    n = 1 if batch == 1 else PP
-    _, t1, t2 = run(eng, [prompts(n) for _ in range(batch)], TG + 1)
-    return batch * TG / (t2 - t1)
-
-
 def measure(eng: Engine, prompts: Prompts, batch: int, pp: bool = True) -> Figures:
-    """pp512 and tg128 at `batch` requests (`pp` False: tg128 alone)."""
-    return Figures(prompt_processing(eng, prompts, batch) if pp else None,
-                   generation(eng, prompts, batch))
+    """pp512 and tg128 (`pp` False: tg128 alone). One request: two runs, as llama-bench's
+    two tests (tg128 from a one-token prompt); 4 concurrent: one run, as
+    llama-batched-bench's (its prompts, then its 128 tokens each)."""
+    if batch > 1:
+        t0, t1, t2 = run(eng, [prompts(PP) for _ in range(batch)], TG + 1)
+        return Figures(batch * PP / (t1 - t0), batch * TG / (t2 - t1))
+    fig = Figures()
+    if pp:
+        t0, t1, _ = run(eng, [prompts(PP)], 1)
+        fig.pp = PP / (t1 - t0)
+    _, t1, t2 = run(eng, [prompts(1)], TG + 1)
+    fig.tg = TG / (t2 - t1)
+    return fig
 
 
 def warm_up(eng: Engine, prompts: Prompts) -> None:

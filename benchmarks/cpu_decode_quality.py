@@ -118,11 +118,12 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     return same / max(1, sum(len(x) for x in a))
 
 
-def measure(work: Path, steps: int, threads: int) -> dict:
-    """{astrai format: {bpb, tokens}, llama.cpp format: {bpb, tokens} or {error}, ...}."""
+def measure(work: Path, steps: int, threads: int, ckpt: Path | None = None) -> dict:
+    """{astrai format: {bpb, tokens}, llama.cpp format: {bpb, tokens} or {error}, ...} of
+    `ckpt` (None: a quickstart model trained for `steps` steps)."""
     from astrai.model.gguf_export import export_gguf
 
-    ckpt = train(work, steps)
+    ckpt = ckpt or train(work, steps)
     wins, nbytes, prompts = windows_of(ckpt)
     out: dict = {"checkpoint": str(ckpt), "tokens_scored": sum(len(t) for _, t in wins),
                  "bytes": nbytes}
