@@ -1,7 +1,8 @@
 """llama.cpp measured by its own tools on a GGUF: `llama-bench` (pp512 and tg128, one
 sequence) and `llama-batched-bench` (4 sequences of 512 prompt tokens then 128 generated
 together), each a fresh process per measurement, JSON out, llama.cpp's defaults otherwise
-(mmap of the file, its warm-up run, its KV cache type, its weight repacking)."""
+(its load mode: mmap of the file; its warm-up run, its KV cache type, its weight
+repacking)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,6 @@ def batched(binary: Path, gguf: Path, threads: int, timeout: float = 600) -> Fig
 
 def conditions(row: dict) -> str:
     """llama-bench's record of how it ran (the fields a reader needs beside a figure)."""
-    keys = ("build_commit", "cpu_info", "backends", "n_threads", "type_k", "type_v",
-            "n_batch", "n_ubatch", "flash_attn", "use_mmap", "embeddings")
+    keys = ("build_commit", "build_number", "cpu_info", "backends", "n_threads", "poll",
+            "type_k", "type_v", "n_batch", "n_ubatch", "flash_attn", "load_mode", "repack")
     return ", ".join(f"{k}={row[k]}" for k in keys if k in row)

@@ -24,9 +24,9 @@ from cpu_decode_setup import Job, Results, Shape  # noqa: E402
 # two records as llama-bench 0.3.36's `-o json` writes them (fields trimmed)
 BENCH_JSON = [
     {"build_commit": "abc", "cpu_info": "AMD EPYC", "backends": "CPU", "n_threads": 2,
-     "type_k": "f16", "n_prompt": 512, "n_gen": 0, "avg_ts": 250.5, "use_mmap": True},
+     "type_k": "f16", "n_prompt": 512, "n_gen": 0, "avg_ts": 250.5, "load_mode": "mmap"},
     {"build_commit": "abc", "cpu_info": "AMD EPYC", "backends": "CPU", "n_threads": 2,
-     "type_k": "f16", "n_prompt": 0, "n_gen": 128, "avg_ts": 45.25, "use_mmap": True}]
+     "type_k": "f16", "n_prompt": 0, "n_gen": 128, "avg_ts": 45.25, "load_mode": "mmap"}]
 
 
 def fake_tool(tmp_path: Path, body: str) -> Path:
@@ -41,7 +41,7 @@ def test_llama_bench_json_gives_pp512_tg128_and_its_conditions(tmp_path):
     out.write_text(json.dumps(BENCH_JSON))
     fig, row = llama.bench(fake_tool(tmp_path, f"cat {out}"), tmp_path / "m.gguf", 2)
     assert (fig.pp, fig.tg) == (250.5, 45.25)
-    assert "type_k=f16" in llama.conditions(row) and "use_mmap=True" in llama.conditions(row)
+    assert "type_k=f16" in llama.conditions(row) and "load_mode=mmap" in llama.conditions(row)
 
 
 def test_a_crashing_or_silent_tool_is_a_peer_error(tmp_path):
