@@ -5,6 +5,7 @@ sanity floor that keeps a broken peer out of the ratios, the token checks."""
 from __future__ import annotations
 
 import json
+import re
 import stat
 import sys
 from pathlib import Path
@@ -14,12 +15,12 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-import cpu_decode  # noqa: E402
-import cpu_decode_llama as llama  # noqa: E402
-import cpu_decode_quality as quality  # noqa: E402
-import cpu_decode_report as report  # noqa: E402
-from cpu_decode_astrai import Figures  # noqa: E402
-from cpu_decode_setup import Job, Results, Shape  # noqa: E402
+import cpu_decode
+import cpu_decode_llama as llama
+import cpu_decode_quality as quality
+import cpu_decode_report as report
+from cpu_decode_astrai import Figures
+from cpu_decode_setup import Job, Results, Shape
 
 # two records as llama-bench 0.3.36's `-o json` writes them (fields trimmed)
 BENCH_JSON = [
@@ -125,3 +126,43 @@ def test_token_checks_assert_f32_and_rate_quantized_agreement():
     assert "target int4 bpb within 3% of fp32: 1.0500 MISS" in text
     q["f32"]["tokens"] = [[1, 5]]
     assert "exact formats): FAIL" in "\n".join(quality.lines(q))
+
+
+def test_report_prints_machine_table_ratios_contention_and_fails_on_unequal_tokens(
+        monkeypatch, capsys):
+    import argparse
+
+    import cpu_decode_setup
+
+    monkeypatch.setattr(report, "read_bandwidth", lambda n: 20e9)
+    monkeypatch.setattr(cpu_decode_setup, "read_bandwidth", lambda n: 1000 * 100.0)
+    s = shape_with_floor(100.0)
+    s.llama_conditions = "n_threads=2, load_mode=mmap"
+    res = Results()
+    for tool, idle, busy in (("astrai", 60.0, 30.0), ("llama.cpp", 50.0, 10.0)):
+        res.pp[Job("125m", tool, "fp32", "b1")] = [300.0, 310.0, 290.0]
+        res.tg[Job("125m", tool, "fp32", "b1")] = [idle, idle + 2, idle - 2]
+        res.tg[Job("125m", tool, "fp32", "contended")] = [busy]
+    res.errors[Job("125m", "llama.cpp", "fp32", "b4")] = "llama-batched-bench exited with -6"
+    res.pp[Job("125m", "astrai", "fp32", "b4")] = [900.0]
+    res.tg[Job("125m", "astrai", "fp32", "b4")] = [150.0]
+    a = argparse.Namespace(threads=2, rounds=3, quick=True, seed=0)
+    q = {"checkpoint": "ck", "tokens_scored": 10, "bytes": 40,
+         "fp32": {"bpb": 2.0, "tokens": [[1, 2]]}, "int8": {"bpb": 2.0, "tokens": [[1, 2]]},
+         "int4": {"bpb": 2.0, "tokens": [[1, 2]]},
+         "f32": {"bpb": 2.0, "tokens": [[1, 2]], "agreement": 1.0},
+         "q8_0": {"bpb": 2.0, "tokens": [[1, 2]], "agreement": 1.0},
+         "q4_0": {"bpb": 2.0, "tokens": [[1, 2]], "agreement": 1.0}}
+    assert not report.report(a, {"125m": s}, res, q, False, (0.5, 0.4, 0.3), cpu_decode.TARGETS)
+    out = capsys.readouterr().out
+    assert "read bandwidth (streaming sum, 2 threads, 1 GiB): 20.0 GB/s" in out
+    assert "load average before: 0.50 0.40 0.30" in out and "load average after:" in out
+    assert "bf16 ↔ bf16: skipped" in out and "llama-bench (125m): n_threads=2" in out
+    assert re.search(r"\n  llama\.cpp f32 +4 concurrent +BROKEN: llama-batched-bench exited", out)
+    assert re.search(r"\n  astrai fp32 +1 request +300\.0 \[290\.0–310\.0\] +60\.0 \[58\.0–62\.0\]", out)
+    assert "tg128 1 request: astrai fp32 / llama.cpp f32 = 60.0 / 50.0 = 1.20" in out
+    assert "4 concurrent: astrai fp32 / llama.cpp f32: no ratio (BROKEN: llama-batched" in out
+    assert "contention 125m tg128 astrai fp32: 30.0 / 60.0 idle = 0.50 (target ≥ 0.4) PASS" in out
+    assert "contention 125m tg128 llama.cpp f32: 10.0 / 50.0 idle = 0.20" in out
+    q["f32"]["tokens"] = [[1, 3]]
+    assert report.report(a, {"125m": s}, res, q, False, (0, 0, 0), cpu_decode.TARGETS)
