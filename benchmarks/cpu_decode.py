@@ -1,7 +1,8 @@
 """CPU decode: astrai against llama.cpp's own llama-bench, interleaved, formats matched.
 
-    python benchmarks/cpu_decode.py            # the full run, ~20 min at 2 threads on a quiet machine
-    python benchmarks/cpu_decode.py --quick    # 125m only, 3 rounds, no contention (~6 min)
+    python benchmarks/cpu_decode.py            # the full run (sized for ~20 min at 2 threads on
+                                               # a quiet machine; not yet timed on one)
+    python benchmarks/cpu_decode.py --quick    # 125m only, 3 rounds, no contention
 
 llama.cpp: `llama-bench` and `llama-batched-bench` built from the llama.cpp vendored in
 llama-cpp-python 0.3.36's sdist at first use (benchmarks/llama_bench_build.py; cached under
