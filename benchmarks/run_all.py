@@ -378,7 +378,7 @@ BENCHES = [
           ["--presets", "tiny", "small", "--steps", "6", "--rounds", "2"], parse_precision,
           "the same Trainer in fp32", cpu_flags=("amx_bf16",)),
     Bench("cpu_decode", "cpu_decode.py", [], parse_cpu_decode,
-          "llama.cpp's llama-bench (built from source at first use)"),
+          "llama.cpp's llama-bench (built from source at first use)", timeout_s=3600),
     Bench("bf16_update", "bf16_update.py", ["--seeds", "3"], parse_bf16_update,
           "bf16-mixed (fp32 master weights)", cpu_flags=("avx512_bf16",)),
     Bench("distributed", "train_distributed.py",
