@@ -276,33 +276,30 @@ def parse_bf16_update(out: str) -> list[Row]:
 
 
 def parse_cpu_decode(out: str) -> list[Row]:
-    """cpu_decode.py: one-request decode against llama.cpp and CTranslate2 (with each side's
-    fraction of its bandwidth floor), and 16 concurrent requests against CT2 and HF."""
+    """cpu_decode.py: astrai / llama.cpp (llama-bench) per matched format, medians of
+    interleaved rounds; the contention fractions; int4 / int8 on 1b; int4's bits per byte."""
     rows = []
-    one = out.split(" concurrent requests", 1)[0]  # the one-request figures (same labels)
-    tps = {m[1].strip(): (m[2], m[3]) for m in re.finditer(
-        r"\n  ((?:astrai|llama\.cpp|CTranslate2|HF generate) \S+)\s+([\d.]+) tok/s"
-        r"(?: \(([\d.]+) of its floor)?", one)}
-    pattern = r"(?:ratio |; )astrai (\S+) / (llama\.cpp|CTranslate2) (\S+) = ([\d.]+)"
-    for m in re.finditer(pattern, out):
-        a, peer = tps.get(f"astrai {m[1]}"), tps.get(f"{m[2]} {m[3]}")
-        if a and peer:
-            rows.append(Row("CPU decode", f"one request: astrai {m[1]} vs {m[2]} {m[3]} "
-                            f"(floor fractions {a[1]} / {peer[1]})", f"{a[0]} tok/s",
-                            f"{peer[0]} tok/s", m[4], "≥ 1.0 (moonshot: 0.75 of the floor)"))
-    for m in re.finditer(r"ratio astrai (\S+) kernels / torch products = ([\d.]+)", out):
-        a, t = tps.get(f"astrai {m[1]}"), tps.get(f"astrai {m[1]}-torch")
-        if a and t:
-            rows.append(Row("CPU decode", f"one request: astrai {m[1]}, CPU decode kernels vs "
-                            "torch's products", f"{a[0]} tok/s", f"{t[0]} tok/s", m[2],
-                            "≥ 1 faster"))
-    c = re.search(r"ratio 16 concurrent: astrai fp32 / CTranslate2 float32 = ([\d.]+); "
-                  r"astrai fp32 / HF = ([\d.]+)", out)
-    if c:
-        rows.append(Row("CPU decode", "16 concurrent: astrai fp32 vs CTranslate2 float32",
-                        "", "", c[1], "> 1 faster"))
-        rows.append(Row("CPU decode", "16 concurrent: astrai fp32 vs HF generate", "", "",
-                        c[2], "> 1 faster"))
+    for m in re.finditer(r"ratio (\S+) (pp512|tg128) ([^:]+): astrai (\S+) / llama\.cpp (\S+) "
+                         r"= ([\d.]+) / ([\d.]+) = ([\d.]+) \(target ≥ ([\d.]+)\)", out):
+        rows.append(Row("CPU decode", f"{m[1]} {m[2]}, {m[3]}: astrai {m[4]} vs llama-bench "
+                        f"{m[5]} (median of rounds)", f"{m[6]} tok/s", f"{m[7]} tok/s", m[8],
+                        f"≥ {m[9]}"))
+    for m in re.finditer(r"ratio (\S+) (pp512|tg128) ([^:]+): astrai (\S+) / llama\.cpp (\S+)"
+                         r": no ratio \(BROKEN: ([^)]*)", out):
+        rows.append(Row("CPU decode", f"{m[1]} {m[2]}, {m[3]}: astrai {m[4]} vs llama-bench "
+                        f"{m[5]}", "", f"BROKEN: {m[6]}", "—", "no ratio"))
+    for m in re.finditer(r"contention (\S+) tg128 astrai (\S+): ([\d.]+) / ([\d.]+) idle = "
+                         r"([\d.]+) \(target ≥ ([\d.]+)\)", out):
+        rows.append(Row("CPU decode", f"{m[1]} tg128 astrai {m[2]} beside one busy process, vs "
+                        "idle", f"{m[3]} tok/s", f"{m[4]} tok/s (idle)", m[5], f"≥ {m[6]}"))
+    m = re.search(r"target (\S+) tg128 astrai int4 / int8 = ([\d.]+) / ([\d.]+) = ([\d.]+)", out)
+    if m:
+        rows.append(Row("CPU decode", f"{m[1]} tg128: astrai int4 vs astrai int8",
+                        f"{m[2]} tok/s", f"{m[3]} tok/s", m[4], "≥ 1.7"))
+    m = re.search(r"target int4 bpb within 3% of fp32: ([\d.]+)", out)
+    if m:
+        rows.append(Row("CPU decode", "quickstart model: bits per byte, int4 vs fp32", "", "",
+                        m[1], "≤ 1.03"))
     return rows
 
 
@@ -400,8 +397,8 @@ BENCHES = [
     Bench("precision", "train_precision.py",
           ["--presets", "tiny", "small", "--steps", "6", "--rounds", "2"], parse_precision,
           "the same Trainer in fp32", cpu_flags=("amx_bf16",)),
-    Bench("cpu_decode", "cpu_decode.py", ["--repeat", "2"], parse_cpu_decode,
-          "llama.cpp (llama-cpp-python), CTranslate2, HF generate"),
+    Bench("cpu_decode", "cpu_decode.py", [], parse_cpu_decode,
+          "llama.cpp's llama-bench (built from source at first use)", timeout_s=3600),
     Bench("bf16_update", "bf16_update.py", ["--seeds", "3"], parse_bf16_update,
           "bf16-mixed (fp32 master weights)", cpu_flags=("avx512_bf16",)),
     Bench("distributed", "train_distributed.py",

@@ -146,7 +146,8 @@ def test_parsers_read_each_format():
 def test_parsers_return_nothing_on_other_text():
     for parse in (RA.parse_preprocess, RA.parse_train, RA.parse_distributed,
                   RA.parse_inference, RA.parse_rollout, RA.parse_inspect,
-                  RA.parse_quickstart, RA.parse_serve, RA.parse_eval, RA.parse_precision):
+                  RA.parse_quickstart, RA.parse_serve, RA.parse_eval, RA.parse_precision,
+                  RA.parse_cpu_decode):
         assert parse("Traceback (most recent call last):\n  boom\n") == []
 
 
@@ -213,25 +214,25 @@ def test_lora_parser():
         ("0.471 s", "0.639 s", "0.73"), ("1,086 tok/s", "953 tok/s", "1.14")]
 
 
-CPU_DECODE = """one request, 128 new tokens (decode tok/s = 1 / median gap):
-  astrai fp32                45.9 tok/s (0.72 of its floor 64)  tokens = fp32: 128
-  astrai int8               116.2 tok/s (0.39 of its floor 301)  tokens = fp32: 0
-  astrai fp32-torch          47.2 tok/s (0.74 of its floor 64)  tokens = fp32: 128
-  llama.cpp f32              57.6 tok/s (0.91 of its floor 64)  tokens = astrai fp32: 128
-  llama.cpp q8_0            111.4 tok/s (0.34 of its floor 329)  tokens = astrai fp32: 0
-ratio astrai fp32 / llama.cpp f32 = 0.80
-ratio astrai int8 / llama.cpp q8_0 = 1.04
-ratio astrai fp32 kernels / torch products = 0.97
-16 concurrent requests (aggregate generated tok/s, prefill included):
-  astrai fp32               304.3 tok/s
-ratio 16 concurrent: astrai fp32 / CTranslate2 float32 = 1.47; astrai fp32 / HF = 1.22
+CPU_DECODE = """== 125m: 117M parameters, random weights ==
+ratio 125m pp512 1 request: astrai fp32 / llama.cpp f32 = 310.2 / 250.0 = 1.24 (target ≥ 1.0) PASS
+ratio 125m tg128 1 request: astrai fp32 / llama.cpp f32 = 50.0 / 45.0 = 1.11 (target ≥ 1.2) MISS
+ratio 125m pp512 1 request: astrai int8 / llama.cpp q8_0: no ratio (BROKEN: llama-bench exited with -11: boom)
+contention 125m tg128 astrai fp32: 30.0 / 50.0 idle = 0.60 (target ≥ 0.4) PASS
+contention 125m tg128 llama.cpp f32: 20.0 / 45.0 idle = 0.44
+target 1b tg128 astrai int4 / int8 = 30.0 / 16.0 = 1.88 (target ≥ 1.7) PASS
+target int4 bpb within 3% of fp32: 1.0210 PASS
 """
 
 
-def test_cpu_decode_parser_reads_the_one_request_figures():
+def test_cpu_decode_parser_reads_ratios_broken_peers_and_targets():
     rows = RA.parse_cpu_decode(CPU_DECODE)
-    assert [(r.astrai, r.peer, r.ratio) for r in rows] == [
-        ("45.9 tok/s", "57.6 tok/s", "0.80"), ("116.2 tok/s", "111.4 tok/s", "1.04"),
-        ("45.9 tok/s", "47.2 tok/s", "0.97"), ("", "", "1.47"), ("", "", "1.22")]
-    assert "floor fractions 0.72 / 0.91" in rows[0].measure
+    assert [(r.astrai, r.peer, r.ratio, r.better) for r in rows] == [
+        ("310.2 tok/s", "250.0 tok/s", "1.24", "≥ 1.0"),
+        ("50.0 tok/s", "45.0 tok/s", "1.11", "≥ 1.2"),
+        ("", "BROKEN: llama-bench exited with -11: boom", "—", "no ratio"),
+        ("30.0 tok/s", "50.0 tok/s (idle)", "0.60", "≥ 0.4"),
+        ("30.0 tok/s", "16.0 tok/s", "1.88", "≥ 1.7"),
+        ("", "", "1.0210", "≤ 1.03")]
+    assert "astrai fp32 vs llama-bench f32" in rows[0].measure
     assert "cpu_decode" in {b.name for b in RA.BENCHES}
