@@ -113,13 +113,15 @@ def _bool(body: dict, key: str) -> bool | None:
     return v
 
 
-def _check_fields(body: Any, allowed: set[str]) -> dict:
+def check_fields(body: Any, allowed: set[str], harmless: dict[str, Any] = HARMLESS) -> dict:
+    """`body` as a dict whose every key is `allowed`, None, or at its `harmless` value (a
+    field not implemented, sent at the value that means "not used"); a 400 naming the key."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     for key, value in body.items():
         if key in allowed or value is None:
             continue
-        if key in HARMLESS and value == HARMLESS[key]:
+        if key in harmless and value == harmless[key]:
             continue
         raise bad_request(f"parameter '{key}' is not supported by astrai serve; remove it",
                           key, "unsupported_parameter")
@@ -244,7 +246,7 @@ def parse(kind: Literal["chat", "completion"], body: Any, *, tokenizer: Any, voc
     `admit(k)` is called with the request's number of choices (prompts x n) once the body
     is validated and before any prompt is tokenized or rendered and any SamplingParams
     built: a request that cannot be served now costs no more than its validation."""
-    body = _check_fields(body, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
+    body = check_fields(body, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("'model' must be a string", "model")

@@ -23,6 +23,7 @@ from typing import Any
 
 from astrai.serve.errors import APIError, bad_request
 from astrai.serve.limits import MAX_MESSAGES
+from astrai.serve.protocol import check_fields
 
 FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
           "text", "max_output_tokens", "temperature", "top_p", "stream", "store",
@@ -227,22 +228,9 @@ def _metadata(value: Any) -> dict | None:
     return value
 
 
-def _check_fields(body: Any) -> dict:
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    for key, value in body.items():
-        if key in FIELDS | PASSED or value is None:
-            continue
-        if key in HARMLESS and value == HARMLESS[key]:
-            continue
-        raise bad_request(f"parameter '{key}' is not supported by astrai serve; remove it",
-                          key, "unsupported_parameter")
-    return body
-
-
 def read_request(body: Any) -> ResponsesRequest:
     """Validate a Responses body; APIError 400 naming the field."""
-    body = _check_fields(body)
+    body = check_fields(body, FIELDS | PASSED, HARMLESS)
     if "input" not in body or body["input"] is None:
         raise bad_request("'input' is required: a string or a list of items", "input")
     messages = read_input(body["input"])
