@@ -92,10 +92,7 @@ class Reply:
             self.text += text
             yield text
             return
-        thought, said = self._split.feed(text)
-        if last:
-            more = self._split.finish()
-            thought, said = thought + more[0], said + more[1]
+        thought, said = self._split.take(text, last)
         self.thinking += thought
         self.text += said
         if thought:

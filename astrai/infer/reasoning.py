@@ -38,15 +38,15 @@ class ReasoningParser:
         i = prompt.rfind(self.start)
         return i >= 0 and prompt.find(self.end, i + len(self.start)) < 0
 
-    def splitter(self, prompt: str = "") -> ReasoningSplitter:
-        return ReasoningSplitter(self, self.opens_thinking(prompt))
+    def splitter(self, prompt: str = "", *, opened: bool | None = None) -> ReasoningSplitter:
+        """A splitter for one reply to `prompt` (or starting inside a thinking block as
+        `opened` says, when the caller read the prompt already)."""
+        return ReasoningSplitter(self, self.opens_thinking(prompt) if opened is None
+                                 else opened)
 
     def split(self, text: str, prompt: str = "") -> tuple[str, str]:
         """(thinking, answer) of a whole reply."""
-        s = self.splitter(prompt)
-        a, b = s.feed(text)
-        c, d = s.finish()
-        return a + c, b + d
+        return self.splitter(prompt).take(text, last=True)
 
 
 def reasoning_parser(name: str) -> ReasoningParser:
@@ -112,6 +112,14 @@ class ReasoningSplitter:
                 answer.append(t if self.thought else text)
                 break
         return "".join(think), "".join(answer)
+
+    def take(self, delta: str, last: bool) -> tuple[str, str]:
+        """`feed(delta)`, and with `last` (the reply's final delta) what was held back."""
+        thinking, answer = self.feed(delta)
+        if last:
+            more = self.finish()
+            thinking, answer = thinking + more[0], answer + more[1]
+        return thinking, answer
 
     def finish(self) -> tuple[str, str]:
         """What was held back, once the reply is over."""

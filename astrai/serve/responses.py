@@ -70,20 +70,15 @@ class ResponseBuilder:
                 c.tools = ToolStream(self.parser, self.limit)
         if job.reasoning is not None:
             for c in self.choices:
-                c.split = job.reasoning.splitter("")
-                c.split.thinking = c.split.thought = job.thinking_open
+                c.split = job.reasoning.splitter(opened=job.thinking_open)
 
     # -- bookkeeping -----------------------------------------------------------------------
     def add(self, index: int, out: Any) -> Choice:
         c = self.choices[index]
         c.delta = ("", out.delta_text)
         if c.split is not None:
-            think, said = c.split.feed(out.delta_text)
-            if out.finished:
-                rest = c.split.finish()
-                think, said = think + rest[0], said + rest[1]
-            c.delta = (think, said)
-            c.reasoning += think
+            c.delta = c.split.take(out.delta_text, out.finished)
+            c.reasoning += c.delta[0]
         c.text += c.delta[1]
         c.tokens += out.delta_token_ids
         if out.delta_logprobs:

@@ -94,8 +94,7 @@ class ResponsesBuilder:
         self.split = None
         """Splits the thinking from the answer (the job's reasoning parser), or None."""
         if job is not None and job.reasoning is not None:
-            self.split = job.reasoning.splitter("")
-            self.split.thinking = self.split.thought = job.thinking_open
+            self.split = job.reasoning.splitter(opened=job.thinking_open)
         self.reasoning = ""
         self.reasoning_tokens = 0
         self.delta = ("", "")
@@ -117,11 +116,7 @@ class ResponsesBuilder:
     def add(self, out: Any) -> None:
         self.delta = ("", out.delta_text)
         if self.split is not None:
-            think, said = self.split.feed(out.delta_text)
-            if out.finished:
-                rest = self.split.finish()
-                think, said = think + rest[0], said + rest[1]
-            self.delta = (think, said)
+            think, said = self.delta = self.split.take(out.delta_text, out.finished)
             self.reasoning += think
             if self.split.thinking or (think and not said):
                 self.reasoning_tokens += len(out.delta_token_ids)
