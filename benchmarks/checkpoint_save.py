@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 
 import torch
+from train_distributed import Rows, StepTimes, collate  # benchmarks/train_distributed.py
 
 from astrai.config.train import TrainConfig
-from astrai.model import get_preset
+from astrai.model import build_model, get_preset
 from astrai.train import train
-from astrai.train.callbacks import Callback
 from astrai.train.data import TrainData
 from astrai.train.launch import run_workers
 
@@ -44,38 +44,6 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 def rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * PAGE
-
-
-class Rows(torch.utils.data.Dataset):
-    def __init__(self, n: int, T: int, vocab: int) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.tokens = torch.randint(0, vocab, (n, T + 1), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.tokens[i, :-1], "target_ids": self.tokens[i, 1:]}
-
-
-def collate(samples):
-    return {k: torch.stack([s[k] for s in samples]) for k in samples[0]}
-
-
-class StepTimes(Callback):
-    name = "step_times"
-
-    def __init__(self) -> None:
-        self.t: list[float] = []
-        self._t0 = 0.0
-
-    def on_train_begin(self, ctx) -> None:
-        self._t0 = time.perf_counter()
-
-    def on_step_end(self, ctx, report, control) -> None:
-        now = time.perf_counter()
-        self.t.append(now - self._t0)
-        self._t0 = now
 
 
 class SaveProbe:
@@ -159,8 +127,7 @@ def main(argv: list[str] | None = None) -> None:
                                           args.every), nprocs=args.nprocs)
                 res.setdefault((preset, fmt), []).append(ranks[0])
     for preset in args.presets:
-        n = sum(p.numel() for p in __import__("astrai.model", fromlist=["build_model"])
-                .build_model(get_preset(preset), seed=0).parameters())
+        n = sum(p.numel() for p in build_model(get_preset(preset), seed=0).parameters())
         print(f"{preset} ({n / 1e6:.1f}M parameters):")
         for fmt in FORMATS:
             rows = res[(preset, fmt)]
@@ -172,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
                 cells.append(f"{statistics.median(v):.3f} {unit} [{min(v):.3f}-{max(v):.3f}]")
             print(f"  {fmt:10s} " + " | ".join(cells))
         full, dcp = res[(preset, "full")], res[(preset, "dcp")]
-        med = lambda rows, k: statistics.median(r[k] for r in rows)  # noqa: E731
+        med = lambda rows, k: statistics.median(r[k] for r in rows)
         print(f"  ratio dcp/full: save time {med(dcp, 'save_s') / med(full, 'save_s'):.2f}, "
               f"rank-0 peak memory {med(dcp, 'peak_mib') / max(med(full, 'peak_mib'), 1e-9):.2f}"
               f"; async step time / no checkpoints "
