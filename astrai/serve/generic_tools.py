@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from astrai.serve.tool_grammar import _hoist, call_schema
+from astrai.serve.tool_grammar import call_options
 from astrai.serve.tools import ToolPlan
 
 INTRO = ("You can call functions. Each is given below as a JSON object with its name, "
@@ -76,14 +76,9 @@ def generic_messages(messages: list[dict[str, Any]], plan: ToolPlan) -> list[dic
 def generic_schema(plan: ToolPlan) -> dict[str, Any]:
     """The JSON Schema every reply follows: a call of an allowed function (its parameters
     schema hoisted as tool_grammar does), or with tool_choice auto an answer."""
-    schemas = plan.schemas()
-    names = [plan.function] if plan.choice == "function" else list(schemas)
-    index = {n: i for i, n in enumerate(schemas)}
-    defs: dict[str, Any] = {}
+    calls, defs = call_options(plan, "arguments")
     options = [{"type": "object", "required": ["tool_call"], "additionalProperties": False,
-                "properties": {"tool_call": call_schema(
-                    n, _hoist(schemas[n], f"f{index[n]}", defs), "arguments")}}
-               for n in names]
+                "properties": {"tool_call": call}} for call in calls]
     if not plan.enforced:
         options.append({"type": "object", "required": ["response"],
                         "additionalProperties": False,

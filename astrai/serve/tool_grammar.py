@@ -66,12 +66,18 @@ def _hoist(parameters: dict, prefix: str, defs: dict) -> dict:
     return {"$ref": f"#/$defs/{prefix}"}
 
 
-def _calls_schema(plan: ToolPlan, key: str) -> dict:
+def call_options(plan: ToolPlan, key: str) -> tuple[list[dict], dict[str, Any]]:
+    """(one call schema per function `plan` allows, the `$defs` their parameters moved to)."""
     schemas = plan.schemas()
     names = [plan.function] if plan.choice == "function" else list(schemas)
     index = {n: i for i, n in enumerate(schemas)}
     defs: dict[str, Any] = {}
     options = [call_schema(n, _hoist(schemas[n], f"f{index[n]}", defs), key) for n in names]
+    return options, defs
+
+
+def _calls_schema(plan: ToolPlan, key: str) -> dict:
+    options, defs = call_options(plan, key)
     out = options[0] if len(options) == 1 else {"anyOf": options}
     return {**out, "$defs": defs}
 
