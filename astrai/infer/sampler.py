@@ -3,6 +3,7 @@ functions of `sampling_math.py`, skipping every stage no request in the batch us
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -40,8 +41,12 @@ class Sampler:
     """Draws the batch's tokens; keeps each penalised request's token counts by request id
     until `release` (the engine calls it when the request ends)."""
 
-    def __init__(self, device: torch.device | str, seed: int = 0) -> None:
+    def __init__(self, device: torch.device | str, seed: int = 0,
+                 argmax: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.device = torch.device(device)
+        self.argmax = argmax or S.first_argmax
+        """Plain greedy rows' pick: fp32 logits [B, V] -> [B] (S.first_argmax's contract;
+        the CPU decode kernels' one-thread version where the engine has them)."""
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._penalties: dict[str, PenaltyState] = {}
         self._mask_worker: ThreadPoolExecutor | None = None
@@ -73,7 +78,8 @@ class Sampler:
         ps = [r.params for r in reqs]
         if all(p.is_greedy and not (p.logprobs or p.top_logprobs or p.has_penalties)
                for p in ps) and all(r.constraint is None for r in reqs):
-            return [Pick(t) for t in S.first_argmax(logits).tolist()]  # plain greedy rows
+            pick = self.argmax if logits.dtype == torch.float32 else S.first_argmax
+            return [Pick(t) for t in pick(logits).tolist()]  # plain greedy rows
         if any(r.constraint is not None for r in reqs):
             logits = self._constrain(logits, reqs, masks)
         raw = logits  # log-probabilities are the masked distribution's

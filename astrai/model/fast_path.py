@@ -61,6 +61,9 @@ class DecodeKernels:
     `slot_names`)."""
     int8_quantized: bool = False
     """int8 products quantize the activations (int8_gemv is the q8 dot)."""
+    first_argmax: Callable[[Tensor], Tensor] | None = None
+    """logits [B, V] fp32 -> each row's first maximal index, as max(dim=-1).indices (greedy
+    sampling), on one thread: no OpenMP region to contend with the decode threads."""
     fp32_rows: tuple[int, int] = (1, 16)
     """(fewest, most) rows of a product with fp32 weights the kernel takes: outside, torch's
     GEMM is as fast or faster (astrai/kernels/cpu_linear.py measures the fewest)."""

@@ -76,6 +76,14 @@ constexpr int RT = ASTRAI_RT;
 // sequential stream, which the hardware prefetchers follow: 2048 bytes ahead cost 0.6x the
 // single-thread bandwidth on an AMD EPYC (Zen 4) (docs/kernels.md).
 constexpr int PF = ASTRAI_PF;
+#ifndef ASTRAI_QPF
+#define ASTRAI_QPF 2048
+#endif
+// The same for the int8 and int4 weights of gemv_q8 / gemv_q4, whose products are bound as
+// much by their arithmetic as by their reads: 2048 bytes ahead gave 1.10x (int8) and 1.16x
+// (int4) the decode steps per second of none, one request, 125m, 2 threads, on an AMD EPYC
+// (Zen 3) VM (1024: 1.10x / 1.11x; 4096: 1.05x / 1.15x), and nothing measurable with four.
+constexpr int QPF = ASTRAI_QPF;
 #ifdef ASTRAI_PF_NTA
 #define PF_HINT _MM_HINT_NTA
 #elif defined(ASTRAI_PF_T1)
@@ -371,6 +379,7 @@ struct QuantAct {
   std::vector<float> s;    // [M, nb]
   std::vector<float> c;    // [M] correction (VNNI): 128 · Σ_b s_b · Σ_{k∈b} xq_k
   std::vector<uint8_t> a;  // [M, Kp] |xq| (AVX2 sign trick)
+  std::vector<int32_t> c8;  // [M, Kp / 4] 8 · (sum of each 4 xq): the int4 offset (gemv_q4)
   int64_t Kp = 0, nb = 0;
 };
 
@@ -398,7 +407,8 @@ inline float quantize_block(const float* x, int64_t n, int8_t* q, int32_t& qsum)
   return amax / 127.f;
 }
 
-void quantize_act(const float* x, int64_t M, int64_t K, QuantAct& qa, bool magnitudes = !kVnni) {
+void quantize_act(const float* x, int64_t M, int64_t K, QuantAct& qa, bool magnitudes = !kVnni,
+                  bool offsets = false) {
   qa.nb = (K + QK - 1) / QK;
   qa.Kp = qa.nb * QK;
   qa.q.resize(M * qa.Kp);
@@ -421,6 +431,12 @@ void quantize_act(const float* x, int64_t M, int64_t K, QuantAct& qa, bool magni
         const int8_t v = qa.q[m * qa.Kp + k];
         qa.a[m * qa.Kp + k] = static_cast<uint8_t>(v < 0 ? -v : v);
       }
+    if (offsets) {
+      qa.c8.resize(M * (qa.Kp / 4));
+      const int8_t* v = qa.q.data() + m * qa.Kp;
+      for (int64_t j = 0; j < qa.Kp / 4; ++j)
+        qa.c8[m * (qa.Kp / 4) + j] = 8 * (v[4 * j] + v[4 * j + 1] + v[4 * j + 2] + v[4 * j + 3]);
+    }
   }
 }
 
@@ -474,74 +490,156 @@ inline void q8_tile(const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw
     for (int r = 0; r < R; ++r)
       sums[m * RT + r] = _mm512_reduce_add_ps(accf[m][r]) - qa.c[m0 + m];
 }
-constexpr int MBQ = 2;
+constexpr int MBQ = 2, MBP = 2;
+
+// R rows one after another (a sequential stream, as dot_tile reads them), each against
+// activation rows [m0, m0 + mb), mb <= 2.
+inline void q8_rows(int mb, int R, const QuantAct& qa, int64_t m0, const int8_t* w,
+                    int64_t ldw, int64_t K, float* sums, bool /*pairs*/) {
+  for (int r = 0; r < R; ++r) {
+    if (mb == 2) q8_tile<2, 1>(qa, m0, w + r * ldw, ldw, K, sums + r);
+    else q8_tile<1, 1>(qa, m0, w + r * ldw, ldw, K, sums + r);
+  }
+}
 #else
 // AVX2: maddubs needs one unsigned side, so |xq| against q with xq's sign (llama.cpp's
 // trick); |q|, |xq| <= 127 keeps the 16-bit pair sums from saturating. Also the path of an
 // AVX-512 CPU without VNNI (Skylake-SP/X), whose vf is __m512: this code keeps its own
 // 256-bit vectors and their horizontal sum (hsum256), never vsum(vf).
-inline __m256i dot32(const uint8_t* a, const int8_t* sx, const int8_t* w, int64_t left) {
-  __m256i wv;
-  if (left < 32) {
-    alignas(32) int8_t buf[32] = {0};
-    if (left > 0) std::memcpy(buf, w, static_cast<size_t>(left));
-    wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
-  } else {
-    wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
-  }
-  const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
-  const __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sx));
-  const __m256i p16 = _mm256_maddubs_epi16(av, _mm256_sign_epi8(wv, xs));
-  return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-}
+//
+// A tile is R weight rows against MBv activation rows: each 32 weight bytes loaded once for
+// the MBv rows, each 32 activation bytes once for the R rows (MBv = 4, R = 2: 8 exact int32
+// dots from 6 loads). Per (activation row, weight row) the arithmetic is one sequence
+// whatever the tile: the block's int32 lanes (exact), then accf += lanes · s_b in block
+// order, then one horizontal sum — so a row's result never depends on its tile or batch.
 template <int MBv, int R>
-inline void q8_tile(const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw, int64_t K,
-                    float* sums) {
+inline void q8_tile(const QuantAct& qa, int64_t m0, const int8_t* const* wr, int64_t nfull,
+                    float* sums, int64_t lds) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const uint8_t* A[MBv];
+  const int8_t* X[MBv];
+  const float* S[MBv];
+  for (int m = 0; m < MBv; ++m) {
+    A[m] = qa.a.data() + (m0 + m) * qa.Kp;
+    X[m] = qa.q.data() + (m0 + m) * qa.Kp;
+    S[m] = qa.s.data() + (m0 + m) * qa.nb;
+  }
   __m256 accf[MBv][R];
   for (int m = 0; m < MBv; ++m)
     for (int r = 0; r < R; ++r) accf[m][r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < qa.nb; ++b) {
-    for (int m = 0; m < MBv; ++m) {
-      const int64_t row = (m0 + m) * qa.Kp;
-      const __m256 s = _mm256_set1_ps(qa.s[(m0 + m) * qa.nb + b]);
-      for (int r = 0; r < R; ++r) {
-        __m256i acc = _mm256_setzero_si256();
-        for (int64_t k = b * QK; k < (b + 1) * QK; k += 32)
-          acc = _mm256_add_epi32(acc, dot32(qa.a.data() + row + k, qa.q.data() + row + k,
-                                            w + r * ldw + k, K - k));
-        accf[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), s, accf[m][r]);
+    // the last block of a K that is no multiple of QK reads zero-padded copies (wr[R + r])
+    const int8_t* const* w = b < nfull ? wr : wr + R;
+    const int64_t wo = b < nfull ? b * QK : 0;
+    __m256i acc[MBv][R];
+    for (int j = 0; j < QK / 32; ++j) {
+      const int64_t k = b * QK + j * 32;
+      if (QPF && (j & 1) == 0)  // once a cache line
+        for (int r = 0; r < R; ++r)
+          _mm_prefetch(reinterpret_cast<const char*>(w[r] + wo + j * 32) + QPF, _MM_HINT_T0);
+      __m256i wv[R];
+      for (int r = 0; r < R; ++r)
+        wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + wo + j * 32));
+      for (int m = 0; m < MBv; ++m) {
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A[m] + k));
+        const __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(X[m] + k));
+        for (int r = 0; r < R; ++r) {
+          const __m256i d =
+              _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(wv[r], xs)), ones);
+          acc[m][r] = j == 0 ? d : _mm256_add_epi32(acc[m][r], d);
+        }
       }
+    }
+    for (int m = 0; m < MBv; ++m) {
+      const __m256 s = _mm256_set1_ps(S[m][b]);
+      for (int r = 0; r < R; ++r)
+        accf[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][r]), s, accf[m][r]);
     }
   }
   for (int m = 0; m < MBv; ++m)
-    for (int r = 0; r < R; ++r) sums[m * RT + r] = hsum256(accf[m][r]);
+    for (int r = 0; r < R; ++r) sums[m * lds + r] = hsum256(accf[m][r]);
 }
-constexpr int MBQ = 2;
+
+// The R (<= 2) weight rows of a tile against activation rows [m0, m0 + mb), mb <= 4.
+template <int R>
+inline void q8_group(int mb, const QuantAct& qa, int64_t m0, const int8_t* const* wr,
+                     int64_t nfull, float* sums) {
+  switch (mb) {
+    case 4: return q8_tile<4, R>(qa, m0, wr, nfull, sums, RT);
+    case 3: return q8_tile<3, R>(qa, m0, wr, nfull, sums, RT);
+    case 2: return q8_tile<2, R>(qa, m0, wr, nfull, sums, RT);
+    default: return q8_tile<1, R>(qa, m0, wr, nfull, sums, RT);
+  }
+}
+constexpr int MBQ = 4;
+#ifndef ASTRAI_MBP
+#define ASTRAI_MBP 4
+#endif
+constexpr int MBP = ASTRAI_MBP;  // activation rows per register tile of a prefill
+
+// R rows of a weight tile against activation rows [m0, m0 + mb): with `pairs`, two weight
+// rows at a time (the last alone), else one after another. Two rows read side by side are
+// two short streams, which the hardware prefetchers follow worse than one: 0.6x the
+// bandwidth of one row at a time with one activation row (AMD EPYC Zen 3, weights from
+// memory), so pairs serve a prefill, whose weight tiles are reused by many activation rows.
+// A short last block reads zero-padded copies of its weights.
+#ifndef ASTRAI_RW
+#define ASTRAI_RW 2
+#endif
+constexpr int RW = ASTRAI_RW;  // weight rows per register tile of a prefill
+inline void q8_rows(int mb, int R, const QuantAct& qa, int64_t m0, const int8_t* w,
+                    int64_t ldw, int64_t K, float* sums, bool pairs) {
+  const int64_t nfull = K / QK;
+  alignas(32) int8_t pad[RW][QK];
+  int r = 0;
+  if (pairs)
+    for (; r + RW <= R; r += RW) {
+      const int8_t* wr[2 * RW];
+      for (int i = 0; i < RW; ++i) {
+        wr[i] = w + (r + i) * ldw;
+        wr[RW + i] = pad[i];
+        if (nfull < qa.nb) {
+          std::memset(pad[i], 0, QK);
+          std::memcpy(pad[i], wr[i] + nfull * QK, static_cast<size_t>(K - nfull * QK));
+        }
+      }
+      q8_group<RW>(mb, qa, m0, wr, nfull, sums + r);
+    }
+  for (; r < R; ++r) {
+    const int8_t* one[2] = {w + r * ldw, pad[0]};
+    if (nfull < qa.nb) {
+      std::memset(pad[0], 0, QK);
+      std::memcpy(pad[0], one[0] + nfull * QK, static_cast<size_t>(K - nfull * QK));
+    }
+    q8_group<1>(mb, qa, m0, one, nfull, sums + r);
+  }
+}
 #endif
 
-// R rows one after another (a sequential stream, as dot_tile reads them). q8_tile and
-// bf16_tile keep a row count R though only R = 1 is used: a one-row rewrite of q8_tile ran
-// 10% slower at 2-4 rows (GCC 12, AMD EPYC Zen 4).
-template <int MBv>
-inline void q8_rows(int R, const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw,
-                    int64_t K, float* sums) {
-  for (int r = 0; r < R; ++r) q8_tile<MBv, 1>(qa, m0, w + r * ldw, ldw, K, sums + r);
-}
+// Activation rows per pass over the weights of a product of many rows (a prefill): their
+// quantized values (2·K bytes a row) stay in L2 while every weight tile meets them.
+constexpr int64_t MC = 64;
+// Products of more activation rows than this read their weights two rows at a time.
+constexpr int64_t PAIRS_FROM = 4;
 
 void gemv_q8_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
   thread_local QuantAct qa;
   quantize_act(x, M, K, qa);  // once for every matrix of the call
   const QuantAct& q = qa;
-  over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
-    float sums[MB * RT];
-    const int8_t* w = static_cast<const int8_t*>(mat.w) + n0 * mat.ldw;
-    for (int64_t m0 = 0; m0 < M; m0 += MBQ) {
-      const int mb = static_cast<int>(std::min<int64_t>(MBQ, M - m0));
-      if (mb == 2) q8_rows<2>(R, q, m0, w, mat.ldw, K, sums);
-      else q8_rows<1>(R, q, m0, w, mat.ldw, K, sums);
-      store(sums, mb, R, n0, mat.scale, mat.bias, mat.out + m0 * mat.N, mat.N);
-    }
-  });
+  const bool pairs = M > PAIRS_FROM;
+  for (int64_t mc = 0; mc < M; mc += MC) {
+    const int64_t mend = std::min(M, mc + MC);
+    over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
+      float sums[MB * RT];
+      const int8_t* w = static_cast<const int8_t*>(mat.w) + n0 * mat.ldw;
+      const int64_t step = pairs ? MBP : MBQ;
+      for (int64_t m0 = mc; m0 < mend; m0 += step) {
+        const int mb = static_cast<int>(std::min<int64_t>(step, mend - m0));
+        q8_rows(mb, R, q, m0, w, mat.ldw, K, sums, pairs);
+        store(sums, mb, R, n0, mat.scale, mat.bias, mat.out + m0 * mat.N, mat.N);
+      }
+    });
+  }
 }
 
 // -- ops ------------------------------------------------------------------------------------
@@ -680,64 +778,131 @@ at::Tensor gemv_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
 // each stored as u = v + 8 (v in [-8, 7]); W[n, 32g + j] = d[n, g] · v. The activations are
 // quantized per row and block of QK as for gemv_q8 (a group of 32 lies inside one block), so
 //   y[m, n] = Σ_g d[n, g] · s[m, b(g)] · Σ_{j<32} v_j · xq_j,
-// each group's dot an exact int32 (AVX2 maddubs on |xq| against v with xq's sign, as the int8
-// path). 256-bit integer code: the AVX2 build and the AVX-512 builds run the same loop.
+// each group's dot an exact int32: the stored u are unsigned, so maddubs takes them as they
+// are against xq (|u · xq| pair sums <= 2 · 15 · 127, no saturation), and 8 · Σ xq (per int32
+// lane, QuantAct::c8) is taken off: Σ u · xq - 8 · Σ xq = Σ v · xq. 256-bit integer code: the
+// AVX2 build and the AVX-512 builds run the same loop.
 constexpr int64_t G4 = 32;
 
-inline __m256i unpack_q4(const uint8_t* p) {  // the 32 values of a group, as int8 in [-8, 7]
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i low = _mm_set1_epi8(0x0F);
-  const __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
-  return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+// The 32 stored values u = v + 8 of a group, in [0, 15]: its 16 bytes in both halves, the
+// upper half shifted down a nibble.
+inline __m256i unpack_q4(const uint8_t* p) {
+  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0)),
+                          _mm256_set1_epi8(0x0F));
 }
 
-template <int MBv>
-inline void q4_row(const QuantAct& qa, int64_t m0, const uint8_t* w, const float* d, int64_t K,
-                   float* sums) {
+// R weight rows (w[r], scales d[r]) against MBv activation rows: each group's 16 weight bytes
+// unpacked once for the MBv rows, each activation group loaded once for the R rows. Per
+// (activation row, weight row) one sequence whatever the tile: within an activation block
+// b, t_e and t_o sum float(exact group dot lanes) · d_g over its even and odd groups (two
+// chains: one alone waits on each fmadd's latency, 0.35x the speed of a lone row), then
+// acc += (t_e + t_o) · s_b block by block, and one horizontal sum at the end.
+// One group g of R weight rows against MBv activation rows: t[m][r] = float(exact dot) · d_g,
+// or t += that (`first` false).
+template <int MBv, int R>
+inline void q4_step(const int32_t* const* C, const int8_t* const* X, const uint8_t* const* w,
+                    const float* const* d, int64_t g, bool first, __m256 (&t)[MBv][R]) {
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[MBv];
-  for (int m = 0; m < MBv; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < K / G4; ++g) {
-    if (PF) _mm_prefetch(reinterpret_cast<const char*>(w + g * (G4 / 2)) + PF, PF_HINT);
-    const __m256i wv = unpack_q4(w + g * (G4 / 2));
-    const int64_t k = g * G4, b = k / QK;
-    for (int m = 0; m < MBv; ++m) {
-      const int64_t row = (m0 + m) * qa.Kp + k;
-      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.a.data() + row));
-      const __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q.data() + row));
-      const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(wv, xs)), ones);
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
-                               _mm256_set1_ps(d[g] * qa.s[(m0 + m) * qa.nb + b]), acc[m]);
+  if (QPF && (g & 3) == 0)  // once a cache line
+    for (int r = 0; r < R; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(w[r] + g * (G4 / 2)) + QPF, _MM_HINT_T0);
+  __m256i wv[R];
+  __m256 dv[R];
+  for (int r = 0; r < R; ++r) {
+    wv[r] = unpack_q4(w[r] + g * (G4 / 2));
+    dv[r] = _mm256_broadcast_ss(d[r] + g);
+  }
+  const int64_t k = g * G4;
+  for (int m = 0; m < MBv; ++m) {
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(X[m] + k));
+    const __m256i off = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(C[m] + k / 4));
+    for (int r = 0; r < R; ++r) {
+      const __m256 dot = _mm256_cvtepi32_ps(_mm256_sub_epi32(
+          _mm256_madd_epi16(_mm256_maddubs_epi16(wv[r], xv), ones), off));
+      t[m][r] = first ? _mm256_mul_ps(dot, dv[r]) : _mm256_fmadd_ps(dot, dv[r], t[m][r]);
     }
   }
-  for (int m = 0; m < MBv; ++m) sums[m * RT] = hsum256(acc[m]);
 }
 
-template <int MBv>
-inline void q4_rows(int R, const QuantAct& qa, int64_t m0, const Mat& mat, int64_t n0,
-                    int64_t K, float* sums) {
+template <int MBv, int R>
+inline void q4_tile(const QuantAct& qa, int64_t m0, const uint8_t* const* w,
+                    const float* const* d, int64_t K, float* sums) {
+  const int32_t* C[MBv];
+  const int8_t* X[MBv];
+  const float* S[MBv];
+  for (int m = 0; m < MBv; ++m) {
+    C[m] = qa.c8.data() + (m0 + m) * (qa.Kp / 4);
+    X[m] = qa.q.data() + (m0 + m) * qa.Kp;
+    S[m] = qa.s.data() + (m0 + m) * qa.nb;
+  }
+  __m256 acc[MBv][R];
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm256_setzero_ps();
+  const int64_t groups = K / G4;
+  for (int64_t b = 0; b < qa.nb; ++b) {
+    const int64_t g0 = b * (QK / G4), g1 = std::min(groups, g0 + QK / G4);
+    __m256 te[MBv][R], to[MBv][R];
+    for (int64_t g = g0; g < g1; g += 2) {
+      q4_step<MBv, R>(C, X, w, d, g, g == g0, te);
+      if (g + 1 < g1) q4_step<MBv, R>(C, X, w, d, g + 1, g == g0, to);
+    }
+    for (int m = 0; m < MBv; ++m) {
+      const __m256 sb = _mm256_set1_ps(S[m][b]);
+      for (int r = 0; r < R; ++r)
+        acc[m][r] = _mm256_fmadd_ps(g1 - g0 > 1 ? _mm256_add_ps(te[m][r], to[m][r]) : te[m][r],
+                                    sb, acc[m][r]);
+    }
+  }
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r) sums[m * RT + r] = hsum256(acc[m][r]);
+}
+
+template <int R>
+inline void q4_group(int mb, const QuantAct& qa, int64_t m0, const uint8_t* const* w,
+                     const float* const* d, int64_t K, float* sums) {
+  switch (mb) {
+    case 4: return q4_tile<4, R>(qa, m0, w, d, K, sums);
+    case 3: return q4_tile<3, R>(qa, m0, w, d, K, sums);
+    case 2: return q4_tile<2, R>(qa, m0, w, d, K, sums);
+    default: return q4_tile<1, R>(qa, m0, w, d, K, sums);
+  }
+}
+
+// The R rows of a tile from row n0 of `mat` against activation rows [m0, m0 + mb), two weight
+// rows at a time (the last alone) for any mb: an int4 product is bound by its arithmetic, not
+// its reads (a decode row's q4 product runs at 0.6x the int8 one's weights per second), so
+// the activations shared by two rows pay where two read streams cost (q8_rows) nothing
+// measurable.
+inline void q4_rows(int mb, int R, const QuantAct& qa, int64_t m0, const Mat& mat,
+                    int64_t n0, int64_t K, float* sums) {
   const uint8_t* w = static_cast<const uint8_t*>(mat.w) + n0 * mat.ldw;
   const float* d = mat.scale + n0 * (K / G4);
-  for (int r = 0; r < R; ++r) q4_row<MBv>(qa, m0, w + r * mat.ldw, d + r * (K / G4), K, sums + r);
+  const uint8_t* wr[4];
+  const float* dr[4];
+  for (int r = 0; r < R; ++r) {
+    wr[r] = w + r * mat.ldw;
+    dr[r] = d + r * (K / G4);
+  }
+  int r = 0;
+  for (; r + 2 <= R; r += 2) q4_group<2>(mb, qa, m0, wr + r, dr + r, K, sums + r);
+  if (r < R) q4_group<1>(mb, qa, m0, wr + r, dr + r, K, sums + r);
 }
-
 void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
   thread_local QuantAct qa;
-  quantize_act(x, M, K, qa, true);  // once for every matrix of the call, with |xq|
+  quantize_act(x, M, K, qa, false, true);  // once for every matrix of the call, with c8
   const QuantAct& q = qa;
-  over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
-    float sums[MB * RT];
-    for (int64_t m0 = 0; m0 < M; m0 += MB) {
-      const int mb = static_cast<int>(std::min<int64_t>(MB, M - m0));
-      switch (mb) {
-        case 4: q4_rows<4>(R, q, m0, mat, n0, K, sums); break;
-        case 3: q4_rows<3>(R, q, m0, mat, n0, K, sums); break;
-        case 2: q4_rows<2>(R, q, m0, mat, n0, K, sums); break;
-        default: q4_rows<1>(R, q, m0, mat, n0, K, sums);
+  for (int64_t mc = 0; mc < M; mc += MC) {
+    const int64_t mend = std::min(M, mc + MC);
+    over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
+      float sums[MB * RT];
+      for (int64_t m0 = mc; m0 < mend; m0 += MB) {
+        const int mb = static_cast<int>(std::min<int64_t>(MB, mend - m0));
+        q4_rows(mb, R, q, m0, mat, n0, K, sums);
+        store(sums, mb, R, n0, nullptr, mat.bias, mat.out + m0 * mat.N, mat.N);
       }
-      store(sums, mb, R, n0, nullptr, mat.bias, mat.out + m0 * mat.N, mat.N);
-    }
-  });
+    });
+  }
 }
 
 // x [..., K] against int4 weights: q [N, K/2] uint8 (the layout above), scale [N, K/32] fp32.
@@ -1032,6 +1197,49 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_buf, const at::
 
 #include "decode_layers.h"
 
+// The index of each row's first maximum, x [B, V] fp32 -> [B] int64, as torch's max(dim=-1)
+// gives it (a NaN counts as the maximum: its first one). One thread: a greedy step's logits
+// are a few rows, and torch's reduction opens an OpenMP region whose spinning threads then
+// compete with the decode pool's for the cores (0.7x the steps per second with 4 requests on
+// 2 cores).
+at::Tensor first_argmax(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && !x.is_cuda() && x.size(1) > 0,
+              "first_argmax: x must be a fp32 CPU tensor [B, V] with V >= 1");
+  const at::Tensor xc = x.contiguous();
+  const int64_t B = xc.size(0), V = xc.size(1);
+  at::Tensor out = at::empty({B}, xc.options().dtype(at::kLong));
+  const float* px = xc.data_ptr<float>();
+  int64_t* po = out.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const float* r = px + b * V;
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    __m256 nan = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= V; i += 8) {
+      const __m256 v = _mm256_loadu_ps(r + i);
+      m = _mm256_max_ps(m, v);
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, m);
+    float best = lanes[0];
+    for (int l = 1; l < 8; ++l) best = std::max(best, lanes[l]);
+    bool has_nan = _mm256_movemask_ps(nan) != 0;
+    for (; i < V; ++i) {
+      has_nan |= std::isnan(r[i]);
+      best = std::max(best, r[i]);
+    }
+    int64_t at = 0;
+    if (has_nan) {
+      while (!std::isnan(r[at])) ++at;
+    } else {
+      while (r[at] != best) ++at;
+    }
+    po[b] = at;
+  }
+  return out;
+}
+
 // What this build is: floats per vector (16: AVX-512, 8: AVX2), VNNI (1/0), the block QK,
 // AVX512-BF16 dots (1/0).
 std::vector<int64_t> info() { return {VL, kVnni ? 1 : 0, QK, kBf16Dot ? 1 : 0}; }
@@ -1060,6 +1268,7 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
         "Tensor cos, Tensor sin, Tensor k_buf, Tensor v_buf, Tensor req_to_token, Tensor norm, "
         "Tensor?[] head) "
         "-> Tensor");
+  m.def("first_argmax(Tensor x) -> Tensor");
   m.def("info() -> int[]", &info);
   m.def("slot_names() -> str[]", &slot_names);
   m.impl("gemv", c10::DispatchKey::CPU, &gemv);
@@ -1073,4 +1282,5 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
   m.impl("paged_decode", c10::DispatchKey::CPU, &paged_decode);
   m.impl("decode_layers", c10::DispatchKey::CPU, &decode_layers);
+  m.impl("first_argmax", c10::DispatchKey::CPU, &first_argmax);
 }

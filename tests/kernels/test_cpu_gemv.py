@@ -20,6 +20,7 @@ from astrai.model import fast_path
 from astrai.model.context import ForwardContext
 from astrai.model.norm import rms_norm
 from astrai.model.quant import Int8Linear, dequantize_rows, quantize_rows
+from astrai.model.quant4 import quantize_groups
 
 from .kernel_cases import decode_case
 
@@ -151,23 +152,48 @@ def test_the_engine_gets_the_kernels_here(monkeypatch):
     assert k is not None and k.name.startswith(BEST)
 
 
-@pytest.mark.parametrize("op", ["gemv", "gemv_int8", "gemv_q8"])
+@pytest.mark.parametrize("op", ["gemv", "gemv_int8", "gemv_q8", "gemv_q4"])
 def test_a_rows_result_is_bit_identical_alone_and_batched(ops, op):
     """Each row's sums are taken in one order whatever its group (float tiles of 1..8 rows,
-    int8 pairs) and int8 activations are quantized per row: a row batched with rows 10⁶
-    times larger or smaller, in any position, gets the bits it gets alone."""
+    int8 and int4 tiles of 1..4 rows against 1 or 2 weight rows, a prefill's blocks of 64
+    rows) and int8 activations are quantized per row: a row batched with rows 10⁶ times
+    larger or smaller, in any position, gets the bits it gets alone."""
     o, _ = ops
     g = torch.Generator().manual_seed(11)
-    x = torch.randn(16, 300, generator=g) * torch.logspace(-3, 3, 16)[:, None]  # (16, 300)
-    w, b = torch.randn(37, 300, generator=g), torch.randn(37, generator=g)
-    args = (w, b) if op == "gemv" else (*quantize_rows(w), b)
+    M, K = 80, 320 if op == "gemv_q4" else 300  # past one block of 64 rows; K off the blocks
+    x = torch.randn(M, K, generator=g) * torch.logspace(-3, 3, M)[:, None]  # (M, K)
+    w, b = torch.randn(37, K, generator=g), torch.randn(37, generator=g)
+    args = ((w, b) if op == "gemv" else (*quantize_groups(w), b) if op == "gemv_q4"
+            else (*quantize_rows(w), b))
     f, many = getattr(o, op), getattr(o, op + "_many")
-    alone = torch.cat([f(x[i:i + 1], *args) for i in range(16)])  # (16, 37)
-    for rows in (slice(0, 2), slice(0, 5), slice(3, 12), slice(None)):
+    alone = torch.cat([f(x[i:i + 1], *args) for i in range(M)])  # (M, 37)
+    for rows in (slice(0, 2), slice(0, 5), slice(3, 12), slice(0, 17), slice(None)):
         assert torch.equal(f(x[rows], *args), alone[rows])
-    flip = torch.arange(15, -1, -1)
+    flip = torch.arange(M - 1, -1, -1)
     assert torch.equal(f(x[flip], *args), alone[flip])
-    assert torch.equal(many(x[3:12], *([a] for a in args))[0], alone[3:12])  # one matrix
+    assert torch.equal(many(x[3:70], *([a] for a in args))[0], alone[3:70])  # one matrix
+
+
+def test_first_argmax_is_torchs_first_maximum(ops):
+    """The greedy pick of the kernels: each row's first maximal index, as torch's
+    max(dim=-1) gives it — ties to the first, a NaN counted as the maximum, -inf rows, and
+    rows no multiple of a vector long."""
+    o, _ = ops
+    g = torch.Generator().manual_seed(5)
+    for V in (1, 7, 8, 33, 32000):
+        x = torch.randn(6, V, generator=g)
+        x[1] = x[1].round()  # many ties
+        x[2] = float("-inf")
+        x[3, V // 2] = float("nan")
+        x[4, -1] = float("nan")
+        x[4, V // 3] = float("nan")
+        x[5] = 0.0
+        got = o.first_argmax(x)
+        assert got.dtype == torch.long
+        assert torch.equal(got, x.max(dim=-1).indices), V
+    assert torch.equal(o.first_argmax(x[:, ::2]), x[:, ::2].max(dim=-1).indices)  # strided
+    with pytest.raises(RuntimeError, match="fp32 CPU tensor"):
+        o.first_argmax(x.double())
 
 
 def test_ops_trace_through_their_fake_implementations(ops):
