@@ -68,6 +68,8 @@ def _register_fakes(ns: str) -> None:
     torch.library.register_fake(f"{ns}::decode_layers", fake_layers)
     torch.library.register_fake(f"{ns}::first_argmax",
                                 lambda x: x.new_empty(x.shape[0], dtype=torch.long))
+    torch.library.register_fake(f"{ns}::dequant_q4",
+                                lambda q, d: d.new_empty(q.shape[0], q.shape[1] * 2))
 
 
 @functools.cache
@@ -103,7 +105,7 @@ def decode_kernels(isa: str, int8_act: str | None = None,
         int4_many=ops.gemv_q4_many,
         int4_rows=(1, MAX_ROWS["int4"]), rms_norm=ops.rms_norm, paged_decode=ops.paged_decode,
         decode_layers=ops.decode_layers, layer_slots=tuple(ops.slot_names()),
-        first_argmax=ops.first_argmax,
+        first_argmax=ops.first_argmax, int4_dequant=ops.dequant_q4,
         int8_quantized=quantized)
 
 

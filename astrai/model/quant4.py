@@ -65,7 +65,8 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, d: torch.Tensor,
     x2 = x.reshape(-1, K)
     xq, t = quantize_activations(x2)  # (M, nb, B), (M, nb)
     xh = (xq * t[..., None]).reshape(x2.shape[0], -1)[:, :K]  # what the kernel multiplies
-    y = F.linear(xh, dequantize_groups(packed, d))
+    w = fast_path.int4_weights(packed, d, kernels)
+    y = F.linear(xh, dequantize_groups(packed, d) if w is None else w)
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype).view(*x.shape[:-1], packed.shape[0])

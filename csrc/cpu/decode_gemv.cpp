@@ -275,21 +275,26 @@ struct Mat {
 };
 
 // Row tiles of every matrix split over torch's threads; each thread streams a contiguous
-// slice of the weights.
+// slice of the weights. A decode step's few rows share the work through work_share.h; a
+// prefill's many (`team`) through torch's own OpenMP team, whose threads are the ones the
+// step's torch ops (attention, norms) just used: a second pool's threads would meet them
+// still spinning for the cores (int8 prefill 0.8x on 2 cores).
 template <typename Body>
-inline void over_tiles(const std::vector<Mat>& mats, int64_t K, Body body) {
+inline void over_tiles(const std::vector<Mat>& mats, int64_t K, Body body, bool team = false) {
   std::vector<int64_t> first(mats.size() + 1, 0);  // first tile of each matrix
   for (size_t i = 0; i < mats.size(); ++i) first[i + 1] = first[i] + (mats[i].N + RT - 1) / RT;
   // a piece under ~32K weights costs a thread more to start than it saves
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, RT * K));
-  work_share::parallel(first.back(), grain, [&](int64_t t0, int64_t t1) {
+  const auto tiles = [&](int64_t t0, int64_t t1) {
     size_t i = 0;
     for (int64_t t = t0; t < t1; ++t) {
       while (t >= first[i + 1]) ++i;
       const int64_t n0 = (t - first[i]) * RT;
       body(mats[i], n0, static_cast<int>(std::min<int64_t>(RT, mats[i].N - n0)));
     }
-  });
+  };
+  if (team) at::parallel_for(0, first.back(), grain, tiles);
+  else work_share::parallel(first.back(), grain, tiles);
 }
 
 // One tile of a float-weight product, every activation row: groups of near equal size (9
@@ -621,6 +626,9 @@ inline void q8_rows(int mb, int R, const QuantAct& qa, int64_t m0, const int8_t*
 constexpr int64_t MC = 64;
 // Products of more activation rows than this read their weights two rows at a time.
 constexpr int64_t PAIRS_FROM = 4;
+// Products of more activation rows than this (a prefill: a decode step has at most a few
+// rows a request) run on torch's OpenMP team (over_tiles).
+constexpr int64_t TEAM_FROM = 16;
 
 void gemv_q8_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
   thread_local QuantAct qa;
@@ -638,7 +646,7 @@ void gemv_q8_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
         q8_rows(mb, R, q, m0, w, mat.ldw, K, sums, pairs);
         store(sums, mb, R, n0, mat.scale, mat.bias, mat.out + m0 * mat.N, mat.N);
       }
-    });
+    }, M > TEAM_FROM);
   }
 }
 
@@ -901,7 +909,7 @@ void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
         q4_rows(mb, R, q, m0, mat, n0, K, sums);
         store(sums, mb, R, n0, nullptr, mat.bias, mat.out + m0 * mat.N, mat.N);
       }
-    });
+    }, M > TEAM_FROM);
   }
 }
 
@@ -939,6 +947,39 @@ std::vector<at::Tensor> gemv_q4_many(const at::Tensor& x, at::TensorList qs,
   }
   gemv_q4_impl(c.x2.data_ptr<float>(), c.M, c.K, c.mats);
   return finish(c, x.scalar_type());
+}
+
+// The weights W [N, K] fp32 of int4 q [N, K/2] and scale [N, K/32]: W = d · (u - 8), as
+// astrai/model/quant4.py dequantize_groups computes them (the same bits), rows over torch's
+// OpenMP team (a prefill multiplies them with torch's GEMM right after: over_tiles says
+// why not the decode pool).
+at::Tensor dequant_q4(const at::Tensor& q, const at::Tensor& scale) {
+  TORCH_CHECK(q.scalar_type() == at::kByte && q.dim() == 2 && q.is_contiguous() && !q.is_cuda(),
+              "dequant_q4: q must be contiguous uint8 [N, K/2] on the CPU");
+  const int64_t N = q.size(0), K = q.size(1) * 2;
+  TORCH_CHECK(K % G4 == 0, "dequant_q4: K = ", K, " must be a multiple of ", G4);
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && !scale.is_cuda() &&
+                  scale.dim() == 2 && scale.size(0) == N && scale.size(1) == K / G4,
+              "dequant_q4: scale must be contiguous fp32 [", N, ", ", K / G4, "]");
+  at::Tensor out = at::empty({N, K}, scale.options());
+  const uint8_t* pq = q.data_ptr<uint8_t>();
+  const float* pd = scale.data_ptr<float>();
+  float* po = out.data_ptr<float>();
+  at::parallel_for(0, N, std::max<int64_t>(1, 65536 / K), [&](int64_t n0, int64_t n1) {
+    const __m256 eight = _mm256_set1_ps(8.f);
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t g = 0; g < K / G4; ++g) {
+        alignas(32) uint8_t u[32];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(u), unpack_q4(pq + n * (K / 2) + g * 16));
+        const __m256 dv = _mm256_set1_ps(pd[n * (K / G4) + g]);
+        for (int c = 0; c < 4; ++c) {
+          const __m256i iv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + 8 * c)));
+          _mm256_storeu_ps(po + n * K + g * G4 + 8 * c,
+                           _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(iv), eight), dv));
+        }
+      }
+  });
+  return out;
 }
 
 at::Tensor gemv_q4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
@@ -1061,12 +1102,12 @@ inline void dot4(const float* q, const T* const* k, int64_t D, float* s, int64_t
   for (int u = 0; u < 4; ++u) s[u * ld] = r[u];
 }
 
-// out[0:NV·VL] = Σ_j p[j] · v_j[off : off + NV·VL], the accumulators in registers.
+// out[0:NV·VL] += Σ_j p[j] · v_j[off : off + NV·VL], the accumulators in registers.
 template <typename T, int NV>
 inline void weigh_block(const float* p, const T* vb, const int32_t* slots, int64_t L,
                         int64_t row, int64_t off, float* out) {
   vf a[NV];
-  for (int u = 0; u < NV; ++u) a[u] = vzero();
+  for (int u = 0; u < NV; ++u) a[u] = vload(out + u * VL);
   for (int64_t j = 0; j < L; ++j) {
     const vf pj = vset1(p[j]);
     const T* vr = vb + static_cast<int64_t>(slots[j]) * row + off;
@@ -1075,7 +1116,7 @@ inline void weigh_block(const float* p, const T* vb, const int32_t* slots, int64
   for (int u = 0; u < NV; ++u) vstore(out + u * VL, a[u]);
 }
 
-// out [D] = Σ_j p[j] · v_j, v_j the value row of slot j at offset `off` (its kv head).
+// out [D] += Σ_j p[j] · v_j, v_j the value row of slot j at offset `off` (its kv head).
 template <typename T>
 void weigh_values(const float* p, const T* vb, const int32_t* slots, int64_t L, int64_t row,
                   int64_t off, int64_t D, float* out) {
@@ -1083,11 +1124,18 @@ void weigh_values(const float* p, const T* vb, const int32_t* slots, int64_t L, 
   for (; d + 4 * VL <= D; d += 4 * VL) weigh_block<T, 4>(p, vb, slots, L, row, off + d, out + d);
   for (; d + VL <= D; d += VL) weigh_block<T, 1>(p, vb, slots, L, row, off + d, out + d);
   for (; d < D; ++d) {
-    float a = 0.f;
+    float a = out[d];
     for (int64_t j = 0; j < L; ++j) a += p[j] * to_f(vb[static_cast<int64_t>(slots[j]) * row + off + d]);
     out[d] = a;
   }
 }
+
+// Positions per pass of decode attention: a pass reads its positions' key (then value) rows
+// once for every head of the piece, so a row ([kv head, D], the heads adjacent) is fetched
+// from memory once and met by the other heads in cache; head by head over all positions,
+// each head walked the pool at the row's stride (0.6x the steps per second with 4 requests
+// of 600 positions, 125m on 2 cores).
+constexpr int64_t KV_PASS = 64;
 
 // One piece of decode attention: the nh = nkv · G query heads qf [nh, D] (fp32, pre-scaled)
 // of kv heads h0 .. h0 + nkv over the L slots `slots`; sc [nh, L] scratch; acc [nh, D] out.
@@ -1096,21 +1144,29 @@ void attend_piece(const float* qf, const T* kb, const T* vb, const int32_t* slot
                   int64_t Kh, int64_t h0, int64_t nkv, int64_t G, int64_t D, float* sc,
                   float* acc) {
   const int64_t row = Kh * D;
-  for (int64_t kh = 0; kh < nkv; ++kh) {
-    const int64_t off = (h0 + kh) * D;
-    int64_t j = 0;
-    for (; j + 4 <= L; j += 4) {
-      const T* k[4];
-      for (int u = 0; u < 4; ++u) k[u] = kb + static_cast<int64_t>(slots[j + u]) * row + off;
-      for (int64_t g = 0; g < G; ++g) dot4(qf + (kh * G + g) * D, k, D, sc + (kh * G + g) * L + j, 1);
+  for (int64_t j0 = 0; j0 < L; j0 += KV_PASS) {
+    const int64_t j1 = std::min(L, j0 + KV_PASS);
+    for (int64_t kh = 0; kh < nkv; ++kh) {
+      const int64_t off = (h0 + kh) * D;
+      int64_t j = j0;
+      for (; j + 4 <= j1; j += 4) {
+        const T* k[4];
+        for (int u = 0; u < 4; ++u) k[u] = kb + static_cast<int64_t>(slots[j + u]) * row + off;
+        for (int64_t g = 0; g < G; ++g)
+          dot4(qf + (kh * G + g) * D, k, D, sc + (kh * G + g) * L + j, 1);
+      }
+      for (; j < j1; ++j)
+        for (int64_t g = 0; g < G; ++g)
+          sc[(kh * G + g) * L + j] =
+              dot(qf + (kh * G + g) * D, kb + static_cast<int64_t>(slots[j]) * row + off, D);
     }
-    for (; j < L; ++j)
-      for (int64_t g = 0; g < G; ++g)
-        sc[(kh * G + g) * L + j] = dot(qf + (kh * G + g) * D, kb + static_cast<int64_t>(slots[j]) * row + off, D);
   }
-  for (int64_t i = 0; i < nkv * G; ++i) {
-    softmax(sc + i * L, L);
-    weigh_values(sc + i * L, vb, slots, L, row, (h0 + i / G) * D, D, acc + i * D);
+  for (int64_t i = 0; i < nkv * G; ++i) softmax(sc + i * L, L);
+  std::fill(acc, acc + nkv * G * D, 0.f);
+  for (int64_t j0 = 0; j0 < L; j0 += KV_PASS) {
+    const int64_t n = std::min(KV_PASS, L - j0);
+    for (int64_t i = 0; i < nkv * G; ++i)
+      weigh_values(sc + i * L + j0, vb, slots + j0, n, row, (h0 + i / G) * D, D, acc + i * D);
   }
 }
 
@@ -1269,6 +1325,7 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
         "Tensor?[] head) "
         "-> Tensor");
   m.def("first_argmax(Tensor x) -> Tensor");
+  m.def("dequant_q4(Tensor q, Tensor scale) -> Tensor");
   m.def("info() -> int[]", &info);
   m.def("slot_names() -> str[]", &slot_names);
   m.impl("gemv", c10::DispatchKey::CPU, &gemv);
@@ -1283,4 +1340,5 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.impl("paged_decode", c10::DispatchKey::CPU, &paged_decode);
   m.impl("decode_layers", c10::DispatchKey::CPU, &decode_layers);
   m.impl("first_argmax", c10::DispatchKey::CPU, &first_argmax);
+  m.impl("dequant_q4", c10::DispatchKey::CPU, &dequant_q4);
 }

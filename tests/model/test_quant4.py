@@ -97,3 +97,19 @@ def test_the_cpu_kernel_computes_the_torch_paths_function(k):
         got = kernels.int4_many(xb, [packed], [d], [None])[0]
         assert got.dtype == torch.bfloat16
         assert torch.allclose(got.float(), int4_linear(xb, packed, d).float(), rtol=1e-2, atol=0.3)
+
+
+def test_a_prefill_multiplies_the_kernels_dequantized_weights_bit_for_bit():
+    """Beyond the kernel's rows, the layer multiplies torch's GEMM by the weights the kernels
+    dequantize: the bits of dequantize_groups, so the product is torch's alone, bit for bit."""
+    from astrai.kernels.cpu_linear import cpu_decode_kernels
+
+    kernels = cpu_decode_kernels()
+    if kernels is None or kernels.int4_dequant is None:
+        pytest.skip("no CPU decode kernels here (no compiler)")
+    for n, k in ((40, 96), (7, 32), (300, 768)):
+        packed, d = quantize_groups(weights(n, k, seed=n))
+        assert torch.equal(kernels.int4_dequant(packed, d), dequantize_groups(packed, d))
+    x = torch.randn(40, 768, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(int4_linear(x, packed, d, None, kernels), int4_linear(x, packed, d))
