@@ -43,7 +43,9 @@ MAX_ROWS = {"fp32": 16, "bf16": 8, "int8": 16, "int4": 16}
 16 rows oneDNN's AMX GEMM is faster where the CPU has AMX; figures in docs/engine.md)."""
 ALL_ROWS = 1 << 62
 """The int8 × int8 product of the AVX2 build takes any number of rows (a prefill too): its
-register tiles and row blocks beat torch's exact block dots 1.5-2x at 512 rows."""
+register tiles and row blocks beat torch's exact block dots 1.5-2x at 512 rows. So does the
+int4 product of the AVX2 build (group pairs in int16, figures in docs/kernels.md): faster
+than torch's GEMM on the dequantized weights at 64 and 512 rows."""
 
 
 @functools.cache  # once per namespace: two tiers of one path share it
@@ -103,7 +105,8 @@ def decode_kernels(isa: str, int8_act: str | None = None,
         fp32_rows=(fp32_min, MAX_ROWS["fp32"]), bf16_rows=(1, MAX_ROWS["bf16"]),
         int8_rows=(1, MAX_ROWS["int8"] if info["vnni"] or not quantized else ALL_ROWS),
         int4_many=ops.gemv_q4_many,
-        int4_rows=(1, MAX_ROWS["int4"]), rms_norm=ops.rms_norm, paged_decode=ops.paged_decode,
+        int4_rows=(1, ALL_ROWS if isa == "avx2" else MAX_ROWS["int4"]),
+        rms_norm=ops.rms_norm, paged_decode=ops.paged_decode,
         decode_layers=ops.decode_layers, layer_slots=tuple(ops.slot_names()),
         first_argmax=ops.first_argmax, int4_dequant=ops.dequant_q4,
         int8_quantized=quantized)

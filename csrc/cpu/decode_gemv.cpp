@@ -384,7 +384,7 @@ struct QuantAct {
   std::vector<float> s;    // [M, nb]
   std::vector<float> c;    // [M] correction (VNNI): 128 · Σ_b s_b · Σ_{k∈b} xq_k
   std::vector<uint8_t> a;  // [M, Kp] |xq| (AVX2 sign trick)
-  std::vector<int32_t> c8;  // [M, Kp / 4] 8 · (sum of each 4 xq): the int4 offset (gemv_q4)
+  std::vector<int32_t> c8;  // [M, Kp / 8] the int4 offsets of gemv_q4's lanes (q4_pair)
   int64_t Kp = 0, nb = 0;
 };
 
@@ -413,7 +413,7 @@ inline float quantize_block(const float* x, int64_t n, int8_t* q, int32_t& qsum)
 }
 
 void quantize_act(const float* x, int64_t M, int64_t K, QuantAct& qa, bool magnitudes = !kVnni,
-                  bool offsets = false) {
+                  bool pairs = false) {
   qa.nb = (K + QK - 1) / QK;
   qa.Kp = qa.nb * QK;
   qa.q.resize(M * qa.Kp);
@@ -436,11 +436,20 @@ void quantize_act(const float* x, int64_t M, int64_t K, QuantAct& qa, bool magni
         const int8_t v = qa.q[m * qa.Kp + k];
         qa.a[m * qa.Kp + k] = static_cast<uint8_t>(v < 0 ? -v : v);
       }
-    if (offsets) {
-      qa.c8.resize(M * (qa.Kp / 4));
-      const int8_t* v = qa.q.data() + m * qa.Kp;
-      for (int64_t j = 0; j < qa.Kp / 4; ++j)
-        qa.c8[m * (qa.Kp / 4) + j] = 8 * (v[4 * j] + v[4 * j + 1] + v[4 * j + 2] + v[4 * j + 3]);
+    if (pairs) {  // gemv_q4's layout: see q4_pair
+      qa.c8.resize(M * (qa.Kp / 8));
+      int8_t* v = qa.q.data() + m * qa.Kp;
+      for (int64_t p = 0; p < qa.Kp / 64; ++p, v += 64) {
+        int8_t t[16];  // values 16..31 and 32..47 of the pair change places
+        std::memcpy(t, v + 16, 16);
+        std::memcpy(v + 16, v + 32, 16);
+        std::memcpy(v + 32, t, 16);
+        for (int i = 0; i < 8; ++i) {
+          int32_t sum = 0;
+          for (int j = 0; j < 4; ++j) sum += v[4 * i + j] + v[32 + 4 * i + j];
+          qa.c8[m * (qa.Kp / 8) + p * 8 + i] = 8 * sum;
+        }
+      }
     }
   }
 }
@@ -800,66 +809,93 @@ inline __m256i unpack_q4(const uint8_t* p) {
                           _mm256_set1_epi8(0x0F));
 }
 
-// R weight rows (w[r], scales d[r]) against MBv activation rows: each group's 16 weight bytes
-// unpacked once for the MBv rows, each activation group loaded once for the R rows. Per
-// (activation row, weight row) one sequence whatever the tile: within an activation block
-// b, t_e and t_o sum float(exact group dot lanes) · d_g over its even and odd groups (two
-// chains: one alone waits on each fmadd's latency, 0.35x the speed of a lone row), then
-// acc += (t_e + t_o) · s_b block by block, and one horizontal sum at the end.
-// One group g of R weight rows against MBv activation rows: t[m][r] = float(exact dot) · d_g,
-// or t += that (`first` false).
-template <int MBv, int R>
-inline void q4_step(const int32_t* const* C, const int8_t* const* X, const uint8_t* const* w,
-                    const float* const* d, int64_t g, bool first, __m256 (&t)[MBv][R]) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  if (QPF && (g & 3) == 0)  // once a cache line
+// Groups are taken two at a time: the 32 bytes of groups g and g + 1 (a "pair"; a last odd
+// group is a pair alone, its partner's activations zero) unpack into the low nibbles
+//   lo = [u_g[0..15] | u_g+1[0..15]]  and the high ones  hi = [u_g[16..31] | u_g+1[16..31]],
+// and quantize_act(pairs) lays each 64 activations out to match, [x_g[0..15], x_g+1[0..15],
+// x_g[16..31], x_g+1[16..31]], so one load of each serves both groups. maddubs(lo) +
+// maddubs(hi) adds in int16 (|sum| <= 4 · 15 · 127, no saturation) before one madd: int32 lane
+// i < 4 holds 8 products of group g, lane i >= 4 8 of group g + 1, exact, less QuantAct::c8's
+// 8 · Σ xq of the same 8 values. Then float lanes times [d_g ×4 | d_g+1 ×4]. Per two groups:
+// 2 maddubs, 1 madd, 1 cvt, 1 fma (one group at a time took 2, 2, 2, 2).
+inline __m256i q4_bytes(const uint8_t* p, bool alone) {
+  return alone ? _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))
+               : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+inline __m256 q4_scales(const float* d, bool alone) {
+  if (alone) return _mm256_broadcast_ss(d);
+  const __m128 two = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(d)));
+  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two),
+                                  _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0));
+}
+
+// Pair p (groups 2p, 2p + 1) of R weight rows against MBv activation rows: t[m][r] =
+// float(exact lanes) · scales, or t += that (`first` false).
+template <int MBv, int R, bool first>
+inline void q4_pair(const int32_t* const* C, const int8_t* const* X, const uint8_t* const* w,
+                    const float* const* d, int64_t p, bool alone, __m256 (&t)[MBv][R]) {
+  const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
+  if (QPF && (p & 1) == 0)  // once a cache line
     for (int r = 0; r < R; ++r)
-      _mm_prefetch(reinterpret_cast<const char*>(w[r] + g * (G4 / 2)) + QPF, _MM_HINT_T0);
-  __m256i wv[R];
+      _mm_prefetch(reinterpret_cast<const char*>(w[r] + p * G4) + QPF, _MM_HINT_T0);
+  __m256i lo[R], hi[R];
   __m256 dv[R];
   for (int r = 0; r < R; ++r) {
-    wv[r] = unpack_q4(w[r] + g * (G4 / 2));
-    dv[r] = _mm256_broadcast_ss(d[r] + g);
+    const __m256i b = q4_bytes(w[r] + p * G4, alone);
+    lo[r] = _mm256_and_si256(b, low);
+    hi[r] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+    dv[r] = q4_scales(d[r] + 2 * p, alone);
   }
-  const int64_t k = g * G4;
   for (int m = 0; m < MBv; ++m) {
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(X[m] + k));
-    const __m256i off = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(C[m] + k / 4));
+    const int8_t* x = X[m] + p * 2 * G4;
+    const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + G4));
+    const __m256i off = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(C[m] + p * 8));
     for (int r = 0; r < R; ++r) {
-      const __m256 dot = _mm256_cvtepi32_ps(_mm256_sub_epi32(
-          _mm256_madd_epi16(_mm256_maddubs_epi16(wv[r], xv), ones), off));
+      const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[r], xl),
+                                           _mm256_maddubs_epi16(hi[r], xh));
+      const __m256 dot = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_madd_epi16(s16, ones), off));
       t[m][r] = first ? _mm256_mul_ps(dot, dv[r]) : _mm256_fmadd_ps(dot, dv[r], t[m][r]);
     }
   }
 }
 
+// R weight rows (w[r], scales d[r]) against MBv activation rows. Per (activation row, weight
+// row) one sequence whatever the tile: within an activation block b (two pairs; the last
+// block one or two), t_e and t_o hold its first and second pair (two chains: one alone waits
+// on each fmadd's latency), acc += (t_e + t_o) · s_b, and one horizontal sum at the end. Out
+// of line: inlined into over_tiles' lambda, a decode row's chains spilled to the stack.
 template <int MBv, int R>
-inline void q4_tile(const QuantAct& qa, int64_t m0, const uint8_t* const* w,
-                    const float* const* d, int64_t K, float* sums) {
+__attribute__((noinline)) void q4_tile(const QuantAct& qa, int64_t m0, const uint8_t* const* w,
+                                       const float* const* d, int64_t K, float* sums) {
+  static_assert(QK == 4 * G4, "an activation block holds two pairs of groups");
   const int32_t* C[MBv];
   const int8_t* X[MBv];
   const float* S[MBv];
   for (int m = 0; m < MBv; ++m) {
-    C[m] = qa.c8.data() + (m0 + m) * (qa.Kp / 4);
+    C[m] = qa.c8.data() + (m0 + m) * (qa.Kp / 8);
     X[m] = qa.q.data() + (m0 + m) * qa.Kp;
     S[m] = qa.s.data() + (m0 + m) * qa.nb;
   }
-  __m256 acc[MBv][R];
+  __m256 acc[MBv][R], te[MBv][R], to[MBv][R];
   for (int m = 0; m < MBv; ++m)
     for (int r = 0; r < R; ++r) acc[m][r] = _mm256_setzero_ps();
-  const int64_t groups = K / G4;
-  for (int64_t b = 0; b < qa.nb; ++b) {
-    const int64_t g0 = b * (QK / G4), g1 = std::min(groups, g0 + QK / G4);
-    __m256 te[MBv][R], to[MBv][R];
-    for (int64_t g = g0; g < g1; g += 2) {
-      q4_step<MBv, R>(C, X, w, d, g, g == g0, te);
-      if (g + 1 < g1) q4_step<MBv, R>(C, X, w, d, g + 1, g == g0, to);
-    }
+  const int64_t groups = K / G4, nfull = groups / 4;
+  for (int64_t b = 0; b < nfull; ++b) {
+    q4_pair<MBv, R, true>(C, X, w, d, 2 * b, false, te);
+    q4_pair<MBv, R, true>(C, X, w, d, 2 * b + 1, false, to);
     for (int m = 0; m < MBv; ++m) {
       const __m256 sb = _mm256_set1_ps(S[m][b]);
       for (int r = 0; r < R; ++r)
-        acc[m][r] = _mm256_fmadd_ps(g1 - g0 > 1 ? _mm256_add_ps(te[m][r], to[m][r]) : te[m][r],
-                                    sb, acc[m][r]);
+        acc[m][r] = _mm256_fmadd_ps(_mm256_add_ps(te[m][r], to[m][r]), sb, acc[m][r]);
+    }
+  }
+  if (const int64_t left = groups - 4 * nfull; left > 0) {  // a last block of 1 to 3 groups
+    q4_pair<MBv, R, true>(C, X, w, d, 2 * nfull, left == 1, te);
+    if (left == 3) q4_pair<MBv, R, false>(C, X, w, d, 2 * nfull + 1, true, te);
+    for (int m = 0; m < MBv; ++m) {
+      const __m256 sb = _mm256_set1_ps(S[m][nfull]);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm256_fmadd_ps(te[m][r], sb, acc[m][r]);
     }
   }
   for (int m = 0; m < MBv; ++m)
@@ -878,10 +914,11 @@ inline void q4_group(int mb, const QuantAct& qa, int64_t m0, const uint8_t* cons
 }
 
 // The R rows of a tile from row n0 of `mat` against activation rows [m0, m0 + mb), two weight
-// rows at a time (the last alone) for any mb: an int4 product is bound by its arithmetic, not
-// its reads (a decode row's q4 product runs at 0.6x the int8 one's weights per second), so
-// the activations shared by two rows pay where two read streams cost (q8_rows) nothing
-// measurable.
+// rows at a time (the last alone) for any mb: an int4 product is bound by its arithmetic more
+// than its reads (a decode row reads its bytes at about 0.9x the int8 product's rate, 2
+// threads, AMD EPYC Zen 3), so the activations shared by two rows pay where two read streams
+// cost (q8_rows) nothing measurable; single rows with more than two activation rows measured
+// 0.95x.
 inline void q4_rows(int mb, int R, const QuantAct& qa, int64_t m0, const Mat& mat,
                     int64_t n0, int64_t K, float* sums) {
   const uint8_t* w = static_cast<const uint8_t*>(mat.w) + n0 * mat.ldw;
@@ -898,7 +935,7 @@ inline void q4_rows(int mb, int R, const QuantAct& qa, int64_t m0, const Mat& ma
 }
 void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
   thread_local QuantAct qa;
-  quantize_act(x, M, K, qa, false, true);  // once for every matrix of the call, with c8
+  quantize_act(x, M, K, qa, false, true);  // once for every matrix of the call, in pairs
   const QuantAct& q = qa;
   for (int64_t mc = 0; mc < M; mc += MC) {
     const int64_t mend = std::min(M, mc + MC);
