@@ -1,7 +1,7 @@
 """CPU decode: astrai against llama.cpp's own llama-bench, interleaved, formats matched.
 
-    python benchmarks/cpu_decode.py            # the full run (sized for ~20 min at 2 threads on
-                                               # a quiet machine; not yet timed on one)
+    python benchmarks/cpu_decode.py            # the full run: ~40 min at 2 threads, 25 of
+                                               # them training the quality model (AMD EPYC)
     python benchmarks/cpu_decode.py --quick    # 125m only, 3 rounds, no contention
 
 llama.cpp: `llama-bench` and `llama-batched-bench` built from the llama.cpp vendored in

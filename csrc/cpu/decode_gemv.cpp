@@ -824,7 +824,7 @@ inline __m256i q4_bytes(const uint8_t* p, bool alone) {
 }
 inline __m256 q4_scales(const float* d, bool alone) {
   if (alone) return _mm256_broadcast_ss(d);
-  const __m128 two = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(d)));
+  const __m128 two = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(d)));
   return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two),
                                   _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0));
 }
