@@ -66,8 +66,11 @@ extern "C" void sgemv_(const char* trans, const int* m, const int* n, const floa
 namespace {
 
 #ifndef ASTRAI_RT
-#define ASTRAI_RT 4
+#define ASTRAI_RT 16
 #endif
+// Weight rows per tile, the unit a thread takes. 16 rather than 4: a tile's calls, pointer
+// setup and stores cost a one-row int8 decode product 1.18x its steps per second (int4 1.03x,
+// fp32 1.02x; 125m preset, 2 threads, interleaved, AMD EPYC Zen 3).
 constexpr int RT = ASTRAI_RT;
 #ifndef ASTRAI_PF
 #define ASTRAI_PF 0
@@ -90,7 +93,7 @@ constexpr int QPF = ASTRAI_QPF;
 #define PF_HINT _MM_HINT_T1
 #else
 #define PF_HINT _MM_HINT_T0
-#endif  // weight rows per tile (at most 4: the tile switch below)
+#endif
 #ifndef ASTRAI_QK
 #define ASTRAI_QK 128
 #endif
@@ -923,8 +926,8 @@ inline void q4_rows(int mb, int R, const QuantAct& qa, int64_t m0, const Mat& ma
                     int64_t n0, int64_t K, float* sums) {
   const uint8_t* w = static_cast<const uint8_t*>(mat.w) + n0 * mat.ldw;
   const float* d = mat.scale + n0 * (K / G4);
-  const uint8_t* wr[4];
-  const float* dr[4];
+  const uint8_t* wr[RT];
+  const float* dr[RT];
   for (int r = 0; r < R; ++r) {
     wr[r] = w + r * mat.ldw;
     dr[r] = d + r * (K / G4);
