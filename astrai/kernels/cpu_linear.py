@@ -38,14 +38,14 @@ from astrai.model import fast_path
 
 log = logging.getLogger("astrai.kernels")
 
-MAX_ROWS = {"fp32": 16, "bf16": 8, "int8": 16, "int4": 16}
+MAX_ROWS = {"fp32": 16, "bf16": 8, "int8": 16}
 """Most rows the kernel takes per weight format; above, torch's GEMM is as fast (bf16: from
 16 rows oneDNN's AMX GEMM is faster where the CPU has AMX; figures in docs/engine.md)."""
 ALL_ROWS = 1 << 62
-"""The int8 × int8 product of the AVX2 build takes any number of rows (a prefill too): its
-register tiles and row blocks beat torch's exact block dots 1.5-2x at 512 rows. So does the
-int4 product of the AVX2 build (group pairs in int16, figures in docs/kernels.md): faster
-than torch's GEMM on the dequantized weights at 64 and 512 rows."""
+"""The int8 × int8 and int4 products take any number of rows (a prefill too). The AVX2
+build's register tiles and row blocks beat torch's exact block dots 1.5-2x at 512 rows, and
+its int4 group pairs torch's GEMM on the dequantized weights at 64 and 512 rows; the AVX-512
+builds put a prefill's activation rows in the vector lanes (figures in docs/kernels.md)."""
 
 
 @functools.cache  # once per namespace: two tiers of one path share it
@@ -103,9 +103,8 @@ def decode_kernels(isa: str, int8_act: str | None = None,
         float_gemv=ops.gemv, int8_gemv=ops.gemv_q8 if quantized else ops.gemv_int8,
         float_many=ops.gemv_many, int8_many=ops.gemv_q8_many if quantized else ops.gemv_int8_many,
         fp32_rows=(fp32_min, MAX_ROWS["fp32"]), bf16_rows=(1, MAX_ROWS["bf16"]),
-        int8_rows=(1, MAX_ROWS["int8"] if info["vnni"] or not quantized else ALL_ROWS),
-        int4_many=ops.gemv_q4_many,
-        int4_rows=(1, ALL_ROWS if isa == "avx2" else MAX_ROWS["int4"]),
+        int8_rows=(1, ALL_ROWS if quantized else MAX_ROWS["int8"]),
+        int4_many=ops.gemv_q4_many, int4_rows=(1, ALL_ROWS),
         rms_norm=ops.rms_norm, paged_decode=ops.paged_decode,
         decode_layers=ops.decode_layers, layer_slots=tuple(ops.slot_names()),
         first_argmax=ops.first_argmax, int4_dequant=ops.dequant_q4,

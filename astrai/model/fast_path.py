@@ -76,7 +76,8 @@ class DecodeKernels:
     """The int4 product against several (packed [N, K/2] uint8, scale [N, K/32] fp32) pairs
     (astrai/model/quant4.py), activations quantized as int8's; None: no int4 kernel."""
     int4_rows: tuple[int, int] = (1, 16)
-    """The same for int4 weights (beyond, torch's GEMM on the dequantized weights wins)."""
+    """The same for int4 weights (beyond, torch's GEMM on the dequantized weights; the
+    kernels of cpu_linear take every row count)."""
     int4_dequant: Callable[[Tensor, Tensor], Tensor] | None = None
     """(packed, scale) -> the fp32 weights [N, K], dequantize_groups' bits, for the products
     torch's GEMM takes (9x faster than torch's elementwise ops)."""

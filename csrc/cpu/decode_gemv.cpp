@@ -15,7 +15,8 @@
 //                                    (absmax, as llama.cpp's q8_0 × q8_0 dot): int32 dots,
 //                                    VNNI vpdpbusd where the CPU has it
 //   gemv_q4(x, q, scale, bias)       int4 W in groups of 32 (q4_0's layout, fp32 scales),
-//                                    activations as gemv_q8's: int32 group dots (maddubs)
+//                                    activations as gemv_q8's: int32 group dots (maddubs,
+//                                    vpdpbusd on AVX512-VNNI)
 //   rms_norm(x, w, eps)              the norm before those products, one pass per row
 //   paged_decode(q, k_buf, v_buf, ...) one query per request against the paged KV pool
 //   decode_layers(x, weights, ...)  every block of a Llama-family decoder for a few query
@@ -31,7 +32,9 @@
 // activation row of the group (two vector accumulators per activation row for float weights);
 // a horizontal sum per (row, activation row). Threads (work_share.h: torch's thread count,
 // pieces claimed from a counter, so a descheduled thread's share is taken by the others) take
-// contiguous ranges of row tiles, so each streams its own slice sequentially.
+// contiguous ranges of row tiles, so each streams its own slice sequentially. A prefill's
+// int8 / int4 products on AVX-512 turn the tile around (lane_product): activation rows in
+// the vector lanes.
 #include <immintrin.h>
 
 #include <ATen/Parallel.h>
@@ -378,6 +381,11 @@ void gemv_bf16_dot(const c10::BFloat16* x, int64_t M, int64_t K, const std::vect
 constexpr bool kBf16Dot = false;
 #endif
 
+// int4 groups (gemv_q4): G4 values along K share a scale; a weight vector holds Q4S / G4 of
+// them, 2 in 256 bits and 4 in 512 (q4_span).
+constexpr int64_t G4 = 32;
+constexpr int Q4S = VL == 16 ? 4 * G4 : 2 * G4;
+
 // -- int8 × int8 (quantized activations) ----------------------------------------------------
 // Activations per row m and block b of QK values: s = max|x| / 127, xq = round(x / s) (int8,
 // ties to even), zero-padded to whole blocks. The dot of a weight row q with them is
@@ -387,7 +395,7 @@ struct QuantAct {
   std::vector<float> s;    // [M, nb]
   std::vector<float> c;    // [M] correction (VNNI): 128 · Σ_b s_b · Σ_{k∈b} xq_k
   std::vector<uint8_t> a;  // [M, Kp] |xq| (AVX2 sign trick)
-  std::vector<int32_t> c8;  // [M, Kp / 8] the int4 offsets of gemv_q4's lanes (q4_pair)
+  std::vector<int32_t> c8;  // [M, Kp / 8] the int4 offsets of gemv_q4's lanes (q4_span)
   int64_t Kp = 0, nb = 0;
 };
 
@@ -423,6 +431,7 @@ void quantize_act(const float* x, int64_t M, int64_t K, QuantAct& qa, bool magni
   qa.s.resize(M * qa.nb);
   qa.c.resize(M);
   qa.a.resize(M * qa.Kp);
+  if (pairs) qa.c8.resize(M * (qa.Kp / 8));
   for (int64_t m = 0; m < M; ++m) {
     double corr = 0;
     for (int64_t b = 0; b < qa.nb; ++b) {
@@ -439,18 +448,20 @@ void quantize_act(const float* x, int64_t M, int64_t K, QuantAct& qa, bool magni
         const int8_t v = qa.q[m * qa.Kp + k];
         qa.a[m * qa.Kp + k] = static_cast<uint8_t>(v < 0 ? -v : v);
       }
-    if (pairs) {  // gemv_q4's layout: see q4_pair
-      qa.c8.resize(M * (qa.Kp / 8));
+    if (pairs) {  // gemv_q4's layout: see q4_span
       int8_t* v = qa.q.data() + m * qa.Kp;
-      for (int64_t p = 0; p < qa.Kp / 64; ++p, v += 64) {
-        int8_t t[16];  // values 16..31 and 32..47 of the pair change places
-        std::memcpy(t, v + 16, 16);
-        std::memcpy(v + 16, v + 32, 16);
-        std::memcpy(v + 32, t, 16);
-        for (int i = 0; i < 8; ++i) {
+      int32_t* c8 = qa.c8.data() + m * (qa.Kp / 8);
+      for (int64_t p = 0; p < qa.Kp / Q4S; ++p, v += Q4S, c8 += Q4S / 8) {
+        int8_t t[Q4S];
+        for (int g = 0; g < Q4S / G4; ++g) {
+          std::memcpy(t + 16 * g, v + G4 * g, 16);
+          std::memcpy(t + Q4S / 2 + 16 * g, v + G4 * g + 16, 16);
+        }
+        std::memcpy(v, t, Q4S);
+        for (int i = 0; i < Q4S / 8; ++i) {
           int32_t sum = 0;
-          for (int j = 0; j < 4; ++j) sum += v[4 * i + j] + v[32 + 4 * i + j];
-          qa.c8[m * (qa.Kp / 8) + p * 8 + i] = 8 * sum;
+          for (int j = 0; j < 4; ++j) sum += v[4 * i + j] + v[Q4S / 2 + 4 * i + j];
+          c8[i] = -8 * sum;
         }
       }
     }
@@ -642,8 +653,177 @@ constexpr int64_t PAIRS_FROM = 4;
 // rows a request) run on torch's OpenMP team (over_tiles).
 constexpr int64_t TEAM_FROM = 16;
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// -- many activation rows against int8 weights: one activation row per int32 lane -----------
+// A prefill's product on the AVX-512 builds (more than TEAM_FROM rows). The activations,
+// quantized as for gemv_q8 (natural order), are laid out 16 rows side by side, 4 values of a
+// row per 32-bit lane, stored as xq + 128 (unsigned); a weight tile's rows are copied as
+// signed int8 (int4 weights unpacked to v = u - 8), zero-padded to whole blocks. Then per
+// weight row r, 16 activation rows and group g of G values (int4: 32 with scale d[r][g]; int8:
+// a block of QK, the row's scale applied at the store), exact in int32:
+//   Σ_k (xq_k + 128) · w_k - 128 · Σ_k w_k   (vpdpbusd, each 4 weight bytes broadcast)
+// and acc += float(that) · s_b (· d_g), groups in order. Each (activation row, weight row)
+// pair is a lane, so a group costs one conversion and one fma per 16 pairs (the per-row tiles
+// above: one each), and a row's result never depends on the other rows of its batch.
+constexpr int LN = 16;
+static_assert(RT == 16, "lane_product stores a tile's 16 results of a row as one vector");
+#ifndef ASTRAI_LR
+#define ASTRAI_LR 4
+#endif
+#ifndef ASTRAI_LG
+#define ASTRAI_LG 2
+#endif
+constexpr int LR = ASTRAI_LR;  // weight rows per register tile
+constexpr int LG = ASTRAI_LG;  // groups of 16 activation rows per register tile
+
+struct LaneAct {
+  std::vector<uint8_t> x;  // [M / 16][Kp / 4][16 lanes][4]
+  std::vector<float> s;    // [M / 16][nb][16 lanes]
+  int64_t groups = 0, Kp = 0, nb = 0;
+};
+
+void lane_act(const QuantAct& qa, int64_t M, LaneAct& la) {
+  la.groups = (M + LN - 1) / LN;
+  la.Kp = qa.Kp;
+  la.nb = qa.nb;
+  la.x.assign(la.groups * qa.Kp * LN, 0x80);  // rows past M: xq = 0
+  la.s.assign(la.groups * qa.nb * LN, 0.f);
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t j = m / LN, l = m % LN;
+    const int8_t* q = qa.q.data() + m * qa.Kp;
+    uint8_t* dst = la.x.data() + j * qa.Kp * LN + l * 4;
+    for (int64_t c = 0; c < qa.Kp / 4; ++c)
+      for (int i = 0; i < 4; ++i) dst[c * 64 + i] = static_cast<uint8_t>(q[4 * c + i] ^ 0x80);
+    for (int64_t b = 0; b < qa.nb; ++b) la.s[(j * qa.nb + b) * LN + l] = qa.s[m * qa.nb + b];
+  }
+}
+
+// acc + Σ over each lane's 4 bytes of x (unsigned) · the 4 weights at w (signed).
+inline __m512i lane_dot(__m512i acc, __m512i x, const int8_t* w) {
+  int32_t w4;
+  std::memcpy(&w4, w, 4);
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, x, _mm512_set1_epi32(w4));
+#else  // int4 weights only: |w| <= 8 keeps maddubs' int16 pair sums from saturating
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(x, _mm512_set1_epi32(w4)),
+                                                 _mm512_set1_epi16(1)));
+#endif
+}
+
+// R weight rows (w: [R][Kp] int8, corr: [R][Kp / G] the -128 · Σ w of each group, d[r]: the
+// row's group scales when SCALED) against the 16 · MG activation rows of lane groups
+// [j0, j0 + MG), `ng` groups; out[(r · MG + j) · 16 + lane].
+template <int R, int MG, int G, bool SCALED>
+__attribute__((noinline)) void lane_tile(const LaneAct& la, int64_t j0, const int8_t* w,
+                                         const int32_t* corr, const float* const* d,
+                                         int64_t ng, float* out) {
+  const int64_t Kp = la.Kp;
+  __m512 f[R][MG];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < MG; ++j) f[r][j] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < ng; ++g) {
+    __m512i acc[R][MG];
+    for (int r = 0; r < R; ++r) {
+      const __m512i c0 = _mm512_set1_epi32(corr[r * (Kp / G) + g]);
+      for (int j = 0; j < MG; ++j) acc[r][j] = c0;
+    }
+    const uint8_t* xg = la.x.data() + (j0 * Kp + g * G) * LN;
+    for (int c = 0; c < G / 4; ++c) {
+      __m512i xv[MG];
+      for (int j = 0; j < MG; ++j) xv[j] = _mm512_loadu_si512(xg + j * Kp * LN + c * 64);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* wp = w + r * Kp + g * G + 4 * c;
+        for (int j = 0; j < MG; ++j) acc[r][j] = lane_dot(acc[r][j], xv[j], wp);
+      }
+    }
+    const int64_t b = g * G / QK;
+    for (int j = 0; j < MG; ++j) {
+      const __m512 sb = _mm512_loadu_ps(la.s.data() + ((j0 + j) * la.nb + b) * LN);
+      for (int r = 0; r < R; ++r) {
+        const __m512 sc = SCALED ? _mm512_mul_ps(sb, _mm512_set1_ps(d[r][g])) : sb;
+        f[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), sc, f[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < MG; ++j) _mm512_storeu_ps(out + (r * MG + j) * LN, f[r][j]);
+}
+
+// Every matrix of `mats` against the M activation rows of `la`: tiles over torch's OpenMP
+// team, each tile's rows copied to signed int8 by fill(mat, n0, R, dst [RT][Kp], Kp) first.
+template <int G, bool SCALED, typename Fill>
+void lane_product(const LaneAct& la, int64_t M, int64_t K, const std::vector<Mat>& mats,
+                  Fill fill) {
+  const int64_t Kp = la.Kp, ng = SCALED ? K / G : la.nb;
+  over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
+    thread_local std::vector<int8_t> w_;  // thread_local: reached through __tls_get_addr,
+    thread_local std::vector<int32_t> corr_;  // so once, by reference
+    thread_local std::vector<float> tb_;
+    std::vector<int8_t>& w = w_;
+    std::vector<int32_t>& corr = corr_;
+    std::vector<float>& tb = tb_;
+    const int Rp = (R + LR - 1) / LR * LR;  // rows a register tile runs (padded ones zero)
+    w.assign(static_cast<size_t>(Rp) * Kp, 0);
+    corr.assign(static_cast<size_t>(Rp) * (Kp / G), 0);
+    fill(mat, n0, R, w.data(), Kp);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (int r = 0; r < R; ++r)
+      for (int64_t g = 0; g < Kp / G; ++g) {
+        __m256i sum = _mm256_setzero_si256();  // Σ w of the group: 1 · w in pairs, then in 4s
+        for (int k = 0; k < G; k += 32)
+          sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(
+                    ones8, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                               w.data() + r * Kp + g * G + k))), ones16));
+        corr[r * (Kp / G) + g] = -128 * _mm512_reduce_add_epi32(_mm512_zextsi256_si512(sum));
+      }
+    const float* d[RT + LR];
+    for (int r = 0; r < Rp; ++r)
+      d[r] = SCALED ? mat.scale + (n0 + std::min(r, R - 1)) * (K / G) : nullptr;
+    // the tile's results [M][RT] first, then one masked 16-float store per activation row:
+    // stores straight into the output's columns touch a cache line each
+    tb.resize(la.groups * LN * RT);
+    float* const tp = tb.data();
+    alignas(64) float res[LR * LG * LN];
+    for (int64_t j0 = 0; j0 < la.groups;) {
+      const int mg = la.groups - j0 >= LG ? LG : 1;
+      for (int r0 = 0; r0 < R; r0 += LR) {
+        const int8_t* wr = w.data() + r0 * Kp;
+        const int32_t* cr = corr.data() + r0 * (Kp / G);
+        if (mg == LG) lane_tile<LR, LG, G, SCALED>(la, j0, wr, cr, d + r0, ng, res);
+        else lane_tile<LR, 1, G, SCALED>(la, j0, wr, cr, d + r0, ng, res);
+        for (int r = 0; r < std::min(LR, R - r0); ++r)
+          for (int j = 0; j < mg; ++j)
+            for (int l = 0; l < LN; ++l)
+              tp[((j0 + j) * LN + l) * RT + r0 + r] = res[(r * mg + j) * LN + l];
+      }
+      j0 += mg;
+    }
+    const __mmask16 mask = static_cast<__mmask16>((1u << R) - 1);
+    const __m512 sc = SCALED || !mat.scale ? _mm512_set1_ps(1.f)
+                                           : _mm512_maskz_loadu_ps(mask, mat.scale + n0);
+    const __m512 bias = mat.bias ? _mm512_maskz_loadu_ps(mask, mat.bias + n0) : _mm512_setzero_ps();
+    float* out = mat.out + n0;
+    const int64_t N = mat.N;
+    for (int64_t m = 0; m < M; ++m)
+      _mm512_mask_storeu_ps(out + m * N, mask, _mm512_fmadd_ps(_mm512_loadu_ps(tp + m * RT), sc, bias));
+  }, true);
+}
+#endif
+
 void gemv_q8_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
   thread_local QuantAct qa;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  if (M > TEAM_FROM) {  // a prefill: rows in the lanes
+    thread_local LaneAct la;
+    quantize_act(x, M, K, qa, false);
+    lane_act(qa, M, la);
+    lane_product<QK, false>(la, M, K, mats, [K](const Mat& mat, int64_t n0, int R, int8_t* w, int64_t Kp) {
+      for (int r = 0; r < R; ++r)
+        std::memcpy(w + r * Kp, static_cast<const int8_t*>(mat.w) + (n0 + r) * mat.ldw, K);
+    });
+    return;
+  }
+#endif
   quantize_act(x, M, K, qa);  // once for every matrix of the call
   const QuantAct& q = qa;
   const bool pairs = M > PAIRS_FROM;
@@ -798,28 +978,104 @@ at::Tensor gemv_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
 // each stored as u = v + 8 (v in [-8, 7]); W[n, 32g + j] = d[n, g] · v. The activations are
 // quantized per row and block of QK as for gemv_q8 (a group of 32 lies inside one block), so
 //   y[m, n] = Σ_g d[n, g] · s[m, b(g)] · Σ_{j<32} v_j · xq_j,
-// each group's dot an exact int32: the stored u are unsigned, so maddubs takes them as they
-// are against xq (|u · xq| pair sums <= 2 · 15 · 127, no saturation), and 8 · Σ xq (per int32
-// lane, QuantAct::c8) is taken off: Σ u · xq - 8 · Σ xq = Σ v · xq. 256-bit integer code: the
-// AVX2 build and the AVX-512 builds run the same loop.
-constexpr int64_t G4 = 32;
+// each group's dot an exact int32: the stored u are unsigned, so maddubs / vpdpbusd take them
+// as they are against xq (u8 × s8), and -8 · Σ xq (per int32 lane, QuantAct::c8) is added:
+// Σ u · xq - 8 · Σ xq = Σ v · xq.
+//
+// A weight vector holds the bytes of several groups (a "span": 2 groups in 256 bits, 4 in
+// 512; a last short span is zero-padded), which unpack into their low nibbles
+//   lo = [u_g[0..15] for each group g]  and the high ones  hi = [u_g[16..31] for each g],
+// and quantize_act(pairs) lays each Q4S activations out to match, [x_g[0..15] for each g,
+// then x_g[16..31] for each g], so one load of each serves every group of the span: int32
+// lane i holds 8 products of group i / 4, exact, plus c8's offset of the same 8 values. Then
+// float lanes times each group's scale spread over its 4 lanes.
 
 // The 32 stored values u = v + 8 of a group, in [0, 15]: its 16 bytes in both halves, the
-// upper half shifted down a nibble.
+// upper half shifted down a nibble (dequant_q4).
 inline __m256i unpack_q4(const uint8_t* p) {
   const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0)),
                           _mm256_set1_epi8(0x0F));
 }
 
-// Groups are taken two at a time: the 32 bytes of groups g and g + 1 (a "pair"; a last odd
-// group is a pair alone, its partner's activations zero) unpack into the low nibbles
-//   lo = [u_g[0..15] | u_g+1[0..15]]  and the high ones  hi = [u_g[16..31] | u_g+1[16..31]],
-// and quantize_act(pairs) lays each 64 activations out to match, [x_g[0..15], x_g+1[0..15],
-// x_g[16..31], x_g+1[16..31]], so one load of each serves both groups. maddubs(lo) +
-// maddubs(hi) adds in int16 (|sum| <= 4 · 15 · 127, no saturation) before one madd: int32 lane
-// i < 4 holds 8 products of group g, lane i >= 4 8 of group g + 1, exact, less QuantAct::c8's
-// 8 · Σ xq of the same 8 values. Then float lanes times [d_g ×4 | d_g+1 ×4]. Per two groups:
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// 512 bits: a span is 4 groups, one activation block (QK = 128) holds exactly one. The lanes
+// of a span: vpdpbusd twice from the offsets (VNNI), else maddubs(lo) + maddubs(hi) in int16
+// (|sum| <= 4 · 15 · 127, no saturation) and one madd.
+inline __m512i q4_lanes(__m512i off, __m512i lo, __m512i xl, __m512i hi, __m512i xh) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(off, lo, xl), hi, xh);
+#else
+  const __m512i s16 = _mm512_add_epi16(_mm512_maddubs_epi16(lo, xl), _mm512_maddubs_epi16(hi, xh));
+  return _mm512_add_epi32(_mm512_madd_epi16(s16, _mm512_set1_epi16(1)), off);
+#endif
+}
+
+// Span b of R weight rows against MBv activation rows: acc += float(lanes) · (scales · s_b).
+// `left` (MASKED): the groups of a last short span, 1 to 3.
+template <int MBv, int R, bool MASKED>
+inline void q4_span(const int32_t* const* C, const int8_t* const* X, const float* const* S,
+                    const uint8_t* const* w, const float* const* d, int64_t b, int left,
+                    __m512 (&acc)[MBv][R]) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  __m512i lo[R], hi[R];
+  __m512 dv[R];
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* p = w[r] + b * 2 * G4;
+    if (QPF) _mm_prefetch(reinterpret_cast<const char*>(p) + QPF, _MM_HINT_T0);
+#ifdef ASTRAI_SPF
+    if ((b & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(d[r] + 4 * b) + ASTRAI_SPF, _MM_HINT_T0);
+#endif
+    const __m512i bytes = MASKED ? _mm512_maskz_loadu_epi8((1ULL << (16 * left)) - 1, p)
+                                 : _mm512_loadu_si512(p);
+    lo[r] = _mm512_and_si512(bytes, low);
+    hi[r] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
+    const __m128 d4 = MASKED ? _mm_maskz_loadu_ps(static_cast<__mmask8>((1 << left) - 1), d[r] + 4 * b)
+                             : _mm_loadu_ps(d[r] + 4 * b);
+    dv[r] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+  }
+  for (int m = 0; m < MBv; ++m) {
+    const int8_t* x = X[m] + b * Q4S;
+    const __m512i xl = _mm512_loadu_si512(x), xh = _mm512_loadu_si512(x + Q4S / 2);
+    const __m512i off = _mm512_loadu_si512(C[m] + b * (Q4S / 8));
+    const __m512 sb = _mm512_set1_ps(S[m][b]);
+    for (int r = 0; r < R; ++r) {
+      const __m512 dot = _mm512_cvtepi32_ps(q4_lanes(off, lo[r], xl, hi[r], xh));
+      acc[m][r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dv[r], sb), acc[m][r]);
+    }
+  }
+}
+
+// R weight rows (w[r], scales d[r]) against MBv activation rows; per (activation row, weight
+// row) one sequence whatever the tile (spans in order, one horizontal sum), so a row's result
+// never depends on its tile or batch. Out of line, as the 256-bit tile.
+template <int MBv, int R>
+__attribute__((noinline)) void q4_tile(const QuantAct& qa, int64_t m0, const uint8_t* const* w,
+                                       const float* const* d, int64_t K, float* sums) {
+  static_assert(QK == Q4S, "an activation block is one span");
+  const int32_t* C[MBv];
+  const int8_t* X[MBv];
+  const float* S[MBv];
+  for (int m = 0; m < MBv; ++m) {
+    C[m] = qa.c8.data() + (m0 + m) * (qa.Kp / 8);
+    X[m] = qa.q.data() + (m0 + m) * qa.Kp;
+    S[m] = qa.s.data() + (m0 + m) * qa.nb;
+  }
+  __m512 acc[MBv][R];
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  const int64_t groups = K / G4, nfull = groups / 4;
+  for (int64_t b = 0; b < nfull; ++b) q4_span<MBv, R, false>(C, X, S, w, d, b, 4, acc);
+  if (const int left = static_cast<int>(groups - 4 * nfull); left > 0)
+    q4_span<MBv, R, true>(C, X, S, w, d, nfull, left, acc);
+  for (int m = 0; m < MBv; ++m)
+    for (int r = 0; r < R; ++r) sums[m * RT + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+#else
+// 256 bits: a span is 2 groups (a "pair"; a last odd group is a pair alone, its partner's
+// activations zero). maddubs(lo) + maddubs(hi) adds in int16 (|sum| <= 4 · 15 · 127, no
+// saturation) before one madd, then float lanes times [d_g ×4 | d_g+1 ×4]. Per two groups:
 // 2 maddubs, 1 madd, 1 cvt, 1 fma (one group at a time took 2, 2, 2, 2).
 inline __m256i q4_bytes(const uint8_t* p, bool alone) {
   return alone ? _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))
@@ -835,7 +1091,7 @@ inline __m256 q4_scales(const float* d, bool alone) {
 // Pair p (groups 2p, 2p + 1) of R weight rows against MBv activation rows: t[m][r] =
 // float(exact lanes) · scales, or t += that (`first` false).
 template <int MBv, int R, bool first>
-inline void q4_pair(const int32_t* const* C, const int8_t* const* X, const uint8_t* const* w,
+inline void q4_span(const int32_t* const* C, const int8_t* const* X, const uint8_t* const* w,
                     const float* const* d, int64_t p, bool alone, __m256 (&t)[MBv][R]) {
   const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
   if (QPF && (p & 1) == 0)  // once a cache line
@@ -850,14 +1106,14 @@ inline void q4_pair(const int32_t* const* C, const int8_t* const* X, const uint8
     dv[r] = q4_scales(d[r] + 2 * p, alone);
   }
   for (int m = 0; m < MBv; ++m) {
-    const int8_t* x = X[m] + p * 2 * G4;
+    const int8_t* x = X[m] + p * Q4S;
     const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-    const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + G4));
+    const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + Q4S / 2));
     const __m256i off = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(C[m] + p * 8));
     for (int r = 0; r < R; ++r) {
       const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[r], xl),
                                            _mm256_maddubs_epi16(hi[r], xh));
-      const __m256 dot = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_madd_epi16(s16, ones), off));
+      const __m256 dot = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(s16, ones), off));
       t[m][r] = first ? _mm256_mul_ps(dot, dv[r]) : _mm256_fmadd_ps(dot, dv[r], t[m][r]);
     }
   }
@@ -865,13 +1121,14 @@ inline void q4_pair(const int32_t* const* C, const int8_t* const* X, const uint8
 
 // R weight rows (w[r], scales d[r]) against MBv activation rows. Per (activation row, weight
 // row) one sequence whatever the tile: within an activation block b (two pairs; the last
-// block one or two), t_e and t_o hold its first and second pair (two chains: one alone waits
-// on each fmadd's latency), acc += (t_e + t_o) · s_b, and one horizontal sum at the end. Out
-// of line: inlined into over_tiles' lambda, a decode row's chains spilled to the stack.
+// block one or two), t_e and t_o hold the products of its first and second pair, computed
+// independently of each other, acc += (t_e + t_o) · s_b, and one horizontal sum at the end.
+// Out of line: inlined into over_tiles' lambda, a decode row's accumulators spilled to the
+// stack.
 template <int MBv, int R>
 __attribute__((noinline)) void q4_tile(const QuantAct& qa, int64_t m0, const uint8_t* const* w,
                                        const float* const* d, int64_t K, float* sums) {
-  static_assert(QK == 4 * G4, "an activation block holds two pairs of groups");
+  static_assert(QK == 2 * Q4S, "an activation block holds two pairs of groups");
   const int32_t* C[MBv];
   const int8_t* X[MBv];
   const float* S[MBv];
@@ -885,8 +1142,8 @@ __attribute__((noinline)) void q4_tile(const QuantAct& qa, int64_t m0, const uin
     for (int r = 0; r < R; ++r) acc[m][r] = _mm256_setzero_ps();
   const int64_t groups = K / G4, nfull = groups / 4;
   for (int64_t b = 0; b < nfull; ++b) {
-    q4_pair<MBv, R, true>(C, X, w, d, 2 * b, false, te);
-    q4_pair<MBv, R, true>(C, X, w, d, 2 * b + 1, false, to);
+    q4_span<MBv, R, true>(C, X, w, d, 2 * b, false, te);
+    q4_span<MBv, R, true>(C, X, w, d, 2 * b + 1, false, to);
     for (int m = 0; m < MBv; ++m) {
       const __m256 sb = _mm256_set1_ps(S[m][b]);
       for (int r = 0; r < R; ++r)
@@ -894,8 +1151,8 @@ __attribute__((noinline)) void q4_tile(const QuantAct& qa, int64_t m0, const uin
     }
   }
   if (const int64_t left = groups - 4 * nfull; left > 0) {  // a last block of 1 to 3 groups
-    q4_pair<MBv, R, true>(C, X, w, d, 2 * nfull, left == 1, te);
-    if (left == 3) q4_pair<MBv, R, false>(C, X, w, d, 2 * nfull + 1, true, te);
+    q4_span<MBv, R, true>(C, X, w, d, 2 * nfull, left == 1, te);
+    if (left == 3) q4_span<MBv, R, false>(C, X, w, d, 2 * nfull + 1, true, te);
     for (int m = 0; m < MBv; ++m) {
       const __m256 sb = _mm256_set1_ps(S[m][nfull]);
       for (int r = 0; r < R; ++r) acc[m][r] = _mm256_fmadd_ps(te[m][r], sb, acc[m][r]);
@@ -904,6 +1161,7 @@ __attribute__((noinline)) void q4_tile(const QuantAct& qa, int64_t m0, const uin
   for (int m = 0; m < MBv; ++m)
     for (int r = 0; r < R; ++r) sums[m * RT + r] = hsum256(acc[m][r]);
 }
+#endif
 
 template <int R>
 inline void q4_group(int mb, const QuantAct& qa, int64_t m0, const uint8_t* const* w,
@@ -916,12 +1174,16 @@ inline void q4_group(int mb, const QuantAct& qa, int64_t m0, const uint8_t* cons
   }
 }
 
-// The R rows of a tile from row n0 of `mat` against activation rows [m0, m0 + mb), two weight
-// rows at a time (the last alone) for any mb: an int4 product is bound by its arithmetic more
-// than its reads (a decode row reads its bytes at about 0.9x the int8 product's rate, 2
-// threads, AMD EPYC Zen 3), so the activations shared by two rows pay where two read streams
-// cost (q8_rows) nothing measurable; single rows with more than two activation rows measured
-// 0.95x.
+#ifndef ASTRAI_R4
+#define ASTRAI_R4 2
+#endif
+constexpr int R4 = ASTRAI_R4;  // weight rows per int4 register tile
+// The R rows of a tile from row n0 of `mat` against activation rows [m0, m0 + mb), R4
+// weight rows at a time (the last fewer) for any mb: an int4 product is bound by its
+// arithmetic more than its reads (a decode row reads its bytes at about 0.9x the int8
+// product's rate, 2 threads, AMD EPYC Zen 3), so the activations shared by two rows pay where
+// two read streams cost (q8_rows) nothing measurable; single rows with more than two
+// activation rows measured 0.95x.
 inline void q4_rows(int mb, int R, const QuantAct& qa, int64_t m0, const Mat& mat,
                     int64_t n0, int64_t K, float* sums) {
   const uint8_t* w = static_cast<const uint8_t*>(mat.w) + n0 * mat.ldw;
@@ -933,11 +1195,29 @@ inline void q4_rows(int mb, int R, const QuantAct& qa, int64_t m0, const Mat& ma
     dr[r] = d + r * (K / G4);
   }
   int r = 0;
-  for (; r + 2 <= R; r += 2) q4_group<2>(mb, qa, m0, wr + r, dr + r, K, sums + r);
+  for (; r + R4 <= R; r += R4) q4_group<R4>(mb, qa, m0, wr + r, dr + r, K, sums + r);
+  if (R4 > 2) for (; r + 2 <= R; r += 2) q4_group<2>(mb, qa, m0, wr + r, dr + r, K, sums + r);
   if (r < R) q4_group<1>(mb, qa, m0, wr + r, dr + r, K, sums + r);
 }
 void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
   thread_local QuantAct qa;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if (M > TEAM_FROM) {  // a prefill: rows in the lanes, the weights unpacked a tile at a time
+    thread_local LaneAct la;
+    quantize_act(x, M, K, qa, false);
+    lane_act(qa, M, la);
+    lane_product<G4, true>(la, M, K, mats, [K](const Mat& mat, int64_t n0, int R, int8_t* w, int64_t Kp) {
+      const __m256i eight = _mm256_set1_epi8(8);
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* q = static_cast<const uint8_t*>(mat.w) + (n0 + r) * mat.ldw;
+        for (int64_t g = 0; g < K / G4; ++g)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + r * Kp + g * G4),
+                              _mm256_sub_epi8(unpack_q4(q + g * 16), eight));
+      }
+    });
+    return;
+  }
+#endif
   quantize_act(x, M, K, qa, false, true);  // once for every matrix of the call, in pairs
   const QuantAct& q = qa;
   for (int64_t mc = 0; mc < M; mc += MC) {

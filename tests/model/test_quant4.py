@@ -100,13 +100,14 @@ def test_the_cpu_kernel_computes_the_torch_paths_function(k):
 
 
 def test_a_prefill_takes_the_kernel_or_its_dequantized_weights_bit_for_bit():
-    """Where the kernel takes a prefill's rows (the AVX2 build takes any number), each row's
-    product is the one it gets alone, bit for bit; beyond the kernel's rows, the layer
-    multiplies torch's GEMM by the weights the kernels dequantize: the bits of
-    dequantize_groups, so the product is torch's alone, bit for bit. Both ways on any CPU."""
+    """Where the kernel takes a prefill's rows (every build takes any number), a row's product
+    never depends on the other rows of its batch, and a decode's few rows each get the bits
+    they get alone; beyond the kernel's rows, the layer multiplies torch's GEMM by the weights
+    the kernels dequantize: the bits of dequantize_groups, so the product is torch's alone,
+    bit for bit. Both ways on any CPU."""
     import dataclasses
 
-    from astrai.kernels.cpu_linear import cpu_decode_kernels
+    from astrai.kernels.cpu_linear import ALL_ROWS, cpu_decode_kernels
 
     kernels = cpu_decode_kernels()
     if kernels is None or kernels.int4_dequant is None:
@@ -114,14 +115,19 @@ def test_a_prefill_takes_the_kernel_or_its_dequantized_weights_bit_for_bit():
     for n, k in ((40, 96), (7, 32), (300, 768)):
         packed, d = quantize_groups(weights(n, k, seed=n))
         assert torch.equal(kernels.int4_dequant(packed, d), dequantize_groups(packed, d))
-    x = torch.randn(70, 768, generator=torch.Generator().manual_seed(2))
-    every_row = dataclasses.replace(kernels, int4_rows=(1, 1 << 62))
+    g = torch.Generator().manual_seed(2)
+    x, other = torch.randn(70, 768, generator=g), torch.randn(30, 768, generator=g)
+    every_row = dataclasses.replace(kernels, int4_rows=(1, ALL_ROWS))
     few_rows = dataclasses.replace(kernels, int4_rows=(1, 16))
     with torch.no_grad():
         batch = int4_linear(x, packed, d, None, every_row)
+        beside = int4_linear(torch.cat([x[:40], other]), packed, d, None, every_row)
+        assert torch.equal(beside[:40], batch[:40])
+        decode = int4_linear(x[:9], packed, d, None, every_row)
         alone = torch.cat([int4_linear(x[i:i + 1], packed, d, None, every_row)
-                           for i in range(len(x))])
-        assert torch.equal(batch, alone)
+                           for i in range(9)])
+        assert torch.equal(decode, alone)
         torch_path = int4_linear(x, packed, d)
         assert torch.allclose(batch, torch_path, rtol=1e-5, atol=1e-4)
+        assert torch.allclose(decode, torch_path[:9], rtol=1e-5, atol=1e-4)
         assert torch.equal(int4_linear(x, packed, d, None, few_rows), torch_path)
