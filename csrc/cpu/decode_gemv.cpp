@@ -998,6 +998,21 @@ inline __m256i unpack_q4(const uint8_t* p) {
                           _mm256_set1_epi8(0x0F));
 }
 
+// Activation rows [m0, m0 + MBv) of a tile: their lane offsets, values and block scales.
+template <int MBv>
+struct ActRows {
+  const int32_t* C[MBv];
+  const int8_t* X[MBv];
+  const float* S[MBv];
+  ActRows(const QuantAct& qa, int64_t m0) {
+    for (int m = 0; m < MBv; ++m) {
+      C[m] = qa.c8.data() + (m0 + m) * (qa.Kp / 8);
+      X[m] = qa.q.data() + (m0 + m) * qa.Kp;
+      S[m] = qa.s.data() + (m0 + m) * qa.nb;
+    }
+  }
+};
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 // 512 bits: a span is 4 groups, one activation block (QK = 128) holds exactly one. The lanes
 // of a span: vpdpbusd twice from the offsets (VNNI), else maddubs(lo) + maddubs(hi) in int16
@@ -1054,14 +1069,10 @@ template <int MBv, int R>
 __attribute__((noinline)) void q4_tile(const QuantAct& qa, int64_t m0, const uint8_t* const* w,
                                        const float* const* d, int64_t K, float* sums) {
   static_assert(QK == Q4S, "an activation block is one span");
-  const int32_t* C[MBv];
-  const int8_t* X[MBv];
-  const float* S[MBv];
-  for (int m = 0; m < MBv; ++m) {
-    C[m] = qa.c8.data() + (m0 + m) * (qa.Kp / 8);
-    X[m] = qa.q.data() + (m0 + m) * qa.Kp;
-    S[m] = qa.s.data() + (m0 + m) * qa.nb;
-  }
+  const ActRows<MBv> a(qa, m0);
+  const int32_t* const* C = a.C;
+  const int8_t* const* X = a.X;
+  const float* const* S = a.S;
   __m512 acc[MBv][R];
   for (int m = 0; m < MBv; ++m)
     for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
@@ -1129,14 +1140,10 @@ template <int MBv, int R>
 __attribute__((noinline)) void q4_tile(const QuantAct& qa, int64_t m0, const uint8_t* const* w,
                                        const float* const* d, int64_t K, float* sums) {
   static_assert(QK == 2 * Q4S, "an activation block holds two pairs of groups");
-  const int32_t* C[MBv];
-  const int8_t* X[MBv];
-  const float* S[MBv];
-  for (int m = 0; m < MBv; ++m) {
-    C[m] = qa.c8.data() + (m0 + m) * (qa.Kp / 8);
-    X[m] = qa.q.data() + (m0 + m) * qa.Kp;
-    S[m] = qa.s.data() + (m0 + m) * qa.nb;
-  }
+  const ActRows<MBv> a(qa, m0);
+  const int32_t* const* C = a.C;
+  const int8_t* const* X = a.X;
+  const float* const* S = a.S;
   __m256 acc[MBv][R], te[MBv][R], to[MBv][R];
   for (int m = 0; m < MBv; ++m)
     for (int r = 0; r < R; ++r) acc[m][r] = _mm256_setzero_ps();
