@@ -26,8 +26,10 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -165,8 +167,33 @@ def run_workers(fn: Callable[..., Any], args: tuple, *, nprocs: int, nnodes: int
         monitor_interval=0.1, start_method="spawn", shutdown_timeout=opts.shutdown_timeout_s,
         logs_specs=DefaultLogsSpecs(log_dir=opts.log_dir),
     )
-    with _restartable(opts.max_restarts):
+    with _restartable(opts.max_restarts), _handlers_restored():
         return elastic_launch(cfg, _entry)(fn, args)
+
+
+# The signals torch's elastic agent takes over (its TORCHELASTIC_SIGNALS_TO_HANDLE default).
+AGENT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+                      if hasattr(signal, n))
+
+
+@contextlib.contextmanager
+def _handlers_restored():
+    """torch's elastic agent installs handlers for AGENT_SIGNALS that raise SignalException
+    (how _launch hears of a stop) and leaves them installed when it returns. A process that
+    goes on (the Python API, a test suite) would keep them, and the processes it forks later
+    inherit them: a forked worker told to stop with SIGTERM then raises instead of dying, and
+    multiprocessing's Pool.terminate waits on it forever. The launch's caller gets back the
+    handlers it had."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.getsignal(sig) for sig in AGENT_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

@@ -7,11 +7,13 @@ process start-up once.
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 
 from astrai.train import resume, train
-from astrai.train.launch import run_workers
+from astrai.train.launch import AGENT_SIGNALS, run_workers
 
 from .dist_helpers import (
     Interrupt,
@@ -73,7 +75,11 @@ def test_two_processes_match_one(tmp_path):
     all-reduced gradient differs from the one-process one in its last bits, which can flip
     a bf16 rounding, ~lr * 2^-8 per step)."""
     names = ["ddp-pretrain-train", "fsdp-sft-train", "fsdp-pretrain-resume", "ddp-pretrain-muon"]
+    handlers = {sig: signal.getsignal(sig) for sig in AGENT_SIGNALS}
     res = run_workers(scenarios, (str(tmp_path), names), nprocs=2)
+    # torch's agent leaves its own handlers installed; the launch puts the caller's back
+    # (kept, a process forked later that is told to stop raises instead of dying)
+    assert {sig: signal.getsignal(sig) for sig in AGENT_SIGNALS} == handlers
     for name, kind in (("ddp-pretrain-train", "pretrain"), ("fsdp-sft-train", "sft")):
         assert_same_run(tmp_path / name / "run", reference(tmp_path, kind), 3)
         for rank in (0, 1):
