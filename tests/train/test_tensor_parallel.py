@@ -39,6 +39,20 @@ def grad_norms(run_dir):
     return [json.loads(x)["grad_norm"] for x in lines]
 
 
+LR = 1e-4  # tp_config's peak learning rate
+
+
+def assert_adam_close(w: torch.Tensor, ref: torch.Tensor, lr: float, steps: int, name: str):
+    """The weights of two Adam runs whose sums differ in their last bits. Adam divides a
+    near-zero gradient (an embedding row of a token seen once) by its own root-mean-square,
+    so such an element can move by up to ~lr a step in one run and not in the other (2.0e-5
+    after 4 steps seen on an Intel Xeon); a wrong gradient moves whole matrices by ~lr a
+    step. So every element within steps · lr, and all but 1% of them within lr / 100."""
+    d = (w - ref).abs()
+    assert d.max().item() <= steps * lr, (name, d.max().item())
+    assert (d > lr / 100).float().mean().item() <= 0.01, (name, (d > lr / 100).sum().item())
+
+
 @pytest.mark.slow
 def test_2x2_matches_one_process_and_resumes_as_4x1(tmp_path):
     """4 processes as dp 2 x tp 2 (batch 4 each dp group) == 1 process x batch 8: the loss
@@ -54,14 +68,10 @@ def test_2x2_matches_one_process_and_resumes_as_4x1(tmp_path):
     straight, cut = tmp_path / "straight" / "run", tmp_path / "cut" / "run"
     torch.testing.assert_close(losses(straight), losses(ref), atol=1e-6, rtol=0)
     torch.testing.assert_close(grad_norms(straight), grad_norms(ref), atol=1e-6, rtol=1e-6)
-    # Weights within lr / 5: Adam divides a near-zero gradient (an embedding row of a
-    # token seen once) by its own root-mean-square, so the sums' last bits can move such a
-    # row by a good part of lr; a wrong gradient moves whole matrices by ~lr per step.
-    atol = 2e-5
     w, w_ref = weights(straight, 4), weights(ref, 4)
     assert w.keys() == w_ref.keys()
     for k in w_ref:
-        torch.testing.assert_close(w[k], w_ref[k], atol=atol, rtol=0, msg=k)
+        assert_adam_close(w[k], w_ref[k], LR, 4, k)
     assert res[0]["resumed_from"].endswith("step_3")
     torch.testing.assert_close(losses(cut), losses(ref), atol=1e-6, rtol=0)
     # a tied embedding/head stays replicated over tp: the same run as one process too,
@@ -75,7 +85,7 @@ def test_2x2_matches_one_process_and_resumes_as_4x1(tmp_path):
     assert len(val_ref) == 2
     torch.testing.assert_close(val, val_ref, atol=1e-6, rtol=0)
     for k, v in weights(cut, 4).items():
-        torch.testing.assert_close(v, w_ref[k], atol=atol, rtol=0, msg=k)
+        assert_adam_close(v, w_ref[k], LR, 4, k)
     # the projections really are split over tp (and sharded over dp by FSDP2)
     for rank in range(4):
         got = res[rank]["layout"]
