@@ -1039,9 +1039,6 @@ inline void q4_span(const int32_t* const* C, const int8_t* const* X, const float
   for (int r = 0; r < R; ++r) {
     const uint8_t* p = w[r] + b * 2 * G4;
     if (QPF) _mm_prefetch(reinterpret_cast<const char*>(p) + QPF, _MM_HINT_T0);
-#ifdef ASTRAI_SPF
-    if ((b & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(d[r] + 4 * b) + ASTRAI_SPF, _MM_HINT_T0);
-#endif
     const __m512i bytes = MASKED ? _mm512_maskz_loadu_epi8((1ULL << (16 * left)) - 1, p)
                                  : _mm512_loadu_si512(p);
     lo[r] = _mm512_and_si512(bytes, low);
@@ -1181,16 +1178,12 @@ inline void q4_group(int mb, const QuantAct& qa, int64_t m0, const uint8_t* cons
   }
 }
 
-#ifndef ASTRAI_R4
-#define ASTRAI_R4 2
-#endif
-constexpr int R4 = ASTRAI_R4;  // weight rows per int4 register tile
-// The R rows of a tile from row n0 of `mat` against activation rows [m0, m0 + mb), R4
-// weight rows at a time (the last fewer) for any mb: an int4 product is bound by its
-// arithmetic more than its reads (a decode row reads its bytes at about 0.9x the int8
-// product's rate, 2 threads, AMD EPYC Zen 3), so the activations shared by two rows pay where
-// two read streams cost (q8_rows) nothing measurable; single rows with more than two
-// activation rows measured 0.95x.
+// The R rows of a tile from row n0 of `mat` against activation rows [m0, m0 + mb), two weight
+// rows at a time (the last alone) for any mb: an int4 product is bound by its arithmetic more
+// than its reads (a decode row reads its bytes at about 0.9x the int8 product's rate, 2
+// threads, AMD EPYC Zen 3), so the activations shared by two rows pay where two read streams
+// cost (q8_rows) nothing measurable; single rows with more than two activation rows measured
+// 0.95x.
 inline void q4_rows(int mb, int R, const QuantAct& qa, int64_t m0, const Mat& mat,
                     int64_t n0, int64_t K, float* sums) {
   const uint8_t* w = static_cast<const uint8_t*>(mat.w) + n0 * mat.ldw;
@@ -1202,8 +1195,7 @@ inline void q4_rows(int mb, int R, const QuantAct& qa, int64_t m0, const Mat& ma
     dr[r] = d + r * (K / G4);
   }
   int r = 0;
-  for (; r + R4 <= R; r += R4) q4_group<R4>(mb, qa, m0, wr + r, dr + r, K, sums + r);
-  if (R4 > 2) for (; r + 2 <= R; r += 2) q4_group<2>(mb, qa, m0, wr + r, dr + r, K, sums + r);
+  for (; r + 2 <= R; r += 2) q4_group<2>(mb, qa, m0, wr + r, dr + r, K, sums + r);
   if (r < R) q4_group<1>(mb, qa, m0, wr + r, dr + r, K, sums + r);
 }
 void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
