@@ -52,6 +52,7 @@ from astrai.infer.structured import GrammarCompiler
 from astrai.kernels.cpu_linear import cpu_decode_kernels
 from astrai.model.context import AttentionBackend
 from astrai.model.fast_path import DecodeKernels
+from astrai.model.quant4 import tile_layers
 
 log = logging.getLogger("astrai.infer")
 
@@ -108,6 +109,8 @@ class Engine:
         self.cpu_kernels = kernels
         """astrai's CPU decode GEMVs for the steps' few-row products (None: torch's)."""
         if huge_pages and self.cpu_kernels is not None:  # decode streams the weights
+            if self.cpu_kernels.int4_tile:
+                tile_layers(model)
             place_weights(model)
         self.runner = ModelRunner(model, self.pool, self.cpu_kernels)
         self.decode_path = choose_path(self.runner, "eager" if decode == "auto" and backend

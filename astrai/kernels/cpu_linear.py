@@ -50,16 +50,19 @@ builds put a prefill's activation rows in the vector lanes (figures in docs/kern
 
 @functools.cache  # once per namespace: two tiers of one path share it
 def _register_fakes(ns: str) -> None:
+    def out_rows(w):  # int4 in tiles: [N/16, K/32, 256]
+        return w.shape[0] * w.shape[2] // 16 if w.dim() == 3 else w.shape[0]
+
     def fake(x, w, *rest):
-        return x.new_empty(*x.shape[:-1], w.shape[0])
+        return x.new_empty(*x.shape[:-1], out_rows(w))
 
     def fake_many(x, ws, *rest):
-        return [x.new_empty(*x.shape[:-1], w.shape[0]) for w in ws]
+        return [x.new_empty(*x.shape[:-1], out_rows(w)) for w in ws]
 
     def fake_layers(rows, embed, *rest):
         head = rest[-1]
         if head:  # fp32 logits [N, V]
-            return embed.new_empty(rows.shape[1], head[0].shape[0], dtype=torch.float32)
+            return embed.new_empty(rows.shape[1], out_rows(head[0]), dtype=torch.float32)
         return embed.new_empty(rows.shape[1], embed.shape[1])
 
     for op in ("gemv", "gemv_int8", "gemv_q8", "gemv_q4"):
@@ -77,12 +80,14 @@ def _register_fakes(ns: str) -> None:
 @functools.cache
 def load_ops(isa: str, flags: frozenset[str] | None = None) -> tuple[object, dict[str, int]]:
     """(op namespace, {"vector": floats per vector, "vnni": 0/1, "block": QK, "bf16_dot":
-    0/1}) of the built `isa` variant (its -m flags following `flags`, default this CPU's),
-    fakes registered. Raises cpu_build.CpuKernelUnavailable."""
+    0/1, "int4_tile": rows of an int4 tile, 0: none}) of the built `isa` variant (its -m
+    flags following `flags`, default this CPU's), fakes registered. Raises
+    cpu_build.CpuKernelUnavailable."""
     ops = cpu_build.load(isa, flags)
     _register_fakes(f"astrai_cpu_{isa}")
-    vector, vnni, block, bf16 = ops.info()
-    return ops, {"vector": vector, "vnni": vnni, "block": block, "bf16_dot": bf16}
+    vector, vnni, block, bf16, tile = ops.info()
+    return ops, {"vector": vector, "vnni": vnni, "block": block, "bf16_dot": bf16,
+                 "int4_tile": tile}
 
 
 def decode_kernels(isa: str, int8_act: str | None = None,
@@ -104,7 +109,7 @@ def decode_kernels(isa: str, int8_act: str | None = None,
         float_many=ops.gemv_many, int8_many=ops.gemv_q8_many if quantized else ops.gemv_int8_many,
         fp32_rows=(fp32_min, MAX_ROWS["fp32"]), bf16_rows=(1, MAX_ROWS["bf16"]),
         int8_rows=(1, ALL_ROWS if quantized else MAX_ROWS["int8"]),
-        int4_many=ops.gemv_q4_many, int4_rows=(1, ALL_ROWS),
+        int4_many=ops.gemv_q4_many, int4_rows=(1, ALL_ROWS), int4_tile=info["int4_tile"],
         rms_norm=ops.rms_norm, paged_decode=ops.paged_decode,
         decode_layers=ops.decode_layers, layer_slots=tuple(ops.slot_names()),
         first_argmax=ops.first_argmax, int4_dequant=ops.dequant_q4,

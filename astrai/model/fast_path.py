@@ -78,6 +78,10 @@ class DecodeKernels:
     int4_rows: tuple[int, int] = (1, 16)
     """The same for int4 weights (beyond, torch's GEMM on the dequantized weights; the
     kernels of cpu_linear take every row count)."""
+    int4_tile: int = 0
+    """Rows of a tile of int4 weights in tiles (astrai/model/quant4.py tile_rows), which
+    int4_many takes besides rows (0: rows only): an engine over its own model tiles its int4
+    layers for them."""
     int4_dequant: Callable[[Tensor, Tensor], Tensor] | None = None
     """(packed, scale) -> the fp32 weights [N, K], dequantize_groups' bits, for the products
     torch's GEMM takes (9x faster than torch's elementwise ops)."""

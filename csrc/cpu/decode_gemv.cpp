@@ -275,9 +275,10 @@ inline void store(const float* sums, int mb, int R, int64_t n0, const float* sca
 struct Mat {
   const void* w;
   int64_t ldw, N;
-  const float* scale;  // per-row scale (int8) or null
+  const float* scale;  // per-row scale (int8), group scales (int4 rows) or null
   const float* bias;   // or null
   float* out;          // [M, N]
+  const uint16_t* scale16 = nullptr;  // int4 in 16-row tiles (q4t_tile): their fp16 scales
 };
 
 // Row tiles of every matrix split over torch's threads; each thread streams a contiguous
@@ -385,6 +386,11 @@ constexpr bool kBf16Dot = false;
 // them, 2 in 256 bits and 4 in 512 (q4_span).
 constexpr int64_t G4 = 32;
 constexpr int Q4S = VL == 16 ? 4 * G4 : 2 * G4;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+constexpr int Q4T = 16;  // rows of a tile of int4 weights in tiles (q4t_tile)
+#else
+constexpr int Q4T = 0;  // none: the AVX2 build takes int4 rows alone
+#endif
 
 // -- int8 × int8 (quantized activations) ----------------------------------------------------
 // Activations per row m and block b of QK values: s = max|x| / 127, xq = round(x / s) (int8,
@@ -751,6 +757,8 @@ __attribute__((noinline)) void lane_tile(const LaneAct& la, int64_t j0, const in
 
 // Every matrix of `mats` against the M activation rows of `la`: tiles over torch's OpenMP
 // team, each tile's rows copied to signed int8 by fill(mat, n0, R, dst [RT][Kp], Kp) first.
+void q4t_unpack(const Mat& mat, int64_t n0, int64_t K, int8_t* w, int64_t Kp, float* ds);
+
 template <int G, bool SCALED, typename Fill>
 void lane_product(const LaneAct& la, int64_t M, int64_t K, const std::vector<Mat>& mats,
                   Fill fill) {
@@ -765,7 +773,14 @@ void lane_product(const LaneAct& la, int64_t M, int64_t K, const std::vector<Mat
     const int Rp = (R + LR - 1) / LR * LR;  // rows a register tile runs (padded ones zero)
     w.assign(static_cast<size_t>(Rp) * Kp, 0);
     corr.assign(static_cast<size_t>(Rp) * (Kp / G), 0);
-    fill(mat, n0, R, w.data(), Kp);
+    thread_local std::vector<float> ds_;
+    std::vector<float>& ds = ds_;
+    if (SCALED && mat.scale16) {  // int4 in tiles: R = Q4T
+      ds.resize(static_cast<size_t>(Q4T) * (K / G));
+      q4t_unpack(mat, n0, K, w.data(), Kp, ds.data());
+    } else {
+      fill(mat, n0, R, w.data(), Kp);
+    }
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     for (int r = 0; r < R; ++r)
       for (int64_t g = 0; g < Kp / G; ++g) {
@@ -778,7 +793,9 @@ void lane_product(const LaneAct& la, int64_t M, int64_t K, const std::vector<Mat
       }
     const float* d[RT + LR];
     for (int r = 0; r < Rp; ++r)
-      d[r] = SCALED ? mat.scale + (n0 + std::min(r, R - 1)) * (K / G) : nullptr;
+      d[r] = !SCALED ? nullptr
+             : mat.scale16 ? ds.data() + std::min(r, R - 1) * (K / G)
+                           : mat.scale + (n0 + std::min(r, R - 1)) * (K / G);
     // the tile's results [M][RT] first, then one masked 16-float store per activation row:
     // stores straight into the output's columns touch a cache line each
     tb.resize(la.groups * LN * RT);
@@ -1178,6 +1195,128 @@ inline void q4_group(int mb, const QuantAct& qa, int64_t m0, const uint8_t* cons
   }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// -- int4 weights in tiles of Q4T = 16 rows (a decode step on the AVX-512 builds) ----------
+// The layout astrai/model/quant4.py `tile_rows` makes: per tile and group g, 4 vectors of 64
+// bytes, vector i holding bytes 4i..4i+3 of the 16 rows' q4_0 group (row r in 32-bit lane r:
+// u_{4i..4i+3} in the low nibbles, u_{16+4i..} in the high ones), then the 16 rows' fp16
+// scales. A weight row is a lane, so per group and activation row, exact in int32,
+//   lanes = -8 · Σ_{k∈g} xq_k + Σ_i dot(lo_i, xq[4i..]) + Σ_i dot(hi_i, xq[16 + 4i..])
+// (each 4 activation bytes broadcast) and acc_b += float(lanes) · d_g, acc += acc_b · s_b
+// per block: no horizontal sums and no scale shuffles, one stream of weights. With VNNI the
+// high nibbles stay in place (byte & 0xF0 = 16 · hi, one op) and their sum is shifted back,
+// exactly (every product is a multiple of 16); without, maddubs would saturate on them, so
+// they are shifted down first. A row's result never depends on its batch.
+inline __m512i q4t_dot(__m512i acc, __m512i u, const int8_t* x) {
+  int32_t x4;
+  std::memcpy(&x4, x, 4);
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(x4));
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, _mm512_set1_epi32(x4)),
+                                                 _mm512_set1_epi16(1)));
+#endif
+}
+
+// One tile (w: its groups, d: its scales) against activation rows [m0, m0 + MBv) quantized
+// in gemv_q4's pairs (quantize_act), cg [M][K / G4] their groups' -8 · Σ xq:
+// sums[m · RT + r].
+template <int MBv>
+__attribute__((noinline)) void q4t_tile(const QuantAct& qa, const int32_t* cg, int64_t m0,
+                                        const uint8_t* w, const uint16_t* d, int64_t K,
+                                        float* sums) {
+  static_assert(QK == Q4S, "an activation block is one span of 4 groups");
+  const int64_t G = K / G4;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const ActRows<MBv> a(qa, m0);
+  const int32_t* C[MBv];
+  for (int m = 0; m < MBv; ++m) C[m] = cg + (m0 + m) * G;
+  __m512 acc[MBv], accb[MBv];
+  for (int m = 0; m < MBv; ++m) acc[m] = accb[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* p = w + g * (Q4T * 16);
+    __m512i lo[4], hi[4];
+    for (int i = 0; i < 4; ++i) {
+      if (QPF) _mm_prefetch(reinterpret_cast<const char*>(p) + 64 * i + QPF, _MM_HINT_T0);
+      const __m512i bytes = _mm512_loadu_si512(p + 64 * i);
+      lo[i] = _mm512_and_si512(bytes, low);
+#if defined(__AVX512VNNI__)
+      hi[i] = _mm512_andnot_si512(low, bytes);
+#else
+      hi[i] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
+#endif
+    }
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + g * Q4T)));
+    const int64_t xo = (g / 4) * Q4S + 16 * (g % 4);  // the group's low half; high: + Q4S / 2
+    for (int m = 0; m < MBv; ++m) {
+      const int8_t* x = a.X[m] + xo;
+      __m512i l = _mm512_set1_epi32(C[m][g]), h = _mm512_setzero_si512();
+      for (int i = 0; i < 4; ++i) {
+        l = q4t_dot(l, lo[i], x + 4 * i);
+        h = q4t_dot(h, hi[i], x + Q4S / 2 + 4 * i);
+      }
+#if defined(__AVX512VNNI__)
+      h = _mm512_srai_epi32(h, 4);
+#endif
+      accb[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(l, h)), dv, accb[m]);
+    }
+    if (g % 4 == 3 || g == G - 1)
+      for (int m = 0; m < MBv; ++m) {
+        acc[m] = _mm512_fmadd_ps(accb[m], _mm512_set1_ps(a.S[m][g / 4]), acc[m]);
+        accb[m] = _mm512_setzero_ps();
+      }
+  }
+  for (int m = 0; m < MBv; ++m) _mm512_storeu_ps(sums + m * RT, acc[m]);
+}
+
+inline void q4t_rows(int mb, const QuantAct& qa, const int32_t* cg, int64_t m0, const Mat& mat,
+                     int64_t n0, int64_t K, float* sums) {
+  const int64_t tile = n0 / Q4T;
+  const uint8_t* w = static_cast<const uint8_t*>(mat.w) + tile * (K / G4) * (Q4T * 16);
+  const uint16_t* d = mat.scale16 + tile * (K / G4) * Q4T;
+  switch (mb) {
+    case 4: return q4t_tile<4>(qa, cg, m0, w, d, K, sums);
+    case 3: return q4t_tile<3>(qa, cg, m0, w, d, K, sums);
+    case 2: return q4t_tile<2>(qa, cg, m0, w, d, K, sums);
+    default: return q4t_tile<1>(qa, cg, m0, w, d, K, sums);
+  }
+}
+
+// The group offsets of q4t_tile from gemv_q4's pairs (c8: 4 per group of the AVX-512 span).
+void q4t_offsets(const QuantAct& qa, int64_t M, int64_t K, std::vector<int32_t>& cg) {
+  const int64_t G = K / G4;
+  cg.resize(M * G);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      const int32_t* c = qa.c8.data() + m * (qa.Kp / 8) + (g / 4) * (Q4S / 8) + 4 * (g % 4);
+      cg[m * G + g] = c[0] + c[1] + c[2] + c[3];
+    }
+}
+
+// A tile's weights as lane_product copies them (signed int8 [16][Kp], v = u - 8) and its
+// scales as fp32 [16][K / G4].
+void q4t_unpack(const Mat& mat, int64_t n0, int64_t K, int8_t* w, int64_t Kp, float* ds) {
+  const int64_t G = K / G4, tile = n0 / Q4T;
+  const uint8_t* q = static_cast<const uint8_t*>(mat.w) + tile * G * (Q4T * 16);
+  const uint16_t* d = mat.scale16 + tile * G * Q4T;
+  const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  alignas(64) int32_t v[8][Q4T];  // [lo 0..3, hi 0..3][row]: 4 values each
+  for (int64_t g = 0; g < G; ++g) {
+    for (int i = 0; i < 4; ++i) {
+      const __m512i bytes = _mm512_loadu_si512(q + g * (Q4T * 16) + 64 * i);
+      _mm512_store_si512(v[i], _mm512_sub_epi8(_mm512_and_si512(bytes, low), eight));
+      _mm512_store_si512(v[4 + i], _mm512_sub_epi8(
+          _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low), eight));
+    }
+    for (int r = 0; r < Q4T; ++r) {
+      int32_t* dst = reinterpret_cast<int32_t*>(w + r * Kp + g * G4);
+      for (int c = 0; c < 8; ++c) dst[c] = v[c][r];
+      ds[r * G + g] = _cvtsh_ss(d[g * Q4T + r]);
+    }
+  }
+}
+#endif
+
 // The R rows of a tile from row n0 of `mat` against activation rows [m0, m0 + mb), two weight
 // rows at a time (the last alone) for any mb: an int4 product is bound by its arithmetic more
 // than its reads (a decode row reads its bytes at about 0.9x the int8 product's rate, 2
@@ -1206,6 +1345,7 @@ void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
     quantize_act(x, M, K, qa, false);
     lane_act(qa, M, la);
     lane_product<G4, true>(la, M, K, mats, [K](const Mat& mat, int64_t n0, int R, int8_t* w, int64_t Kp) {
+      if (mat.scale16) return;  // tiles: lane_product unpacks them (q4t_unpack)
       const __m256i eight = _mm256_set1_epi8(8);
       for (int r = 0; r < R; ++r) {
         const uint8_t* q = static_cast<const uint8_t*>(mat.w) + (n0 + r) * mat.ldw;
@@ -1219,12 +1359,22 @@ void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
 #endif
   quantize_act(x, M, K, qa, false, true);  // once for every matrix of the call, in pairs
   const QuantAct& q = qa;
+  thread_local std::vector<int32_t> cg_;
+  std::vector<int32_t>& cg = cg_;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if (std::any_of(mats.begin(), mats.end(), [](const Mat& m) { return m.scale16 != nullptr; }))
+    q4t_offsets(qa, M, K, cg);
+#endif
   for (int64_t mc = 0; mc < M; mc += MC) {
     const int64_t mend = std::min(M, mc + MC);
     over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
       float sums[MB * RT];
       for (int64_t m0 = mc; m0 < mend; m0 += MB) {
         const int mb = static_cast<int>(std::min<int64_t>(MB, mend - m0));
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+        if (mat.scale16) q4t_rows(mb, q, cg.data(), m0, mat, n0, K, sums);
+        else
+#endif
         q4_rows(mb, R, q, m0, mat, n0, K, sums);
         store(sums, mb, R, n0, nullptr, mat.bias, mat.out + m0 * mat.N, mat.N);
       }
@@ -1232,7 +1382,9 @@ void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
   }
 }
 
-// x [..., K] against int4 weights: q [N, K/2] uint8 (the layout above), scale [N, K/32] fp32.
+// x [..., K] against int4 weights: q [N, K/2] uint8 (the layout above) with scale [N, K/32]
+// fp32, or, on the AVX-512 builds, in tiles (q4t_tile): q [N/16, K/32, 256] uint8 with scale
+// [N/16, K/32, 16] fp16.
 std::vector<at::Tensor> gemv_q4_many(const at::Tensor& x, at::TensorList qs,
                                      at::TensorList scales, const OptList& biases) {
   const char* op = "gemv_q4";
@@ -1251,16 +1403,35 @@ std::vector<at::Tensor> gemv_q4_many(const at::Tensor& x, at::TensorList qs,
   c.M = c.x2.size(0);
   for (size_t i = 0; i < qs.size(); ++i) {
     const at::Tensor& q = qs[i];
+    const at::Tensor& sc = scales[i];
+    const std::optional<at::Tensor> b = biases.size() ? biases.get(i) : std::nullopt;
+    if (q.dim() == 3) {  // tiles
+      TORCH_CHECK(Q4T > 0, op, ": int4 weights in tiles need the AVX-512 build");
+      TORCH_CHECK(q.scalar_type() == at::kByte && q.size(1) == c.K / G4 &&
+                      q.size(2) == Q4T * 16 && q.is_contiguous() && !q.is_cuda(),
+                  op, ": weight ", i, " must be contiguous uint8 [N/", Q4T, ", ", c.K / G4, ", ",
+                  Q4T * 16, "] on the CPU");
+      const int64_t N = q.size(0) * Q4T;
+      TORCH_CHECK(sc.scalar_type() == at::kHalf && sc.is_contiguous() && !sc.is_cuda() &&
+                      sc.dim() == 3 && sc.size(0) == q.size(0) && sc.size(1) == c.K / G4 &&
+                      sc.size(2) == Q4T,
+                  op, ": scale ", i, " must be contiguous fp16 [", q.size(0), ", ", c.K / G4,
+                  ", ", Q4T, "]");
+      c.outs.push_back(at::empty({c.M, N}, c.x2.options()));
+      Mat mat{q.data_ptr(), 0, N, nullptr, f32_vector(b, N, "bias", c),
+              c.outs.back().data_ptr<float>()};
+      mat.scale16 = reinterpret_cast<const uint16_t*>(sc.data_ptr<at::Half>());
+      c.mats.push_back(mat);
+      continue;
+    }
     TORCH_CHECK(q.scalar_type() == at::kByte && q.dim() == 2 && q.size(1) * 2 == c.K &&
                     q.is_contiguous() && !q.is_cuda(),
                 op, ": weight ", i, " must be contiguous uint8 [N, ", c.K / 2, "] on the CPU");
     const int64_t N = q.size(0);
-    const at::Tensor& sc = scales[i];
     TORCH_CHECK(sc.scalar_type() == at::kFloat && sc.is_contiguous() && !sc.is_cuda() &&
                     sc.dim() == 2 && sc.size(0) == N && sc.size(1) == c.K / G4,
                 op, ": scale ", i, " must be contiguous fp32 [", N, ", ", c.K / G4, "]");
     c.outs.push_back(at::empty({c.M, N}, c.x2.options()));
-    const std::optional<at::Tensor> b = biases.size() ? biases.get(i) : std::nullopt;
     c.mats.push_back({q.data_ptr(), q.stride(0), N, sc.data_ptr<float>(),
                       f32_vector(b, N, "bias", c), c.outs.back().data_ptr<float>()});
   }
@@ -1616,8 +1787,8 @@ at::Tensor first_argmax(const at::Tensor& x) {
 }
 
 // What this build is: floats per vector (16: AVX-512, 8: AVX2), VNNI (1/0), the block QK,
-// AVX512-BF16 dots (1/0).
-std::vector<int64_t> info() { return {VL, kVnni ? 1 : 0, QK, kBf16Dot ? 1 : 0}; }
+// AVX512-BF16 dots (1/0), the rows of a tile of int4 weights in tiles (0: rows only).
+std::vector<int64_t> info() { return {VL, kVnni ? 1 : 0, QK, kBf16Dot ? 1 : 0, Q4T}; }
 
 // decode_layers' per-block weight order by name: astrai/infer/native_step.py packs each
 // block's weights by these names, so the order lives here alone.

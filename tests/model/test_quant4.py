@@ -10,7 +10,17 @@ import torch
 from astrai.errors import UnsupportedModelError
 from astrai.model import build_model, get_preset
 from astrai.model.quant import quantize_model, weight_count
-from astrai.model.quant4 import GROUP, Int4Linear, dequantize_groups, int4_linear, quantize_groups
+from astrai.model.quant4 import (
+    GROUP,
+    TILE,
+    Int4Linear,
+    dequantize_groups,
+    int4_linear,
+    quantize_groups,
+    tile_layers,
+    tile_rows,
+    untile_rows,
+)
 
 
 def weights(n: int = 24, k: int = 128, seed: int = 0) -> torch.Tensor:
@@ -131,3 +141,78 @@ def test_a_prefill_takes_the_kernel_or_its_dequantized_weights_bit_for_bit():
         assert torch.allclose(batch, torch_path, rtol=1e-5, atol=1e-4)
         assert torch.allclose(decode, torch_path[:9], rtol=1e-5, atol=1e-4)
         assert torch.equal(int4_linear(x, packed, d, None, few_rows), torch_path)
+
+
+def test_tiles_hold_the_rows_values_in_the_kernels_order():
+    """tile_rows reorders, nothing else: group g of tile t holds, for dword i and row r, bytes
+    4i..4i+3 of row 16t + r's group, then the 16 rows' scales as fp16; untile_rows inverts it."""
+    packed, d = quantize_groups(weights(48, 96))
+    tiles, scales = tile_rows(packed, d)
+    assert tiles.shape == (3, 3, TILE * 16) and tiles.dtype == torch.uint8
+    assert scales.shape == (3, 3, TILE) and scales.dtype == torch.float16
+    for t, g, i, r in ((0, 0, 0, 0), (1, 2, 3, 5), (2, 1, 2, 15)):
+        row, at = 16 * t + r, 16 * g + 4 * i
+        assert torch.equal(tiles[t, g, 64 * i + 4 * r:64 * i + 4 * r + 4], packed[row, at:at + 4])
+        assert scales[t, g, r].item() == d[row, g].item()
+    back = untile_rows(tiles, scales)
+    assert torch.equal(back[0], packed) and torch.equal(back[1], d)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        tile_rows(*quantize_groups(weights(24, 96)))
+
+
+def test_a_tiled_layer_is_the_rows_layer():
+    """A layer in tiles computes what it computed in rows (the kernel's tiles within float
+    summation order of its rows, torch's path exactly), keeps its state dict and weights in
+    the row layout, loads a row state dict back, and a layer whose rows do not fill tiles
+    stays in rows."""
+    from astrai.kernels.cpu_linear import cpu_decode_kernels
+
+    w, g = weights(64, 160), torch.Generator().manual_seed(3)
+    layer = Int4Linear.from_linear(torch.nn.Linear(160, 64, bias=True))
+    layer.qweight, layer.scale = quantize_groups(w)
+    rows = Int4Linear(layer.qweight.clone(), layer.scale.clone(), layer.bias)
+    state = {k: v.clone() for k, v in layer.state_dict().items()}
+    assert layer.tile_() and layer.tiled and "tiles of 16 rows" in repr(layer)
+    assert not Int4Linear(*quantize_groups(weights(24, 96))).tile_()
+    for key, value in layer.state_dict().items():
+        assert torch.equal(value, state[key]), key
+    assert torch.equal(layer.dequantized(), rows.dequantized())
+    x = torch.randn(5, 160, generator=g)
+    with torch.no_grad():
+        assert torch.equal(layer(x), rows(x))  # torch's path: the row layout's weights
+        kernels = cpu_decode_kernels()
+        if kernels is not None and kernels.int4_tile:
+            for m in (1, 3, 5):
+                assert torch.allclose(layer(x[:m], kernels), rows(x[:m], kernels),
+                                      rtol=1e-5, atol=1e-4)
+    layer.load_state_dict(state)
+    assert not layer.tiled and torch.equal(layer.qweight, state["qweight"])
+    model = quantize_model(build_model(get_preset("tiny")), "int4")
+    assert tile_layers(model) == sum(isinstance(m, Int4Linear) and m.out_features % 16 == 0
+                                     for m in model.modules())
+
+
+@pytest.mark.parametrize("k", [128, 160, 2304])  # one block, a partial block, eighteen
+def test_the_tiled_kernel_computes_the_rows_kernels_function(k):
+    """The AVX-512 builds' tiles: a decode's rows within float summation order of the row
+    layout's kernel (the same exact int32 group dots), each row's bits those it gets alone; a
+    prefill's rows bit for bit the row layout's (one lane kernel, the tile unpacked)."""
+    from astrai.kernels.cpu_linear import cpu_decode_kernels
+
+    kernels = cpu_decode_kernels()
+    if kernels is None or not kernels.int4_tile:
+        pytest.skip("no AVX-512 CPU decode kernels here")
+    packed, d = quantize_groups(weights(48, k, seed=k))
+    tiles, scales = tile_rows(packed, d)
+    bias = torch.randn(48, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(40, k, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        for m in (1, 2, 3, 4, 5, 9, 16):
+            got = kernels.int4_many(x[:m], [tiles], [scales], [bias])[0]
+            ref = kernels.int4_many(x[:m], [packed], [d], [bias])[0]
+            assert torch.allclose(got, ref, rtol=1e-5, atol=1e-4), m
+            alone = torch.cat([kernels.int4_many(x[i:i + 1], [tiles], [scales], [bias])[0]
+                               for i in range(m)])
+            assert torch.equal(got, alone), m
+        got = kernels.int4_many(x, [tiles, packed], [scales, d], [bias, bias])
+        assert torch.equal(got[0], got[1])
