@@ -147,12 +147,12 @@ def build_shape(name: str, fmts: list[str], work: Path, concurrent: bool) -> Sha
     order = sorted(fmts, key=lambda f: f == "fp32")  # the copies first, fp32 itself last
     for i, fmt in enumerate(order):
         m = astrai_format(model if i == len(order) - 1 else copy.deepcopy(model), fmt)
-        s.bytes[("astrai", fmt)] = bytes_per_token(m)
         if concurrent:  # both page policies on the small shape
             s.engines_4k[fmt] = ours.engine(copy.deepcopy(m), huge_pages=False)
             ours.warm_up(s.engines_4k[fmt], s.prompts)
         s.engines[fmt] = ours.engine(m, huge_pages=True)
         ours.warm_up(s.engines[fmt], s.prompts)
+        s.bytes[("astrai", fmt)] = bytes_per_token(m)  # as the engine laid them out
     del model
     for n in set(s.bytes.values()):
         s.bandwidth[n] = read_bandwidth(n)

@@ -81,7 +81,9 @@ class Engine:
         adapters resident in one batch (default: as many as `loras` names, at least 1);
         `max_lora_rank`, `max_loaded_loras`: the largest rank and the most adapters served
         (astrai.infer.loras). `kernels`: the CPU decode kernels of the engine's steps
-        ("auto": this machine's, astrai.kernels.cpu_linear, on a CPU; None: torch's).
+        ("auto": this machine's, astrai.kernels.cpu_linear, on a CPU; None: torch's); where
+        they take int4 weights in tiles, the model's int4 layers are laid out so, in place
+        (astrai.model.quant4: the same values, state dicts in rows as before).
         `huge_pages`: move the weights' storage into huge pages for the kernels (the same
         Parameters, new storage: off for a module the caller still trains or holds
         pointers into; `from_checkpoint` and the CLI turn it on)."""
@@ -108,9 +110,9 @@ class Engine:
             kernels = cpu_decode_kernels() if p.device.type == "cpu" else None
         self.cpu_kernels = kernels
         """astrai's CPU decode GEMVs for the steps' few-row products (None: torch's)."""
+        if self.cpu_kernels is not None and self.cpu_kernels.int4_tile:
+            tile_layers(model)  # the layout the kernels read fastest (model/quant4.py)
         if huge_pages and self.cpu_kernels is not None:  # decode streams the weights
-            if self.cpu_kernels.int4_tile:
-                tile_layers(model)
             place_weights(model)
         self.runner = ModelRunner(model, self.pool, self.cpu_kernels)
         self.decode_path = choose_path(self.runner, "eager" if decode == "auto" and backend
