@@ -11,8 +11,8 @@ packed two per byte: byte j holds u_j in its low nibble and u_{j+16} in its high
 An engine whose CPU kernels take them (the AVX-512 builds, `DecodeKernels.int4_tile`) lays
 its layers out in tiles of TILE rows (`tile_rows`, the same numbers reordered): per tile and
 group, bytes 4i..4i+3 of the 16 rows' groups side by side (one row per 32-bit lane of the
-kernel's vectors), then the 16 fp16 scales, so a decode step reads 0.5625 bytes per weight
-(q4_0's) as one stream with no horizontal sums (csrc/cpu/decode_gemv.cpp q4t_tile). The
+kernel's vectors), and beside them the 16 rows' scales as fp16, so a decode step reads 0.5625
+bytes per weight (q4_0's) with no horizontal sums (csrc/cpu/decode_gemv.cpp q4t_tile). The
 module's state dict and dequantized weights are the row layout's whatever it holds.
 
 The products quantize the activations as the int8 ones do (per row and block of ACT_BLOCK,

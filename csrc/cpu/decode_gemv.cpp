@@ -1199,11 +1199,13 @@ inline void q4_group(int mb, const QuantAct& qa, int64_t m0, const uint8_t* cons
 // -- int4 weights in tiles of Q4T = 16 rows (a decode step on the AVX-512 builds) ----------
 // The layout astrai/model/quant4.py `tile_rows` makes: per tile and group g, 4 vectors of 64
 // bytes, vector i holding bytes 4i..4i+3 of the 16 rows' q4_0 group (row r in 32-bit lane r:
-// u_{4i..4i+3} in the low nibbles, u_{16+4i..} in the high ones), then the 16 rows' fp16
-// scales. A weight row is a lane, so per group and activation row, exact in int32,
+// u_{4i..4i+3} in the low nibbles, u_{16+4i..} in the high ones); beside them (a tensor of
+// their own) the 16 rows' fp16 scales of each group. A weight row is a lane, so per group
+// and activation row, exact in int32,
 //   lanes = -8 · Σ_{k∈g} xq_k + Σ_i dot(lo_i, xq[4i..]) + Σ_i dot(hi_i, xq[16 + 4i..])
 // (each 4 activation bytes broadcast) and acc_b += float(lanes) · d_g, acc += acc_b · s_b
-// per block: no horizontal sums and no scale shuffles, one stream of weights. With VNNI the
+// per block: no horizontal sums and no scale shuffles, two streams a tile (the row layout:
+// two a row). With VNNI the
 // high nibbles stay in place (byte & 0xF0 = 16 · hi, one op) and their sum is shifted back,
 // exactly (every product is a multiple of 16); without, maddubs would saturate on them, so
 // they are shifted down first. A row's result never depends on its batch.
