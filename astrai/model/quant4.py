@@ -8,7 +8,7 @@ the same numbers (docs/engine.md "Weight formats").
 d is kept as the fp16 value q4_0 stores (in an fp32 tensor); the 32 values u_j in [0, 15] are
 packed two per byte: byte j holds u_j in its low nibble and u_{j+16} in its high one.
 
-An engine whose CPU kernels take them (the AVX-512 builds, `DecodeKernels.int4_tile`) lays
+An engine whose CPU kernels take them (every build, `DecodeKernels.int4_tile`) lays
 its layers out in tiles of TILE rows (`tile_rows`, the same numbers reordered): per tile and
 group, bytes 4i..4i+3 of the 16 rows' groups side by side (one row per 32-bit lane of the
 kernel's vectors), and beside them the 16 rows' scales as fp16, so a decode step reads 0.5625

@@ -386,11 +386,7 @@ constexpr bool kBf16Dot = false;
 // them, 2 in 256 bits and 4 in 512 (q4_span).
 constexpr int64_t G4 = 32;
 constexpr int Q4S = VL == 16 ? 4 * G4 : 2 * G4;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
 constexpr int Q4T = 16;  // rows of a tile of int4 weights in tiles (q4t_tile)
-#else
-constexpr int Q4T = 0;  // none: the AVX2 build takes int4 rows alone
-#endif
 
 // -- int8 × int8 (quantized activations) ----------------------------------------------------
 // Activations per row m and block b of QK values: s = max|x| / 127, xq = round(x / s) (int8,
@@ -1195,8 +1191,7 @@ inline void q4_group(int mb, const QuantAct& qa, int64_t m0, const uint8_t* cons
   }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-// -- int4 weights in tiles of Q4T = 16 rows (a decode step on the AVX-512 builds) ----------
+// -- int4 weights in tiles of Q4T = 16 rows (an engine's layers) --------------------------
 // The layout astrai/model/quant4.py `tile_rows` makes: per tile and group g, 4 vectors of 64
 // bytes, vector i holding bytes 4i..4i+3 of the 16 rows' q4_0 group (row r in 32-bit lane r:
 // u_{4i..4i+3} in the low nibbles, u_{16+4i..} in the high ones); beside them (a tensor of
@@ -1208,7 +1203,17 @@ inline void q4_group(int mb, const QuantAct& qa, int64_t m0, const uint8_t* cons
 // two a row). With VNNI the
 // high nibbles stay in place (byte & 0xF0 = 16 · hi, one op) and their sum is shifted back,
 // exactly (every product is a multiple of 16); without, maddubs would saturate on them, so
-// they are shifted down first. A row's result never depends on its batch.
+// they are shifted down first. A row's result never depends on its batch. AVX2 takes a tile
+// as two halves of 8 rows, its 8 maddubs of a group summed in int16 (at most 8 · 2 · 15 ·
+// 127 = 30480, no saturation) before one madd: per group and half 8 maddubs, 8 adds, 1 madd,
+// 1 conversion, 1 multiply and 1 fmadd.
+// Activation rows come quantized in gemv_q4's pairs (quantize_act): in each span of Q4S
+// values, group j's low half at 16j, its high half Q4S / 2 further.
+inline int64_t q4t_x(int64_t g) {
+  return (g / (Q4S / G4)) * Q4S + 16 * (g % (Q4S / G4));
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 inline __m512i q4t_dot(__m512i acc, __m512i u, const int8_t* x) {
   int32_t x4;
   std::memcpy(&x4, x, 4);
@@ -1249,7 +1254,7 @@ __attribute__((noinline)) void q4t_tile(const QuantAct& qa, const int32_t* cg, i
 #endif
     }
     const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + g * Q4T)));
-    const int64_t xo = (g / 4) * Q4S + 16 * (g % 4);  // the group's low half; high: + Q4S / 2
+    const int64_t xo = q4t_x(g);
     for (int m = 0; m < MBv; ++m) {
       const int8_t* x = a.X[m] + xo;
       __m512i l = _mm512_set1_epi32(C[m][g]), h = _mm512_setzero_si512();
@@ -1262,14 +1267,64 @@ __attribute__((noinline)) void q4t_tile(const QuantAct& qa, const int32_t* cg, i
 #endif
       accb[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(l, h)), dv, accb[m]);
     }
-    if (g % 4 == 3 || g == G - 1)
+    if (g % (QK / G4) == QK / G4 - 1 || g == G - 1)
       for (int m = 0; m < MBv; ++m) {
-        acc[m] = _mm512_fmadd_ps(accb[m], _mm512_set1_ps(a.S[m][g / 4]), acc[m]);
+        acc[m] = _mm512_fmadd_ps(accb[m], _mm512_set1_ps(a.S[m][g / (QK / G4)]), acc[m]);
         accb[m] = _mm512_setzero_ps();
       }
   }
   for (int m = 0; m < MBv; ++m) _mm512_storeu_ps(sums + m * RT, acc[m]);
 }
+#else
+template <int MBv>
+__attribute__((noinline)) void q4t_tile(const QuantAct& qa, const int32_t* cg, int64_t m0,
+                                        const uint8_t* w, const uint16_t* d, int64_t K,
+                                        float* sums) {
+  const int64_t G = K / G4;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const ActRows<MBv> a(qa, m0);
+  const int32_t* C[MBv];
+  for (int m = 0; m < MBv; ++m) C[m] = cg + (m0 + m) * G;
+  __m256 acc[MBv][2];
+  for (int m = 0; m < MBv; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* p = w + g * (Q4T * 16);
+    if (QPF)
+      for (int i = 0; i < 4; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(p) + 64 * i + QPF, _MM_HINT_T0);
+    const int64_t xo = q4t_x(g);
+    for (int h = 0; h < 2; ++h) {  // rows 8h..8h + 7
+      __m256i lo[4], hi[4];
+      for (int i = 0; i < 4; ++i) {
+        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * i + 32 * h));
+        lo[i] = _mm256_and_si256(bytes, low);
+        hi[i] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+      }
+      const __m256 dv = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(d + g * Q4T + 8 * h)));
+      for (int m = 0; m < MBv; ++m) {
+        const int8_t* x = a.X[m] + xo;
+        __m256i s16 = _mm256_setzero_si256();
+        for (int i = 0; i < 4; ++i) {
+          int32_t xl, xh;
+          std::memcpy(&xl, x + 4 * i, 4);
+          std::memcpy(&xh, x + Q4S / 2 + 4 * i, 4);
+          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[i], _mm256_set1_epi32(xl)));
+          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[i], _mm256_set1_epi32(xh)));
+        }
+        const __m256i lanes = _mm256_add_epi32(_mm256_madd_epi16(s16, ones),
+                                               _mm256_set1_epi32(C[m][g]));
+        const __m256 sc = _mm256_mul_ps(dv, _mm256_set1_ps(a.S[m][g / (QK / G4)]));
+        acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), sc, acc[m][h]);
+      }
+    }
+  }
+  for (int m = 0; m < MBv; ++m) {
+    _mm256_storeu_ps(sums + m * RT, acc[m][0]);
+    _mm256_storeu_ps(sums + m * RT + 8, acc[m][1]);
+  }
+}
+#endif
 
 inline void q4t_rows(int mb, const QuantAct& qa, const int32_t* cg, int64_t m0, const Mat& mat,
                      int64_t n0, int64_t K, float* sums) {
@@ -1290,11 +1345,13 @@ void q4t_offsets(const QuantAct& qa, int64_t M, int64_t K, std::vector<int32_t>&
   cg.resize(M * G);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < G; ++g) {
-      const int32_t* c = qa.c8.data() + m * (qa.Kp / 8) + (g / 4) * (Q4S / 8) + 4 * (g % 4);
+      const int32_t* c = qa.c8.data() + m * (qa.Kp / 8) + (g / (Q4S / G4)) * (Q4S / 8) +
+                         4 * (g % (Q4S / G4));  // 4 a group: its low half's 4 dwords
       cg[m * G + g] = c[0] + c[1] + c[2] + c[3];
     }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 // A tile's weights as lane_product copies them (signed int8 [16][Kp], v = u - 8) and its
 // scales as fp32 [16][K / G4].
 void q4t_unpack(const Mat& mat, int64_t n0, int64_t K, int8_t* w, int64_t Kp, float* ds) {
@@ -1363,21 +1420,16 @@ void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
   const QuantAct& q = qa;
   thread_local std::vector<int32_t> cg_;
   std::vector<int32_t>& cg = cg_;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
   if (std::any_of(mats.begin(), mats.end(), [](const Mat& m) { return m.scale16 != nullptr; }))
     q4t_offsets(qa, M, K, cg);
-#endif
   for (int64_t mc = 0; mc < M; mc += MC) {
     const int64_t mend = std::min(M, mc + MC);
     over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
       float sums[MB * RT];
       for (int64_t m0 = mc; m0 < mend; m0 += MB) {
         const int mb = static_cast<int>(std::min<int64_t>(MB, mend - m0));
-#if defined(__AVX512F__) && defined(__AVX512BW__)
         if (mat.scale16) q4t_rows(mb, q, cg.data(), m0, mat, n0, K, sums);
-        else
-#endif
-        q4_rows(mb, R, q, m0, mat, n0, K, sums);
+        else q4_rows(mb, R, q, m0, mat, n0, K, sums);
         store(sums, mb, R, n0, nullptr, mat.bias, mat.out + m0 * mat.N, mat.N);
       }
     }, M > TEAM_FROM);
@@ -1385,7 +1437,7 @@ void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
 }
 
 // x [..., K] against int4 weights: q [N, K/2] uint8 (the layout above) with scale [N, K/32]
-// fp32, or, on the AVX-512 builds, in tiles (q4t_tile): q [N/16, K/32, 256] uint8 with scale
+// fp32, or in tiles (q4t_tile): q [N/16, K/32, 256] uint8 with scale
 // [N/16, K/32, 16] fp16.
 std::vector<at::Tensor> gemv_q4_many(const at::Tensor& x, at::TensorList qs,
                                      at::TensorList scales, const OptList& biases) {
@@ -1408,7 +1460,6 @@ std::vector<at::Tensor> gemv_q4_many(const at::Tensor& x, at::TensorList qs,
     const at::Tensor& sc = scales[i];
     const std::optional<at::Tensor> b = biases.size() ? biases.get(i) : std::nullopt;
     if (q.dim() == 3) {  // tiles
-      TORCH_CHECK(Q4T > 0, op, ": int4 weights in tiles need the AVX-512 build");
       TORCH_CHECK(q.scalar_type() == at::kByte && q.size(1) == c.K / G4 &&
                       q.size(2) == Q4T * 16 && q.is_contiguous() && !q.is_cuda(),
                   op, ": weight ", i, " must be contiguous uint8 [N/", Q4T, ", ", c.K / G4, ", ",

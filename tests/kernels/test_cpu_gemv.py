@@ -317,24 +317,26 @@ def test_isa_and_flags_follow_the_cpu_flags():
     assert "-O3" in cpu_build.compile_flags("avx2", frozenset())
 
 
-def test_int4_tiles_on_the_builds_that_take_them(ops):
-    """The AVX-512 builds take int4 weights in tiles (astrai/model/quant4.py tile_rows) as
-    they take rows, within float summation order; the AVX2 build says in one line that it
-    does not."""
+def test_int4_tiles_on_every_build(ops):
+    """Every build takes int4 weights in tiles (astrai/model/quant4.py tile_rows) as it takes
+    rows, within float summation order, each row's bits those it gets alone; a scale of the
+    wrong dtype is refused in one line."""
     from astrai.model.quant4 import quantize_groups, tile_rows
 
     ops, info = ops
-    g = torch.Generator().manual_seed(6)
-    packed, d = quantize_groups(torch.randn(32, 96, generator=g))
-    tiles, scales = tile_rows(packed, d)
-    x = torch.randn(3, 96, generator=g)
-    if not info["int4_tile"]:
-        with pytest.raises(RuntimeError, match="tiles need the AVX-512 build"):
-            ops.gemv_q4_many(x, [tiles], [scales], [None])
-        return
     assert info["int4_tile"] == 16
-    got = ops.gemv_q4_many(x, [tiles], [scales], [None])[0]
-    ref = ops.gemv_q4_many(x, [packed], [d], [None])[0]
-    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-4)
+    g = torch.Generator().manual_seed(6)
+    for n, k in ((32, 96), (48, 160), (16, 2304)):
+        packed, d = quantize_groups(torch.randn(n, k, generator=g))
+        tiles, scales = tile_rows(packed, d)
+        bias = torch.randn(n, generator=g)
+        for m in (1, 3, 5, 20):
+            x = torch.randn(m, k, generator=g)
+            got = ops.gemv_q4_many(x, [tiles], [scales], [bias])[0]
+            ref = ops.gemv_q4_many(x, [packed], [d], [bias])[0]
+            check(got, ref, 1e-5 * ref.abs().max() + 1e-4)
+            alone = torch.cat([ops.gemv_q4_many(x[i:i + 1], [tiles], [scales], [bias])[0]
+                               for i in range(m)])
+            assert m > 16 or torch.equal(got, alone), (n, k, m)
     with pytest.raises(RuntimeError, match="must be contiguous fp16"):
         ops.gemv_q4_many(x, [tiles], [scales.float()], [None])

@@ -194,14 +194,15 @@ def test_a_tiled_layer_is_the_rows_layer():
 
 @pytest.mark.parametrize("k", [128, 160, 2304])  # one block, a partial block, eighteen
 def test_the_tiled_kernel_computes_the_rows_kernels_function(k):
-    """The AVX-512 builds' tiles: a decode's rows within float summation order of the row
+    """The tiles: a decode's rows within float summation order of the row
     layout's kernel (the same exact int32 group dots), each row's bits those it gets alone; a
-    prefill's rows bit for bit the row layout's (one lane kernel, the tile unpacked)."""
+    prefill's rows within the same order (on AVX-512 bit for bit: one lane kernel, the tile
+    unpacked)."""
     from astrai.kernels.cpu_linear import cpu_decode_kernels
 
     kernels = cpu_decode_kernels()
     if kernels is None or not kernels.int4_tile:
-        pytest.skip("no AVX-512 CPU decode kernels here")
+        pytest.skip("no CPU decode kernels here (no compiler)")
     packed, d = quantize_groups(weights(48, k, seed=k))
     tiles, scales = tile_rows(packed, d)
     bias = torch.randn(48, generator=torch.Generator().manual_seed(4))
@@ -215,4 +216,6 @@ def test_the_tiled_kernel_computes_the_rows_kernels_function(k):
                                for i in range(m)])
             assert torch.equal(got, alone), m
         got = kernels.int4_many(x, [tiles, packed], [scales, d], [bias, bias])
-        assert torch.equal(got[0], got[1])
+        if kernels.name.startswith("avx512"):  # both through the lane kernel
+            assert torch.equal(got[0], got[1])
+        assert torch.allclose(got[0], got[1], rtol=1e-5, atol=1e-4)
