@@ -74,7 +74,8 @@ class DecodeKernels:
     int4_many: Callable[[Tensor, list[Tensor], list[Tensor], list[Tensor | None]],
                         list[Tensor]] | None = None
     """The int4 product against several (packed [N, K/2] uint8, scale [N, K/32] fp32) pairs
-    (astrai/model/quant4.py), activations quantized as int8's; None: no int4 kernel."""
+    (astrai/model/quant4.py), or their tiles (`int4_tile`), activations quantized as int8's;
+    None: no int4 kernel."""
     int4_rows: tuple[int, int] = (1, 16)
     """The same for int4 weights (beyond, torch's GEMM on the dequantized weights; the
     kernels of cpu_linear take every row count)."""

@@ -752,7 +752,8 @@ __attribute__((noinline)) void lane_tile(const LaneAct& la, int64_t j0, const in
 }
 
 // Every matrix of `mats` against the M activation rows of `la`: tiles over torch's OpenMP
-// team, each tile's rows copied to signed int8 by fill(mat, n0, R, dst [RT][Kp], Kp) first.
+// team, each tile's rows copied to signed int8 by fill(mat, n0, R, dst [RT][Kp], Kp) first
+// (int4 in tiles: by q4t_unpack, their scales with them).
 void q4t_unpack(const Mat& mat, int64_t n0, int64_t K, int8_t* w, int64_t Kp, float* ds);
 
 template <int G, bool SCALED, typename Fill>
@@ -1404,7 +1405,6 @@ void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
     quantize_act(x, M, K, qa, false);
     lane_act(qa, M, la);
     lane_product<G4, true>(la, M, K, mats, [K](const Mat& mat, int64_t n0, int R, int8_t* w, int64_t Kp) {
-      if (mat.scale16) return;  // tiles: lane_product unpacks them (q4t_unpack)
       const __m256i eight = _mm256_set1_epi8(8);
       for (int r = 0; r < R; ++r) {
         const uint8_t* q = static_cast<const uint8_t*>(mat.w) + (n0 + r) * mat.ldw;
