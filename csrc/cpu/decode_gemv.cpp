@@ -46,6 +46,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -88,7 +89,9 @@ constexpr int PF = ASTRAI_PF;
 // The same for the int8 and int4 weights of gemv_q8 / gemv_q4, whose products are bound as
 // much by their arithmetic as by their reads: 2048 bytes ahead gave 1.10x (int8) and 1.16x
 // (int4) the decode steps per second of none, one request, 125m, 2 threads, on an AMD EPYC
-// (Zen 3) VM (1024: 1.10x / 1.11x; 4096: 1.05x / 1.15x), and nothing measurable with four.
+// (Zen 3) VM (1024: 1.10x / 1.11x; 4096: 1.05x / 1.15x), and nothing measurable with four;
+// the AVX-512 VNNI int8 product's one decode row 1.15x its bandwidth (12 layers of the 125m
+// shape) and engine tg128 1.10x (30 interleaved rounds) on a Xeon Ice Lake.
 constexpr int QPF = ASTRAI_QPF;
 #ifdef ASTRAI_PF_NTA
 #define PF_HINT _MM_HINT_NTA
@@ -191,14 +194,58 @@ inline float to_f(c10::BFloat16 v) { return static_cast<float>(v); }
 inline float to_f(int8_t v) { return static_cast<float>(v); }
 
 // -- float-weight tiles ---------------------------------------------------------------------
+// Weight rows a lone activation row reads side by side (dot_rows4): 4 on an Intel CPU, whose
+// stream prefetchers follow 4 short streams (fp32, one decode row, 12 layers of the 125m
+// shape, 2 threads, Xeon Ice Lake: 0.98x a streaming sum's bandwidth against 0.89x one row
+// at a time; engine tg128 1.10x, 30 interleaved rounds), 1 elsewhere (an AMD EPYC Zen 4 read
+// 4 side by side, with software prefetch, at 0.5–0.6x the bandwidth of one sequential stream).
+int cpu_side_rows() {
+  __builtin_cpu_init();  // may run before libgcc's own constructor
+  return __builtin_cpu_is("intel") ? 4 : 1;
+}
+std::atomic<int> g_side_rows{cpu_side_rows()};  // set_side_rows changes it (tests: both reads)
+inline int side_rows() { return g_side_rows.load(std::memory_order_relaxed); }
+
+// sums[r] = Σ_k x[k] · W[r, k] for the 4 rows r < 4, read side by side: each activation
+// vector loaded once for the 4 rows. Each row's sum is the same sequence as dot_tile<1>'s
+// (two accumulators over 2·VL steps, then one VL step, then the tail), so a row's result does
+// not depend on which of the two reads it.
+template <typename W>
+inline void dot_rows4(const float* x, const W* w, int64_t ldw, int64_t K, float* sums) {
+  vf a0[4], a1[4];
+  for (int i = 0; i < 4; ++i) a0[i] = a1[i] = vzero();
+  int64_t k = 0;
+  for (; k + 2 * VL <= K; k += 2 * VL) {
+    const vf x0 = vload(x + k), x1 = vload(x + k + VL);
+    for (int i = 0; i < 4; ++i) {
+      a0[i] = vfma(wload(w + i * ldw + k), x0, a0[i]);
+      a1[i] = vfma(wload(w + i * ldw + k + VL), x1, a1[i]);
+    }
+  }
+  if (k + VL <= K) {
+    const vf x0 = vload(x + k);
+    for (int i = 0; i < 4; ++i) a0[i] = vfma(wload(w + i * ldw + k), x0, a0[i]);
+    k += VL;
+  }
+  for (int i = 0; i < 4; ++i) {
+    float s = vsum(vadd(a0[i], a1[i]));
+    for (int64_t t = k; t < K; ++t) s += x[t] * to_f(w[i * ldw + t]);
+    sums[i] = s;
+  }
+}
+
 // sums[m * RT + r] = Σ_k x[m, k] · W[r, k] for m < MBv, r < R. The R rows are read one after
 // another, so each thread reads its weights as one sequential stream, which the CPU's stream
 // prefetchers follow (R rows read side by side are R short streams: 0.7x the bandwidth,
-// measured on an AMD EPYC); two accumulators per activation row hide the FMA latency.
+// measured on an AMD EPYC; a lone activation row on an Intel CPU reads 4 side by side,
+// side_rows); two accumulators per activation row hide the FMA latency.
 template <int MBv, typename W>
 inline void dot_tile(int R, const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t K,
                      float* sums) {
-  for (int r = 0; r < R; ++r) {
+  int r = 0;
+  if (MBv == 1 && side_rows() == 4)
+    for (; r + 4 <= R; r += 4) dot_rows4(x, w + r * ldw, ldw, K, sums + r);
+  for (; r < R; ++r) {
     const W* wr = w + r * ldw;
     vf a0[MBv], a1[MBv];
     for (int m = 0; m < MBv; ++m) a0[m] = a1[m] = vzero();
@@ -485,7 +532,7 @@ inline void q8_block(const int8_t* const* xr, const float* const* sr, const int8
     __m512i xv[MBv];
     for (int m = 0; m < MBv; ++m) xv[m] = _mm512_loadu_si512(xr[m] + k);
     for (int r = 0; r < R; ++r) {
-      if (PF) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + k + PF), PF_HINT);
+      if (QPF) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + k + QPF), _MM_HINT_T0);
       const __m512i wv = _mm512_xor_si512(
           MASKED ? _mm512_maskz_loadu_epi8(mask, wr[r] + k) : _mm512_loadu_si512(wr[r] + k), flip);
       for (int m = 0; m < MBv; ++m)
@@ -1843,6 +1890,15 @@ at::Tensor first_argmax(const at::Tensor& x) {
 // AVX512-BF16 dots (1/0), the rows of a tile of int4 weights in tiles (0: rows only).
 std::vector<int64_t> info() { return {VL, kVnni ? 1 : 0, QK, kBf16Dot ? 1 : 0, Q4T}; }
 
+// Weight rows a lone activation row reads side by side from now on (dot_tile): 1 or 4, 0 this
+// CPU's choice (side_rows); returns the number in force. For tests and measurements: call it
+// between products, never during one.
+int64_t set_side_rows(int64_t rows) {
+  TORCH_CHECK(rows == 0 || rows == 1 || rows == 4, "set_side_rows: 0, 1 or 4, got ", rows);
+  g_side_rows.store(rows ? static_cast<int>(rows) : cpu_side_rows());
+  return side_rows();
+}
+
 // decode_layers' per-block weight order by name: astrai/infer/native_step.py packs each
 // block's weights by these names, so the order lives here alone.
 std::vector<std::string> slot_names() {
@@ -1871,6 +1927,7 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.def("dequant_q4(Tensor q, Tensor scale) -> Tensor");
   m.def("info() -> int[]", &info);
   m.def("slot_names() -> str[]", &slot_names);
+  m.def("set_side_rows(int rows) -> int", &set_side_rows);
   m.impl("gemv", c10::DispatchKey::CPU, &gemv);
   m.impl("gemv_int8", c10::DispatchKey::CPU, &gemv_int8);
   m.impl("gemv_q8", c10::DispatchKey::CPU, &gemv_q8);

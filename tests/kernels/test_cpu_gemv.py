@@ -182,6 +182,35 @@ def test_a_rows_result_is_bit_identical_alone_and_batched(ops, op):
     assert torch.allclose(many_rows, alone, rtol=1e-5, atol=1e-5 * alone.abs().max().item())
 
 
+@pytest.mark.parametrize("wfmt", ["fp32", "bf16", "int8"])
+def test_a_lone_row_gets_the_same_bits_reading_weight_rows_side_by_side(ops, wfmt):
+    """One activation row reads its weight rows one after another (AMD) or 4 side by side
+    (Intel: set_side_rows); both take each row's sum in the order a batched row takes it, so
+    a row's bits do not depend on the CPU's choice, and both are right."""
+    o, _ = ops
+    g = torch.Generator().manual_seed(5)
+    K, N = 300, 37  # tiles of 16 rows: 4 groups of 4 side by side and a remainder; K off 32
+    x, w = torch.randn(3, K, generator=g), torch.randn(N, K, generator=g)
+    if wfmt == "int8":
+        q, s = quantize_rows(w)
+        f, args, wd = o.gemv_int8, (q, s, None), dequantize_rows(q, s)
+    else:
+        wt = w.bfloat16() if wfmt == "bf16" else w
+        f, args, wd = o.gemv, (wt, None), wt.float()
+    batched = f(x, *args)
+    try:
+        outs = []
+        for rows in (1, 4):
+            assert o.set_side_rows(rows) == rows
+            outs.append(torch.cat([f(x[i:i + 1], *args) for i in range(3)]))
+    finally:
+        o.set_side_rows(0)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], batched)
+    check(outs[1], x.double() @ wd.double().T, bound(x, wd) + 1e-6)
+    with pytest.raises(RuntimeError, match="0, 1 or 4"):
+        o.set_side_rows(3)
+
+
 def test_first_argmax_is_torchs_first_maximum(ops):
     """The greedy pick of the kernels: each row's first maximal index, as torch's
     max(dim=-1) gives it — ties to the first, a NaN counted as the maximum, -inf rows, and
