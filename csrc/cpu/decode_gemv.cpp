@@ -90,8 +90,8 @@ constexpr int PF = ASTRAI_PF;
 // much by their arithmetic as by their reads: 2048 bytes ahead gave 1.10x (int8) and 1.16x
 // (int4) the decode steps per second of none, one request, 125m, 2 threads, on an AMD EPYC
 // (Zen 3) VM (1024: 1.10x / 1.11x; 4096: 1.05x / 1.15x), and nothing measurable with four;
-// the AVX-512 VNNI int8 product's one decode row 1.15x its bandwidth (12 layers of the 125m
-// shape) and engine tg128 1.10x (30 interleaved rounds) on a Xeon Ice Lake.
+// the AVX-512 VNNI int8 product's one decode row 1.11x its bandwidth (12 layers of the 125m
+// shape) and engine tg128 1.11x (20 interleaved rounds) on a Xeon Ice Lake.
 constexpr int QPF = ASTRAI_QPF;
 #ifdef ASTRAI_PF_NTA
 #define PF_HINT _MM_HINT_NTA
@@ -195,9 +195,9 @@ inline float to_f(int8_t v) { return static_cast<float>(v); }
 
 // -- float-weight tiles ---------------------------------------------------------------------
 // Weight rows a lone activation row reads side by side (dot_rows4): 4 on an Intel CPU, whose
-// stream prefetchers follow 4 short streams (fp32, one decode row, 12 layers of the 125m
-// shape, 2 threads, Xeon Ice Lake: 0.98x a streaming sum's bandwidth against 0.89x one row
-// at a time; engine tg128 1.10x, 30 interleaved rounds), 1 elsewhere (an AMD EPYC Zen 4 read
+// stream prefetchers follow 4 short streams (fp32, one decode row, 2304 x 768 matrices,
+// 2 threads, Xeon Ice Lake: 0.95x a streaming sum's bandwidth against 0.79x one row at a
+// time; engine tg128 1.05x, 20 interleaved rounds), 1 elsewhere (an AMD EPYC Zen 4 read
 // 4 side by side, with software prefetch, at 0.5–0.6x the bandwidth of one sequential stream).
 int cpu_side_rows() {
   __builtin_cpu_init();  // may run before libgcc's own constructor
