@@ -134,6 +134,11 @@ inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
 inline vf vfloor(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
 inline vf vpow2i(vf n) { return _mm512_scalef_ps(vset1(1.f), n); }  // 2^n, n integral
 inline vf vmaxabs(vf m, vf a) { return _mm512_max_ps(m, _mm512_abs_ps(a)); }
+inline vf vnegabs(vf a) { return _mm512_or_ps(a, vset1(-0.f)); }  // -|a|
+inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline vf vwhere_neg(vf a, vf x, vf y) {  // x where a < 0, else y
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, vzero(), _CMP_LT_OQ), y, x);
+}
 inline float vmax(vf a) { return _mm512_reduce_max_ps(a); }
 inline void vround_store(vf a, int32_t* p) {  // nearest, ties to even (MXCSR default)
   _mm512_storeu_si512(p, _mm512_cvtps_epi32(a));
@@ -166,6 +171,11 @@ inline vf vpow2i(vf n) {  // 2^n for integral n in [-126, 127]: the exponent bit
 }
 inline vf vmaxabs(vf m, vf a) {
   return _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.f), a));
+}
+inline vf vnegabs(vf a) { return _mm256_or_ps(a, vset1(-0.f)); }  // -|a|
+inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+inline vf vwhere_neg(vf a, vf x, vf y) {  // x where a < 0, else y
+  return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, vzero(), _CMP_LT_OQ));
 }
 inline float vmax(vf a) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -1578,6 +1588,22 @@ at::Tensor gemv_q4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
   return gemv_q4_many(x, {q}, {scale}, one_bias(bias))[0];
 }
 
+// Σ x² in VL lanes (then their sum, then the tail): torch's own reduction also sums in
+// lanes, so neither order is the reference's; a sequential sum would be a latency chain of
+// C adds on every norm of a decode step.
+template <typename T>
+float sum_squares(const T* x, int64_t C) {
+  vf acc = vzero();
+  int64_t c = 0;
+  for (; c + VL <= C; c += VL) {
+    const vf v = wload(x + c);
+    acc = vfma(v, v, acc);
+  }
+  float ss = vsum(acc);
+  for (; c < C; ++c) ss += to_f(x[c]) * to_f(x[c]);
+  return ss;
+}
+
 // RMSNorm of a few rows (the norms around a decode step's products), as astrai/model/norm.py:
 // fp32: x · rsqrt(mean(x²) + eps) · w; bf16: w · bf16(x · rsqrt(mean(x²) + eps)) with the
 // statistics in fp32 and each product rounded once to bf16, as HF Llama's RMSNorm. One
@@ -1587,11 +1613,7 @@ void rms_rows(const T* x, const T* w, T* out, int64_t rows, int64_t C, float eps
   for (int64_t i = 0; i < rows; ++i) {
     const T* xr = x + i * C;
     T* o = out + i * C;
-    float ss = 0.f;
-    for (int64_t c = 0; c < C; ++c) {
-      const float v = static_cast<float>(xr[c]);
-      ss += v * v;
-    }
+    const float ss = sum_squares(xr, C);
     const float r = 1.f / std::sqrt(ss / static_cast<float>(C) + eps);
     for (int64_t c = 0; c < C; ++c) {
       if constexpr (std::is_same_v<T, float>) {
@@ -1642,6 +1664,13 @@ inline vf vexp_neg(vf x) {
   y = vfma(y, r, vset1(5.0000001201e-1f));
   y = vfma(y, vmul(r, r), vadd(r, vset1(1.f)));
   return vmul(y, vpow2i(n));
+}
+
+// silu(a) = a · sigmoid(a), the sigmoid from e = e^-|a| <= 1 (vexp_neg: no overflow):
+// 1 / (1 + e) for a >= 0, e / (1 + e) below. NaN stays NaN.
+inline vf vsilu(vf a) {
+  const vf e = vexp_neg(vnegabs(a)), one = vset1(1.f);
+  return vmul(a, vdiv(vwhere_neg(a, e, one), vadd(one, e)));
 }
 
 // s[0:n] <- softmax(s[0:n]), in place.

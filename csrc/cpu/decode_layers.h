@@ -127,11 +127,21 @@ void add_rows(T* x, const T* y, int64_t n) {  // x += y
   for (int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(y[i]));
 }
 
+// silu(g) · u, each rounded to T; silu in VL lanes (vsilu: one decode step of a 125m model
+// takes 27,648 of them, 5% of its time one std::exp at a time on one thread).
 template <typename T>
-void swiglu_rows(const T* g, const T* u, T* out, int64_t n) {  // silu(g) · u, each rounded to T
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = static_cast<float>(g[i]);
-    out[i] = static_cast<T>(rnd<T>(a / (1.f + std::exp(-a))) * static_cast<float>(u[i]));
+void swiglu_rows(const T* g, const T* u, T* out, int64_t n) {
+  alignas(64) float sl[VL];
+  for (int64_t i0 = 0; i0 < n; i0 += VL) {
+    const int64_t m = std::min<int64_t>(VL, n - i0);
+    if (m == VL) {
+      vstore(sl, vsilu(wload(g + i0)));
+    } else {
+      for (int64_t i = 0; i < VL; ++i) sl[i] = i < m ? to_f(g[i0 + i]) : 0.f;
+      vstore(sl, vsilu(vload(sl)));
+    }
+    for (int64_t i = 0; i < m; ++i)
+      out[i0 + i] = static_cast<T>(rnd<T>(sl[i]) * static_cast<float>(u[i0 + i]));
   }
 }
 

@@ -36,6 +36,8 @@ NEW = 10
 FAMILIES = {  # llama, qwen2 (q/k/v biases), qwen3 (QK-norm), tied embeddings, mistral's window
     "llama": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True},
     "tied": {"tie_embeddings": True}, "window-beyond-context": {"sliding_window": 4096},
+    # widths no vector length divides: the norms' and SwiGLU's tails
+    "odd-widths": {"dim": 76, "ffn_dim": 100},
 }
 
 
