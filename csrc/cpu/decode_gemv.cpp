@@ -937,6 +937,13 @@ const float* f32_vector(const std::optional<at::Tensor>& t, int64_t n, const cha
   return v.data_ptr<float>();
 }
 
+// x as fp32 rows [M, K]: x itself when it is that already (a decode step's activations), so a
+// product of the step creates no view or copy of them.
+at::Tensor rows_f32(const at::Tensor& x, int64_t K) {
+  if (x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous()) return x;
+  return x.reshape({-1, K}).to(at::kFloat).contiguous();
+}
+
 Call prepare(const at::Tensor& x, at::TensorList ws, const at::TensorList* scales,
              const OptList& biases, const char* op) {
   TORCH_CHECK(x.dim() >= 1 && !x.is_cuda() &&
@@ -949,7 +956,7 @@ Call prepare(const at::Tensor& x, at::TensorList ws, const at::TensorList* scale
   c.K = x.size(-1);
   c.lead = x.sizes().vec();
   c.lead.pop_back();
-  c.x2 = x.reshape({-1, c.K}).to(at::kFloat).contiguous();
+  c.x2 = rows_f32(x, c.K);
   c.M = c.x2.size(0);
   for (size_t i = 0; i < ws.size(); ++i) {
     at::Tensor w = ws[i];
@@ -973,9 +980,13 @@ Call prepare(const at::Tensor& x, at::TensorList ws, const at::TensorList* scale
 std::vector<at::Tensor> finish(Call& c, at::ScalarType dtype) {
   std::vector<at::Tensor> res;
   for (at::Tensor& o : c.outs) {
-    std::vector<int64_t> shape = c.lead;
-    shape.push_back(o.size(1));
-    res.push_back((dtype == at::kFloat ? o : o.to(dtype)).view(shape));
+    at::Tensor r = dtype == at::kFloat ? o : o.to(dtype);
+    if (c.lead.size() != 1) {  // [M, N] is already x's shape for 2-D x
+      std::vector<int64_t> shape = c.lead;
+      shape.push_back(o.size(1));
+      r = r.view(shape);
+    }
+    res.push_back(std::move(r));
   }
   return res;
 }
@@ -1511,7 +1522,7 @@ std::vector<at::Tensor> gemv_q4_many(const at::Tensor& x, at::TensorList qs,
   TORCH_CHECK(c.K % G4 == 0, op, ": K = ", c.K, " must be a multiple of ", G4);
   c.lead = x.sizes().vec();
   c.lead.pop_back();
-  c.x2 = x.reshape({-1, c.K}).to(at::kFloat).contiguous();
+  c.x2 = rows_f32(x, c.K);
   c.M = c.x2.size(0);
   for (size_t i = 0; i < qs.size(); ++i) {
     const at::Tensor& q = qs[i];
