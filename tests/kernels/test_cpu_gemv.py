@@ -9,6 +9,7 @@ session (cached across sessions); skipped without a C++ compiler or on a CPU wit
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -24,6 +25,10 @@ from astrai.model.quant4 import quantize_groups
 
 from .kernel_cases import decode_case
 
+# ASTRAI_TEST_CPU_FLAGS_OFF=avx512_vnni,avx512_bf16: the kernels built as for a CPU without
+# those flags (test_the_paths_without_vnni_and_bf16 runs this module so, in its own process:
+# both builds name the same op namespace).
+FLAGS_OFF = frozenset(f for f in os.environ.get("ASTRAI_TEST_CPU_FLAGS_OFF", "").split(",") if f)
 BEST = cpu_build.best_isa()
 HERE = [] if BEST is None else list(cpu_build.ISAS[cpu_build.ISAS.index(BEST):])
 pytestmark = pytest.mark.skipif(
@@ -41,7 +46,8 @@ groups, 5 + 4)."""
 @pytest.fixture(scope="module", params=HERE)
 def ops(request):
     """The built variant; a build error fails here (the engine would fall back silently)."""
-    return cpu_linear.load_ops(request.param)
+    return cpu_linear.load_ops(request.param,
+                               cpu_build.cpu_flags() - FLAGS_OFF if FLAGS_OFF else None)
 
 
 def bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -336,6 +342,12 @@ def test_status_names_the_code_path_and_the_library(monkeypatch):
     assert "torch serves decode" in cpu_build.cpu_status()["reason"]
 
 
+def test_a_build_uses_vnni_where_it_was_made_for_it(ops, request):
+    isa = request.node.callspec.params["ops"]
+    made_for = cpu_build.cpu_flags() - FLAGS_OFF
+    assert ops[1]["vnni"] == int(isa == "avx512" and "avx512_vnni" in made_for)
+
+
 def test_isa_and_flags_follow_the_cpu_flags():
     avx512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma"})
     assert cpu_build.best_isa(avx512) == "avx512"
@@ -369,3 +381,24 @@ def test_int4_tiles_on_every_build(ops):
             assert m > 16 or torch.equal(got, alone), (n, k, m)
     with pytest.raises(RuntimeError, match="must be contiguous fp16"):
         ops.gemv_q4_many(x, [tiles], [scales.float()], [None])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BEST != "avx512" or FLAGS_OFF or not cpu_build.cpu_flags()
+                    & {"avx512_vnni", "avx512_bf16"},
+                    reason="an AVX-512 CPU with VNNI or BF16: its builds use them, so the "
+                    "paths without (a Skylake server's) are run here as their own build")
+def test_the_avx512_paths_without_vnni_and_bf16():
+    """The AVX-512 build made as for a CPU without VNNI and BF16 (int8 / int4 dots by
+    maddubs, bf16 by conversion) passes this module's kernel tests, in a process of its own
+    (both builds name one op namespace)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "ASTRAI_TEST_CPU_FLAGS_OFF": "avx512_vnni,avx512_bf16"}
+    env.pop("ASTRAI_CPU_ISA", None)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p",
+                        "no:cacheprovider", "-k", "avx512", __file__], cwd=Path(__file__).parents[2], env=env,
+                       capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
