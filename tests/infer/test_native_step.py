@@ -6,6 +6,10 @@ rows per request); the models it cannot serve fall back to the eager path."""
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +17,7 @@ import torch
 from astrai.infer import SamplingParams
 from astrai.infer.config import SpeculativeConfig
 from astrai.infer.native_step import unsupported
+from astrai.kernels import cpu_build
 from astrai.kernels.cpu_linear import cpu_decode_kernels
 from astrai.model import build_model
 from astrai.model.lora import LoraSpec, apply_lora
@@ -136,3 +141,21 @@ def test_models_it_cannot_serve_fall_back(model, window_model):
     assert "hooks" in unsupported(hooked, eng.pool, k)
     assert engine(model, "eager").stats().decode == "eager"
     assert engine(model, "static").stats().decode == "static"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(cpu_build.best_isa() != "avx512" or "ASTRAI_CPU_ISA" in os.environ,
+                    reason="an AVX-512 CPU: its engine takes the AVX-512 build, so the AVX2 "
+                    "build's native step (an AMD Zen 3's) is run here on purpose")
+def test_the_native_step_and_int4_on_the_avx2_build():
+    """This file, the native-step features and the int4 engine with ASTRAI_CPU_ISA=avx2, in
+    a process of their own (the engine picks its build once per process)."""
+    here = Path(__file__).parent
+    env = {**os.environ, "ASTRAI_CPU_ISA": "avx2"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p",
+                        "no:cacheprovider", str(here / "test_native_step.py"),
+                        str(here / "test_native_features.py"),
+                        str(here / "test_int4_inference.py")],
+                       cwd=here.parents[1], env=env, capture_output=True, text=True,
+                       timeout=1200)
+    assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]

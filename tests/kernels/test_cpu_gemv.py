@@ -384,7 +384,7 @@ def test_int4_tiles_on_every_build(ops):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(BEST != "avx512" or FLAGS_OFF or not cpu_build.cpu_flags()
+@pytest.mark.skipif(BEST != "avx512" or bool(FLAGS_OFF) or not cpu_build.cpu_flags()
                     & {"avx512_vnni", "avx512_bf16"},
                     reason="an AVX-512 CPU with VNNI or BF16: its builds use them, so the "
                     "paths without (a Skylake server's) are run here as their own build")
