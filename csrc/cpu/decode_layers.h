@@ -127,8 +127,8 @@ void add_rows(T* x, const T* y, int64_t n) {  // x += y
   for (int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(y[i]));
 }
 
-// silu(g) · u, each rounded to T; silu in VL lanes (vsilu: one decode step of a 125m model
-// takes 27,648 of them, 5% of its time one std::exp at a time on one thread).
+// silu(g) · u, each rounded to T; silu in VL lanes (vsilu: a decode step of a 125m model takes
+// 27,648 of them, 157 µs of a 4.3 ms step one std::exp at a time on one thread, 27 in lanes).
 template <typename T>
 void swiglu_rows(const T* g, const T* u, T* out, int64_t n) {
   alignas(64) float sl[VL];
