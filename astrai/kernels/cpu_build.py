@@ -132,6 +132,11 @@ def lib_name(isa: str, flags: frozenset[str] | None = None) -> str:
                                              if f in flags)])
 
 
+def library_path(isa: str, flags: frozenset[str] | None = None) -> Path:
+    """Where the `isa` build for `flags` (default this CPU's) lies once built."""
+    return build_dir(isa, flags) / f"{lib_name(isa, flags)}.so"
+
+
 def first_error(text: str) -> str:
     """The compiler's first error line in a build failure's text (else its first line), for
     a one-line log."""
@@ -151,8 +156,7 @@ def load(isa: str, flags: frozenset[str] | None = None) -> object:
     src = csrc_dir() / SOURCE
     if not src.is_file():
         raise CpuKernelUnavailable(f"{src}: source missing")
-    out, name = build_dir(isa, flags), lib_name(isa, flags)
-    lib = out / f"{name}.so"
+    out, name, lib = build_dir(isa, flags), lib_name(isa, flags), library_path(isa, flags)
     if lib.is_file():
         torch.ops.load_library(str(lib))
         return getattr(torch.ops, f"astrai_cpu_{isa}")
@@ -211,7 +215,7 @@ def cpu_status(build: bool = False) -> dict:
         out["isa"] = isa  # the extensions the build uses (none after a retry without them)
         out["vnni"] = isa == "avx512" and "avx512_vnni" in flags
         out["bf16"] = isa == "avx512" and "avx512_bf16" in flags
-        lib = build_dir(isa, flags) / f"{lib_name(isa, flags)}.so"
+        lib = library_path(isa, flags)
         out["library"] = str(lib)
         out["built"] = lib.is_file()
         choice = one_row_fp32(build_dir(isa, flags))

@@ -26,8 +26,8 @@ from astrai.model.quant4 import quantize_groups
 from .kernel_cases import decode_case
 
 # ASTRAI_TEST_CPU_FLAGS_OFF=avx512_vnni,avx512_bf16: the kernels built as for a CPU without
-# those flags (test_the_paths_without_vnni_and_bf16 runs this module so, in its own process:
-# both builds name the same op namespace).
+# those flags (test_the_avx512_paths_without_vnni_and_bf16 runs this module so, in its own
+# process: both builds name the same op namespace).
 FLAGS_OFF = frozenset(f for f in os.environ.get("ASTRAI_TEST_CPU_FLAGS_OFF", "").split(",") if f)
 BEST = cpu_build.best_isa()
 HERE = [] if BEST is None else list(cpu_build.ISAS[cpu_build.ISAS.index(BEST):])
@@ -396,14 +396,15 @@ def test_the_avx512_paths_without_vnni_and_bf16():
     import sys
     from pathlib import Path
 
-    made_for = cpu_build.cpu_flags() - {"avx512_vnni", "avx512_bf16"}
-    if os.environ.get("ASTRAI_BUILD_KERNELS", "1") == "0" and not (
-            cpu_build.build_dir("avx512", made_for)
-            / f"{cpu_build.lib_name('avx512', made_for)}.so").is_file():
+    off = ("avx512_vnni", "avx512_bf16")
+    made_for = cpu_build.cpu_flags() - set(off)
+    if (os.environ.get("ASTRAI_BUILD_KERNELS", "1") == "0"
+            and not cpu_build.library_path("avx512", made_for).is_file()):
         pytest.skip("ASTRAI_BUILD_KERNELS=0 and no such build cached")
-    env = {**os.environ, "ASTRAI_TEST_CPU_FLAGS_OFF": "avx512_vnni,avx512_bf16"}
+    env = {**os.environ, "ASTRAI_TEST_CPU_FLAGS_OFF": ",".join(off)}
     env.pop("ASTRAI_CPU_ISA", None)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p",
-                        "no:cacheprovider", "-k", "avx512", __file__], cwd=Path(__file__).parents[2], env=env,
-                       capture_output=True, text=True, timeout=1200)
+                        "no:cacheprovider", "-k", "avx512", __file__],
+                       cwd=Path(__file__).parents[2], env=env, capture_output=True, text=True,
+                       timeout=1200)
     assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
