@@ -17,6 +17,7 @@ rows' inputs; the LM head (`ModelRunner.head_operands`) runs in the same call.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -33,6 +34,8 @@ from astrai.model.norm import RMSNorm
 from astrai.model.quant import Int8Linear
 from astrai.model.quant4 import Int4Linear
 from astrai.model.transformer import Transformer
+
+log = logging.getLogger("astrai.infer")
 
 NATIVE_FEATURES = {
     "norm_eps": ANY,            # passed to every norm of decode_layers
@@ -152,21 +155,30 @@ class NativeDecodeStep:
                  kernels: fast_path.DecodeKernels) -> None:
         self.model, self.pool, self.head, self.kernels = model, pool, head, kernels
         cfg = model.config
-        self.weights = pack_weights(model, kernels.layer_slots)
         self.max_rows = max_rows(model.layers[0].attn.q_proj, kernels)
-        self.shape = [cfg.n_heads, cfg.kv_heads, cfg.hdim, *kernels.fp32_rows,
-                      *kernels.bf16_rows, int(kernels.int8_quantized)]
-        self.eps = float(cfg.norm_eps)
+        shape = [cfg.n_heads, cfg.kv_heads, cfg.hdim, *kernels.fp32_rows, *kernels.bf16_rows,
+                 int(kernels.int8_quantized)]
+        self.plan = kernels.decode_plan(pack_weights(model, kernels.layer_slots), shape,
+                                        float(cfg.norm_eps), model.embed_tokens.weight,
+                                        model.norm.weight)
+        """The blocks' weights as decode_layers takes them, checked once: it reads their
+        storage, so in-place updates are seen (a model whose tensors are replaced needs a
+        new step, as an engine does for each rollout)."""
 
     @classmethod
     def create(cls, model: nn.Module, pool: PagePool,
                head: Callable[[fast_path.DecodeKernels], list[torch.Tensor | None]],
                kernels: fast_path.DecodeKernels | None, mode: str) -> NativeDecodeStep | None:
         """The step for `mode` auto or native where it can serve the model, else None;
-        `head` gives the LM head's operands (ModelRunner.head_operands)."""
+        `head` gives the LM head's operands (ModelRunner.head_operands); a plan that
+        refuses the weights (one warning) leaves the step to the eager path."""
         if mode not in ("auto", "native") or unsupported(model, pool, kernels) is not None:
             return None
-        return cls(model, pool, head, kernels)
+        try:
+            return cls(model, pool, head, kernels)
+        except RuntimeError as e:  # decode_plan refused a weight: the eager path serves it
+            log.warning("decode path native refused, running eager: %s", e)
+            return None
 
     def accepts(self, batch: StepBatch) -> bool:
         """Every request samples after one token (and its proposals), within the row limit."""
@@ -188,11 +200,14 @@ class NativeDecodeStep:
                 slots.append(req.kv.pages[p // P] * P + p % P)
         return torch.tensor([ids, pos, rows, lens, slots], dtype=torch.int64)
 
-    @torch.inference_mode()
     def run(self, batch: StepBatch) -> torch.Tensor:
         """fp32 logits [N, V] of every row, in chunk order (a verify: 1 + k rows)."""
+        return self.forward(self._rows(batch))
+
+    @torch.inference_mode()
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [N, V] of rows [5, N] (`_rows`' layout)."""
         m, st = self.model, self.pool.storage
-        return self.kernels.decode_layers(
-            self._rows(batch), m.embed_tokens.weight, self.weights, self.shape, self.eps,
-            m.rope_cos, m.rope_sin, st.k, st.v, self.pool.req_to_token.table, m.norm.weight,
-            self.head(self.kernels))
+        return self.kernels.decode_layers(self.plan, rows, m.rope_cos, m.rope_sin, st.k, st.v,
+                                          self.pool.req_to_token.table,
+                                          self.head(self.kernels))

@@ -59,18 +59,11 @@ def _register_fakes(ns: str) -> None:
     def fake_many(x, ws, *rest):
         return [x.new_empty(*x.shape[:-1], out_rows(w)) for w in ws]
 
-    def fake_layers(rows, embed, *rest):
-        head = rest[-1]
-        if head:  # fp32 logits [N, V]
-            return embed.new_empty(rows.shape[1], out_rows(head[0]), dtype=torch.float32)
-        return embed.new_empty(rows.shape[1], embed.shape[1])
-
     for op in ("gemv", "gemv_int8", "gemv_q8", "gemv_q4"):
         torch.library.register_fake(f"{ns}::{op}", fake)
         torch.library.register_fake(f"{ns}::{op}_many", fake_many)
     torch.library.register_fake(f"{ns}::rms_norm", lambda x, w, eps: torch.empty_like(x))
     torch.library.register_fake(f"{ns}::paged_decode", lambda q, *rest: torch.empty_like(q))
-    torch.library.register_fake(f"{ns}::decode_layers", fake_layers)
     torch.library.register_fake(f"{ns}::first_argmax",
                                 lambda x: x.new_empty(x.shape[0], dtype=torch.long))
     torch.library.register_fake(f"{ns}::dequant_q4",
@@ -111,6 +104,7 @@ def decode_kernels(isa: str, int8_act: str | None = None,
         int8_rows=(1, ALL_ROWS if quantized else MAX_ROWS["int8"]),
         int4_many=ops.gemv_q4_many, int4_rows=(1, ALL_ROWS), int4_tile=info["int4_tile"],
         rms_norm=ops.rms_norm, paged_decode=ops.paged_decode,
+        decode_plan=getattr(torch.classes, ops.name).DecodePlan,
         decode_layers=ops.decode_layers, layer_slots=tuple(ops.slot_names()),
         first_argmax=ops.first_argmax, int4_dequant=ops.dequant_q4,
         int8_quantized=quantized)

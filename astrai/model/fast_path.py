@@ -53,9 +53,13 @@ class DecodeKernels:
     paged_decode: Callable[..., Tensor] | None = None
     """Decode attention over the paged KV pool, astrai.kernels.ops.paged_decode's contract
     (q [B, H, D], k_buf, v_buf [S, K, D], req_to_token, req_pool_indices, seq_lens, scale)."""
+    decode_plan: Callable[..., object] | None = None
+    """(weights, shape, eps, embed, norm) -> a model's decode plan: its blocks' weights
+    checked once and held as the kernels take them (csrc/cpu/decode_layers.h)."""
     decode_layers: Callable[..., Tensor] | None = None
-    """Every block of a Llama-family model for a few query rows, then the final norm
-    (csrc/cpu/decode_layers.h; astrai/infer/native_step.py calls it)."""
+    """(plan, rows, cos, sin, k_buf, v_buf, req_to_token, head) -> every block of the
+    plan's model for a few query rows, the final norm and the LM head
+    (astrai/infer/native_step.py calls it)."""
     layer_slots: tuple[str, ...] = ()
     """decode_layers' per-block weight slots by name, in its order (the library's
     `slot_names`)."""

@@ -19,8 +19,9 @@
 //                                    vpdpbusd on AVX512-VNNI)
 //   rms_norm(x, w, eps)              the norm before those products, one pass per row
 //   paged_decode(q, k_buf, v_buf, ...) one query per request against the paged KV pool
-//   decode_layers(x, weights, ...)  every block of a Llama-family decoder for a few query
-//                                    rows, then the final norm and the LM head
+//   DecodePlan(weights, ...)         a model's blocks' weights, checked once (a class)
+//   decode_layers(plan, rows, ...)   every block of the plan's Llama-family decoder for a
+//                                    few query rows, then the final norm and the LM head
 //                                    (decode_layers.h)
 //   *_many(x, [w...], ...)           the same against several matrices (q, k, v; gate, up) in
 //                                    one parallel region, the activations quantized once
@@ -41,11 +42,14 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/linear.h>
 #include <c10/util/BFloat16.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -59,6 +63,8 @@
 #ifndef ASTRAI_CPU_NS
 #define ASTRAI_CPU_NS astrai_cpu
 #endif
+#define ASTRAI_STR_(x) #x
+#define ASTRAI_STR(x) ASTRAI_STR_(x)  // the namespace as a string (decode_layers' schema)
 
 // The Fortran sgemv of the BLAS torch links (MKL in the x86 wheels), where it exports one: the
 // native decode step calls it for a lone fp32 row (decode_layers.h `blas_gemv`). Weak: absent,
@@ -918,23 +924,120 @@ void gemv_q8_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
 // x [..., K] fp32 or bf16 (computed in fp32); each output [..., N_i] in x's dtype; a bias in
 // any float dtype; weights [N_i, K] (rows made contiguous if they are not).
 using OptList = c10::List<std::optional<at::Tensor>>;
+using Opt = std::optional<at::Tensor>;
 
-struct Call {
-  at::Tensor x2;                  // [M, K] fp32 contiguous
-  std::vector<int64_t> lead;      // x's leading dims
-  std::vector<at::Tensor> outs;   // [M, N_i] fp32
-  std::vector<at::Tensor> keep;   // converted weights / biases / scales, alive for the call
-  std::vector<Mat> mats;
-  int64_t M = 0, K = 0;
+void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& mats);
+
+enum class Fmt { F32, BF16, I8, I4 };
+
+// The matrices one activation multiplies (q, k, v; gate, up; a lone one), checked and turned
+// into Mats once: the ops below make one per call, the native decode step one per product of
+// the model when its plan is made (decode_layers.h), so a step's products touch no tensor.
+struct Product {
+  Fmt fmt = Fmt::F32;
+  int64_t K = 0;
+  std::vector<Mat> mats;          // `out` is set by each run
+  std::vector<at::Tensor> ws;     // the weights as given: torch's product outside the kernels
+  std::vector<Opt> biases;
+  std::vector<at::Tensor> keep;   // copies made here (fp32 biases and scales, contiguous rows)
 };
 
-const float* f32_vector(const std::optional<at::Tensor>& t, int64_t n, const char* what,
-                        Call& c) {
+const float* f32_vector(const Opt& t, int64_t n, const char* what, Product& p) {
   if (!t.has_value()) return nullptr;
   TORCH_CHECK(t->numel() == n && !t->is_cuda(), what, " must be a CPU vector of ", n);
   at::Tensor v = t->to(at::kFloat).contiguous();
-  c.keep.push_back(v);
+  p.keep.push_back(v);
   return v.data_ptr<float>();
+}
+
+// `op`'s product of K-wide activations with ws: fp32 or bf16 [N, K]; int8 [N, K] with fp32
+// per-row scales; int4 [N, K/2] uint8 with fp32 scales [N, K/32], or in tiles (q4t_tile)
+// [N/16, K/32, 256] uint8 with fp16 scales [N/16, K/32, 16]. scales: one per weight (int8,
+// int4) or empty; biases: one per weight (or None), or empty.
+Product make_product(int64_t K, const std::vector<at::Tensor>& ws, const std::vector<Opt>& scales,
+                     const std::vector<Opt>& biases, const char* op) {
+  TORCH_CHECK(!ws.empty(), op, ": no weights");
+  TORCH_CHECK(biases.empty() || biases.size() == ws.size(), op, ": one bias (or None) per weight");
+  const at::ScalarType t = ws[0].scalar_type();
+  Product p;
+  p.K = K;
+  p.ws = ws;
+  p.biases = biases.empty() ? std::vector<Opt>(ws.size()) : biases;
+  p.fmt = t == at::kByte ? Fmt::I4 : t == at::kChar ? Fmt::I8 : t == at::kBFloat16 ? Fmt::BF16 : Fmt::F32;
+  TORCH_CHECK(t == at::kByte || t == at::kChar || t == at::kBFloat16 || t == at::kFloat, op,
+              ": weights fp32, bf16, int8 or int4 (uint8), got ", t);
+  const bool scaled = p.fmt == Fmt::I8 || p.fmt == Fmt::I4;
+  TORCH_CHECK(scales.size() == (scaled ? ws.size() : 0) &&
+                  std::all_of(scales.begin(), scales.end(), [](const Opt& s) { return s.has_value(); }),
+              op, scaled ? ": one scale per weight" : ": no scales for float weights");
+  if (p.fmt == Fmt::I4) TORCH_CHECK(K % G4 == 0, op, ": K = ", K, " must be a multiple of ", G4);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    at::Tensor w = ws[i];
+    TORCH_CHECK(w.scalar_type() == t && !w.is_cuda(), op, ": weights of one dtype on the CPU");
+    Mat mat{};
+    if (p.fmt == Fmt::I4 && w.dim() == 3) {  // tiles
+      const at::Tensor& sc = *scales[i];
+      TORCH_CHECK(w.size(1) == K / G4 && w.size(2) == Q4T * 16 && w.is_contiguous(), op,
+                  ": weight ", i, " must be contiguous uint8 [N/", Q4T, ", ", K / G4, ", ",
+                  Q4T * 16, "] on the CPU");
+      TORCH_CHECK(sc.scalar_type() == at::kHalf && sc.is_contiguous() && !sc.is_cuda() &&
+                      sc.dim() == 3 && sc.size(0) == w.size(0) && sc.size(1) == K / G4 &&
+                      sc.size(2) == Q4T,
+                  op, ": scale ", i, " must be contiguous fp16 [", w.size(0), ", ", K / G4,
+                  ", ", Q4T, "]");
+      mat.N = w.size(0) * Q4T;
+      mat.scale16 = reinterpret_cast<const uint16_t*>(sc.data_ptr<at::Half>());
+    } else if (p.fmt == Fmt::I4) {
+      const at::Tensor& sc = *scales[i];
+      TORCH_CHECK(w.dim() == 2 && w.size(1) * 2 == K && w.is_contiguous(), op, ": weight ", i,
+                  " must be contiguous uint8 [N, ", K / 2, "] on the CPU");
+      mat.N = w.size(0);
+      TORCH_CHECK(sc.scalar_type() == at::kFloat && sc.is_contiguous() && !sc.is_cuda() &&
+                      sc.dim() == 2 && sc.size(0) == mat.N && sc.size(1) == K / G4,
+                  op, ": scale ", i, " must be contiguous fp32 [", mat.N, ", ", K / G4, "]");
+      mat.ldw = w.stride(0);
+      mat.scale = sc.data_ptr<float>();
+    } else {
+      TORCH_CHECK(w.dim() == 2 && w.size(1) == K, op, ": weight ", i,
+                  " must be a CPU matrix [N, ", K, "]");
+      if (w.stride(1) != 1) {
+        w = w.contiguous();
+        p.keep.push_back(w);
+      }
+      mat.N = w.size(0);
+      mat.ldw = w.stride(0);
+      if (scaled) mat.scale = f32_vector(scales[i], mat.N, "scale", p);
+    }
+    mat.w = w.data_ptr();
+    mat.bias = f32_vector(p.biases[i], mat.N, "bias", p);
+    p.mats.push_back(mat);
+  }
+  return p;
+}
+
+// outs[i] [M, N_i] fp32 = the product of the activations: xf [M, K] fp32, and xb the same
+// rows in bf16 where they are bf16 (bf16 weights take them as they are on AVX512-BF16), else
+// null; `q8`: int8 weights quantize the activations (gemv_q8) rather than keep them fp32.
+void run_product(Product& p, int64_t M, const float* xf, const c10::BFloat16* xb, bool q8,
+                 float* const* outs) {
+  for (size_t i = 0; i < p.mats.size(); ++i) p.mats[i].out = outs[i];
+  switch (p.fmt) {
+    case Fmt::I4: gemv_q4_impl(xf, M, p.K, p.mats); break;
+    case Fmt::I8:
+      if (q8) gemv_q8_impl(xf, M, p.K, p.mats);
+      else gemv_float_weights<int8_t>(xf, M, p.K, p.mats);
+      break;
+    case Fmt::F32: gemv_float_weights<float>(xf, M, p.K, p.mats); break;
+    case Fmt::BF16:
+#if defined(__AVX512BF16__)
+      if (xb != nullptr) {
+        gemv_bf16_dot(xb, M, p.K, p.mats);
+        break;
+      }
+#endif
+      gemv_float_weights<c10::BFloat16>(xf, M, p.K, p.mats);
+      break;
+  }
 }
 
 // x as fp32 rows [M, K]: x itself when it is that already (a decode step's activations), so a
@@ -944,45 +1047,47 @@ at::Tensor rows_f32(const at::Tensor& x, int64_t K) {
   return x.reshape({-1, K}).to(at::kFloat).contiguous();
 }
 
-Call prepare(const at::Tensor& x, at::TensorList ws, const at::TensorList* scales,
-             const OptList& biases, const char* op) {
+std::vector<Opt> opt_vector(const OptList& l) {
+  std::vector<Opt> v;
+  for (size_t i = 0; i < l.size(); ++i) v.push_back(l.get(i));
+  return v;
+}
+
+// One op call: x against ws of the formats in `allowed`, the outputs in x's dtype and shape.
+std::vector<at::Tensor> many(const at::Tensor& x, at::TensorList ws, const at::TensorList* scales,
+                             const OptList& biases, const char* op,
+                             std::initializer_list<Fmt> allowed, const char* formats, bool q8) {
   TORCH_CHECK(x.dim() >= 1 && !x.is_cuda() &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               op, ": x must be a fp32 or bf16 CPU tensor [..., K]");
-  TORCH_CHECK(!ws.empty(), op, ": no weights");
-  TORCH_CHECK(biases.size() == 0 || biases.size() == ws.size(), op, ": one bias (or None) per weight");
+  std::vector<Opt> sc;
+  if (scales != nullptr)
+    for (const at::Tensor& s : *scales) sc.push_back(s);
   TORCH_CHECK(!scales || scales->size() == ws.size(), op, ": one scale per weight");
-  Call c;
-  c.K = x.size(-1);
-  c.lead = x.sizes().vec();
-  c.lead.pop_back();
-  c.x2 = rows_f32(x, c.K);
-  c.M = c.x2.size(0);
-  for (size_t i = 0; i < ws.size(); ++i) {
-    at::Tensor w = ws[i];
-    TORCH_CHECK(w.dim() == 2 && w.size(1) == c.K && !w.is_cuda(), op, ": weight ", i,
-                " must be a CPU matrix [N, ", c.K, "]");
-    TORCH_CHECK(w.scalar_type() == ws[0].scalar_type(), op, ": weights of one dtype");
-    if (w.stride(1) != 1) {
-      w = w.contiguous();
-      c.keep.push_back(w);
-    }
-    const int64_t N = w.size(0);
-    c.outs.push_back(at::empty({c.M, N}, c.x2.options()));
-    const std::optional<at::Tensor> b = biases.size() ? biases.get(i) : std::nullopt;
-    c.mats.push_back({w.data_ptr(), w.stride(0), N,
-                      scales ? f32_vector((*scales)[i], N, "scale", c) : nullptr,
-                      f32_vector(b, N, "bias", c), c.outs.back().data_ptr<float>()});
+  const int64_t K = x.size(-1);
+  Product p = make_product(K, ws.vec(), sc, opt_vector(biases), op);
+  TORCH_CHECK(std::find(allowed.begin(), allowed.end(), p.fmt) != allowed.end(), op,
+              ": weights must be ", formats, ", got ", ws[0].scalar_type());
+  const at::Tensor x2 = rows_f32(x, K);
+  const int64_t M = x2.size(0);
+  std::vector<at::Tensor> outs;
+  std::vector<float*> out_ptrs;
+  for (const Mat& m : p.mats) {
+    outs.push_back(at::empty({M, m.N}, x2.options()));
+    out_ptrs.push_back(outs.back().data_ptr<float>());
   }
-  return c;
-}
-
-std::vector<at::Tensor> finish(Call& c, at::ScalarType dtype) {
+  at::Tensor xb;
+  if (p.fmt == Fmt::BF16 && kBf16Dot && x.scalar_type() == at::kBFloat16)
+    xb = x.reshape({-1, K}).contiguous();  // bf16 activations as they are: vdpbf16ps
+  run_product(p, M, x2.data_ptr<float>(), xb.defined() ? xb.data_ptr<c10::BFloat16>() : nullptr,
+              q8, out_ptrs.data());
+  std::vector<int64_t> lead = x.sizes().vec();
+  lead.pop_back();
   std::vector<at::Tensor> res;
-  for (at::Tensor& o : c.outs) {
-    at::Tensor r = dtype == at::kFloat ? o : o.to(dtype);
-    if (c.lead.size() != 1) {  // [M, N] is already x's shape for 2-D x
-      std::vector<int64_t> shape = c.lead;
+  for (at::Tensor& o : outs) {
+    at::Tensor r = x.scalar_type() == at::kFloat ? o : o.to(x.scalar_type());
+    if (lead.size() != 1) {  // [M, N] is already x's shape for 2-D x
+      std::vector<int64_t> shape = lead;
       shape.push_back(o.size(1));
       r = r.view(shape);
     }
@@ -991,38 +1096,14 @@ std::vector<at::Tensor> finish(Call& c, at::ScalarType dtype) {
   return res;
 }
 
-void bf16_dot(const at::Tensor& x, Call& c) {
-#if defined(__AVX512BF16__)
-  const at::Tensor xb = x.reshape({-1, c.K}).contiguous();
-  gemv_bf16_dot(xb.data_ptr<c10::BFloat16>(), c.M, c.K, c.mats);
-#else
-  (void)x;
-  (void)c;
-#endif
-}
-
 std::vector<at::Tensor> gemv_many(const at::Tensor& x, at::TensorList ws, const OptList& biases) {
-  Call c = prepare(x, ws, nullptr, biases, "gemv");
-  const float* xp = c.x2.data_ptr<float>();
-  if (ws[0].scalar_type() == at::kFloat)
-    gemv_float_weights<float>(xp, c.M, c.K, c.mats);
-  else if (ws[0].scalar_type() == at::kBFloat16 && kBf16Dot && x.scalar_type() == at::kBFloat16)
-    bf16_dot(x, c);  // bf16 activations as they are: vdpbf16ps
-  else if (ws[0].scalar_type() == at::kBFloat16)
-    gemv_float_weights<c10::BFloat16>(xp, c.M, c.K, c.mats);
-  else
-    TORCH_CHECK(false, "gemv: weights must be fp32 or bf16, got ", ws[0].scalar_type());
-  return finish(c, x.scalar_type());
+  return many(x, ws, nullptr, biases, "gemv", {Fmt::F32, Fmt::BF16}, "fp32 or bf16", false);
 }
 
 std::vector<at::Tensor> int8_many(const at::Tensor& x, at::TensorList qs, at::TensorList scales,
                                   const OptList& biases, bool quantized) {
-  const char* op = quantized ? "gemv_q8" : "gemv_int8";
-  TORCH_CHECK(!qs.empty() && qs[0].scalar_type() == at::kChar, op, ": weights must be int8");
-  Call c = prepare(x, qs, &scales, biases, op);
-  if (quantized) gemv_q8_impl(c.x2.data_ptr<float>(), c.M, c.K, c.mats);
-  else gemv_float_weights<int8_t>(c.x2.data_ptr<float>(), c.M, c.K, c.mats);
-  return finish(c, x.scalar_type());
+  return many(x, qs, &scales, biases, quantized ? "gemv_q8" : "gemv_int8", {Fmt::I8}, "int8",
+              quantized);
 }
 
 std::vector<at::Tensor> gemv_int8_many(const at::Tensor& x, at::TensorList qs,
@@ -1033,6 +1114,13 @@ std::vector<at::Tensor> gemv_int8_many(const at::Tensor& x, at::TensorList qs,
 std::vector<at::Tensor> gemv_q8_many(const at::Tensor& x, at::TensorList qs,
                                      at::TensorList scales, const OptList& biases) {
   return int8_many(x, qs, scales, biases, true);
+}
+
+// x [..., K] against int4 weights: q [N, K/2] uint8 (the layout below) with scale [N, K/32]
+// fp32, or in tiles (q4t_tile): q [N/16, K/32, 256] uint8 with scale [N/16, K/32, 16] fp16.
+std::vector<at::Tensor> gemv_q4_many(const at::Tensor& x, at::TensorList qs,
+                                     at::TensorList scales, const OptList& biases) {
+  return many(x, qs, &scales, biases, "gemv_q4", {Fmt::I4}, "int4 (uint8)", false);
 }
 
 OptList one_bias(const std::optional<at::Tensor>& bias) {
@@ -1053,6 +1141,11 @@ at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
 at::Tensor gemv_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                    const std::optional<at::Tensor>& bias) {
   return int8_many(x, {q}, {scale}, one_bias(bias), true)[0];
+}
+
+at::Tensor gemv_q4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                   const std::optional<at::Tensor>& bias) {
+  return gemv_q4_many(x, {q}, {scale}, one_bias(bias))[0];
 }
 
 // -- int4 weights × int8 activations ------------------------------------------------------
@@ -1505,62 +1598,6 @@ void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
   }
 }
 
-// x [..., K] against int4 weights: q [N, K/2] uint8 (the layout above) with scale [N, K/32]
-// fp32, or in tiles (q4t_tile): q [N/16, K/32, 256] uint8 with scale
-// [N/16, K/32, 16] fp16.
-std::vector<at::Tensor> gemv_q4_many(const at::Tensor& x, at::TensorList qs,
-                                     at::TensorList scales, const OptList& biases) {
-  const char* op = "gemv_q4";
-  TORCH_CHECK(x.dim() >= 1 && !x.is_cuda() &&
-                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-              op, ": x must be a fp32 or bf16 CPU tensor [..., K]");
-  TORCH_CHECK(!qs.empty() && scales.size() == qs.size() &&
-                  (biases.size() == 0 || biases.size() == qs.size()),
-              op, ": one scale and one bias (or None) per weight");
-  Call c;
-  c.K = x.size(-1);
-  TORCH_CHECK(c.K % G4 == 0, op, ": K = ", c.K, " must be a multiple of ", G4);
-  c.lead = x.sizes().vec();
-  c.lead.pop_back();
-  c.x2 = rows_f32(x, c.K);
-  c.M = c.x2.size(0);
-  for (size_t i = 0; i < qs.size(); ++i) {
-    const at::Tensor& q = qs[i];
-    const at::Tensor& sc = scales[i];
-    const std::optional<at::Tensor> b = biases.size() ? biases.get(i) : std::nullopt;
-    if (q.dim() == 3) {  // tiles
-      TORCH_CHECK(q.scalar_type() == at::kByte && q.size(1) == c.K / G4 &&
-                      q.size(2) == Q4T * 16 && q.is_contiguous() && !q.is_cuda(),
-                  op, ": weight ", i, " must be contiguous uint8 [N/", Q4T, ", ", c.K / G4, ", ",
-                  Q4T * 16, "] on the CPU");
-      const int64_t N = q.size(0) * Q4T;
-      TORCH_CHECK(sc.scalar_type() == at::kHalf && sc.is_contiguous() && !sc.is_cuda() &&
-                      sc.dim() == 3 && sc.size(0) == q.size(0) && sc.size(1) == c.K / G4 &&
-                      sc.size(2) == Q4T,
-                  op, ": scale ", i, " must be contiguous fp16 [", q.size(0), ", ", c.K / G4,
-                  ", ", Q4T, "]");
-      c.outs.push_back(at::empty({c.M, N}, c.x2.options()));
-      Mat mat{q.data_ptr(), 0, N, nullptr, f32_vector(b, N, "bias", c),
-              c.outs.back().data_ptr<float>()};
-      mat.scale16 = reinterpret_cast<const uint16_t*>(sc.data_ptr<at::Half>());
-      c.mats.push_back(mat);
-      continue;
-    }
-    TORCH_CHECK(q.scalar_type() == at::kByte && q.dim() == 2 && q.size(1) * 2 == c.K &&
-                    q.is_contiguous() && !q.is_cuda(),
-                op, ": weight ", i, " must be contiguous uint8 [N, ", c.K / 2, "] on the CPU");
-    const int64_t N = q.size(0);
-    TORCH_CHECK(sc.scalar_type() == at::kFloat && sc.is_contiguous() && !sc.is_cuda() &&
-                    sc.dim() == 2 && sc.size(0) == N && sc.size(1) == c.K / G4,
-                op, ": scale ", i, " must be contiguous fp32 [", N, ", ", c.K / G4, "]");
-    c.outs.push_back(at::empty({c.M, N}, c.x2.options()));
-    c.mats.push_back({q.data_ptr(), q.stride(0), N, sc.data_ptr<float>(),
-                      f32_vector(b, N, "bias", c), c.outs.back().data_ptr<float>()});
-  }
-  gemv_q4_impl(c.x2.data_ptr<float>(), c.M, c.K, c.mats);
-  return finish(c, x.scalar_type());
-}
-
 // The weights W [N, K] fp32 of int4 q [N, K/2] and scale [N, K/32]: W = d · (u - 8), as
 // astrai/model/quant4.py dequantize_groups computes them (the same bits), rows over torch's
 // OpenMP team (a prefill multiplies them with torch's GEMM right after: over_tiles says
@@ -1594,10 +1631,6 @@ at::Tensor dequant_q4(const at::Tensor& q, const at::Tensor& scale) {
   return out;
 }
 
-at::Tensor gemv_q4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
-                   const std::optional<at::Tensor>& bias) {
-  return gemv_q4_many(x, {q}, {scale}, one_bias(bias))[0];
-}
 
 // Σ x² in VL lanes (then their sum, then the tail): torch's own reduction also sums in
 // lanes, so neither order is the reference's; a sequential sum would be a latency chain of
@@ -1960,10 +1993,11 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("paged_decode(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, "
         "Tensor req_pool_indices, Tensor seq_lens, float scale) -> Tensor");
-  m.def("decode_layers(Tensor rows, Tensor embed, Tensor?[] weights, int[] shape, float eps, "
-        "Tensor cos, Tensor sin, Tensor k_buf, Tensor v_buf, Tensor req_to_token, Tensor norm, "
-        "Tensor?[] head) "
-        "-> Tensor");
+  m.class_<DecodePlan>("DecodePlan")
+      .def(torch::init<c10::List<Opt>, std::vector<int64_t>, double, at::Tensor, at::Tensor>());
+  m.def("decode_layers(__torch__.torch.classes." ASTRAI_STR(ASTRAI_CPU_NS) ".DecodePlan plan, "
+        "Tensor rows, Tensor cos, Tensor sin, Tensor k_buf, Tensor v_buf, Tensor req_to_token, "
+        "Tensor?[] head) -> Tensor");
   m.def("first_argmax(Tensor x) -> Tensor");
   m.def("dequant_q4(Tensor q, Tensor scale) -> Tensor");
   m.def("info() -> int[]", &info);

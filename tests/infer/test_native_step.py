@@ -77,6 +77,24 @@ def test_verify_rows_equal_the_ragged_forward(model):
     assert max(seen) > 0 and min(seen) == 0  # verify steps and plain ones
 
 
+def test_the_plan_sees_weights_updated_in_place():
+    """The step's plan reads the weights' own storage: after an in-place update (an
+    optimizer step), the same engine decodes what an eager engine decodes on the new
+    weights, not what it decoded before."""
+    model = build_model(small_config(qkv_bias=True), seed=5).eval()
+    prompts, params = random_prompts((6, 9), seed=2), SamplingParams.greedy(NEW, ignore_eos=True)
+    eng = engine(model, radix=False)
+    before = [o.token_ids for o in eng.generate(prompts, params)]
+    with torch.no_grad():
+        for block in model.layers:
+            block.mlp.down_proj.weight.mul_(-4)
+            block.attn.k_proj.bias.add_(1.5)
+    after = [o.token_ids for o in eng.generate(prompts, params)]
+    eager = [o.token_ids for o in engine(model, "eager", radix=False).generate(prompts, params)]
+    assert eng.stats().decode == "native"
+    assert after == eager and after != before
+
+
 def test_row_limit_follows_the_weight_format(model):
     """fp32 and int8 blocks take the kernels' 16 rows (a verify of 8 proposals runs native),
     bf16 blocks 8."""
