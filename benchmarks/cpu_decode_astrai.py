@@ -10,7 +10,9 @@
           first token, tg = 4·128 / the time from then until the last finishes
 
 Every prompt is fresh random ids (a prompt seen before would be served from the prefix cache,
-which llama-bench never does), greedy, EOS ignored.
+which llama-bench never does), greedy, EOS ignored. The KV cache is 16-bit, as llama.cpp's
+default f16 cache: float16 under fp32, int8 and int4 weights (`--kv-cache-dtype float16`),
+bf16 under bf16 weights.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ class Figures:
 def engine(model: torch.nn.Module, huge_pages: bool) -> Engine:
     """The engine chat, serve and serve-bench build (`huge_pages`: the weights moved into
     2 MiB transparent huge pages, as those commands do for a model they load)."""
+    fp32 = next(model.parameters()).dtype == torch.float32
     cache = CacheConfig(page_size=16, max_kv_tokens=CONCURRENT * (PP + TG + 32),
-                        max_requests=CONCURRENT)
+                        max_requests=CONCURRENT, dtype="float16" if fp32 else None)
     # one step takes all four prompts at once, as llama.cpp's n_batch 2048 does
     return build_engine(model, None, EngineOptions(), cache, huge_pages=huge_pages,
                         scheduler=SchedulerConfig(max_step_tokens=CONCURRENT * PP))

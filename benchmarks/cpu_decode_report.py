@@ -147,6 +147,8 @@ def report(a, shapes, res, quality, bf16, load_before, targets) -> bool:
     for s in shapes.values():
         if s.llama_conditions:
             print(f"llama-bench ({s.name}): {s.llama_conditions}")
+    print("astrai: KV cache float16 under fp32 / int8 / int4 weights, bf16 under bf16 "
+          "(llama.cpp's type_k / type_v above)")
     print(f"rounds: {a.rounds or (3 if a.quick else 5)}, interleaved, seeded order "
           f"(--seed {a.seed}); figures: median [min–max]; floor: weight bytes per token over "
           f"the read bandwidth of as many bytes (tok/s); BROKEN: failed or < {SANITY:.0%} of "

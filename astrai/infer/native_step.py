@@ -51,6 +51,13 @@ engine to another path, never to a wrong answer."""
 
 
 
+KV_DTYPES = {torch.float32: (torch.float32, torch.bfloat16, torch.float16),
+             torch.bfloat16: (torch.bfloat16,)}
+"""The KV pool dtypes decode_layers takes under each activation dtype: fp32 activations
+over a 16-bit pool (llama.cpp's default f16 cache) write K/V rounded to it and attend in
+fp32."""
+
+
 def _linear(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(weight or quantized values, their scales or None, bias or None) of a plain, int8 or
     int4 layer (decode_layers.h's `products` tells the formats apart by the values' dtype)."""
@@ -90,9 +97,9 @@ def unsupported(model: nn.Module, pool: PagePool, kernels: fast_path.DecodeKerne
     why = refusal(model.config, NATIVE_FEATURES, pool.max_context, "native CPU step")
     if why is not None:
         return why
-    dtype = next(model.parameters()).dtype
-    if dtype not in (torch.float32, torch.bfloat16) or pool.storage.k.dtype != dtype:
-        return f"{dtype} activations over a {pool.storage.k.dtype} KV pool"
+    dtype, kv = next(model.parameters()).dtype, pool.storage.k.dtype
+    if dtype not in (torch.float32, torch.bfloat16) or kv not in KV_DTYPES[dtype]:
+        return f"{dtype} activations over a {kv} KV pool"
     for block in model.layers:
         a, f = block.attn, block.mlp
         for m in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, f.gate_proj, f.up_proj, f.down_proj):

@@ -18,8 +18,10 @@ from rich.table import Table
 from astrai_cli.engine_flags import engine_flags
 from astrai_cli.options import (
     Backend,
+    KvCacheDtype,
     MaxContext,
     checkpoint_path,
+    kv_cache_dtype,
     threads_option,
     use_threads,
     warn_dtype,
@@ -92,6 +94,8 @@ def render(report: dict, console: Console) -> None:
              f"{w['name']} workload · {w['num_prompts']} prompts (input {w['input_len'][0]}-"
              f"{w['input_len'][1]}, output {w['output_len'][0]}-{w['output_len'][1]}) · "
              f"arrivals {rate} · max concurrency {conc}")
+    kv = (s.get("cache") or {}).get("dtype")
+    title += f" · KV cache {kv}" if kv else ""
     # Above the table, not its title: a title wraps at the table's (narrow) width.
     console.print(escape(title))
     table = Table()
@@ -186,6 +190,7 @@ def register(app: typer.Typer) -> None:
             "--max-step-tokens", help="Token budget of one engine step (chunked prefill).")
         ] = 2048,
         max_context: MaxContext = None,
+        kv_dtype: KvCacheDtype = "auto",
         base_url: Annotated[str | None, typer.Option(
             "--base-url", help="Measure this OpenAI-compatible server (http://HOST:PORT) over "
             "streaming HTTP; CHECKPOINT is then the model directory it serves (tokenizer).")
@@ -224,7 +229,8 @@ def register(app: typer.Typer) -> None:
             **engine.engine_fields(seed=seed),
             cache=CacheConfig.from_dict(dict(
                 page_size=page_size, max_kv_tokens=max_kv_tokens, max_requests=max_requests,
-                radix=not no_radix, max_context=max_context)),
+                radix=not no_radix, max_context=max_context,
+                dtype=kv_cache_dtype(kv_dtype))),
             scheduler=SchedulerConfig.from_dict(dict(max_step_tokens=max_step_tokens)),
             base_url=base_url, endpoint=endpoint, model=model, api_key=api_key,
         )

@@ -19,8 +19,10 @@ import typer
 from astrai_cli.engine_flags import engine_flags
 from astrai_cli.options import (
     Backend,
+    KvCacheDtype,
     MaxContext,
     checkpoint_path,
+    kv_cache_dtype,
     threads_option,
     use_threads,
     warn_dtype,
@@ -94,6 +96,7 @@ def register(app: typer.Typer) -> None:
             "--max-kv-tokens", help="Token slots in the KV pool.")] = 32768,
         page_size: Annotated[int, typer.Option("--page-size", help="KV page size.")] = 16,
         max_context: MaxContext = None,
+        kv_dtype: KvCacheDtype = "auto",
         max_step_tokens: Annotated[int, typer.Option(
             "--max-step-tokens", help="Token budget of one engine step (chunked prefill).")
         ] = 2048,
@@ -135,7 +138,8 @@ def register(app: typer.Typer) -> None:
             chat_template=None if chat_template is None else str(chat_template),
             tool_call_parser=tool_call_parser,
             cache=CacheConfig.from_dict(dict(page_size=page_size, max_kv_tokens=max_kv_tokens,
-                                             max_context=max_context)),
+                                             max_context=max_context,
+                                             dtype=kv_cache_dtype(kv_dtype))),
             scheduler=SchedulerConfig.from_dict(dict(max_step_tokens=max_step_tokens)),
             ui=ui, reasoning_parser=reasoning_parser, response_store=ResponseStoreConfig(response_store_max, response_store_bytes,
                                                       response_store_ttl))

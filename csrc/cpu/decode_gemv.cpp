@@ -154,6 +154,9 @@ inline vf wload(const c10::BFloat16* p) {  // bf16 -> fp32 is a 16-bit shift
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+inline vf wload(const c10::Half* p) {  // fp16 -> fp32 (F16C): a 16-bit KV pool's rows
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 inline vf wload(const int8_t* p) {
   __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
@@ -197,6 +200,9 @@ inline vf wload(const c10::BFloat16* p) {
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+inline vf wload(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 inline vf wload(const int8_t* p) {
   __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
@@ -208,6 +214,7 @@ inline vf wload(const int8_t* p) {
 inline float to_f(float v) { return v; }
 inline float to_f(c10::BFloat16 v) { return static_cast<float>(v); }
 inline float to_f(int8_t v) { return static_cast<float>(v); }
+inline float to_f(c10::Half v) { return static_cast<float>(v); }
 
 // -- float-weight tiles ---------------------------------------------------------------------
 // Weight rows a lone activation row reads side by side (dot_rows4): 4 on an Intel CPU, whose
@@ -1855,8 +1862,8 @@ void check_kv_indices(const char* op, const int32_t* r2t, int64_t n_rows, int64_
   }
 }
 
-template <typename T>
-void paged_decode_rows(const T* q, const T* kb, const T* vb, const int32_t* r2t, int64_t ldr,
+template <typename T, typename KV>
+void paged_decode_rows(const T* q, const KV* kb, const KV* vb, const int32_t* r2t, int64_t ldr,
                        const int64_t* rows, const int32_t* lens, int64_t B, int64_t H,
                        int64_t Kh, int64_t D, float scale, T* out) {
   const int64_t G = H / Kh;

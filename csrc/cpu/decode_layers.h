@@ -123,11 +123,21 @@ struct Step {  // one call's rows
   const int32_t* lens;
 };
 
-template <typename T>
-void write_kv(const T* k, const T* v, T* kb, T* vb, int64_t row, const Step& s) {
+// Each row's K/V into its slot, rounded to the pool's dtype KV where it is narrower (as the
+// eager path's `.to`: to nearest, ties to even).
+template <typename T, typename KV>
+void write_kv(const T* k, const T* v, KV* kb, KV* vb, int64_t row, const Step& s) {
   for (int64_t n = 0; n < s.N; ++n) {
-    std::memcpy(kb + s.slots[n] * row, k + n * row, row * sizeof(T));
-    std::memcpy(vb + s.slots[n] * row, v + n * row, row * sizeof(T));
+    KV *kd = kb + s.slots[n] * row, *vd = vb + s.slots[n] * row;
+    if constexpr (std::is_same_v<T, KV>) {
+      std::memcpy(kd, k + n * row, row * sizeof(T));
+      std::memcpy(vd, v + n * row, row * sizeof(T));
+    } else {
+      for (int64_t i = 0; i < row; ++i) {
+        kd[i] = static_cast<KV>(static_cast<float>(k[n * row + i]));
+        vd[i] = static_cast<KV>(static_cast<float>(v[n * row + i]));
+      }
+    }
   }
 }
 
@@ -196,12 +206,14 @@ class DecodePlan : public torch::CustomClassHolder {
                  const at::Tensor& req_to_token, const c10::List<Opt>& head) {
     std::lock_guard<std::mutex> lk(mu_);  // one step at a time: the scratch is the plan's
     const int64_t L = static_cast<int64_t>(layers_.size()), h2 = D_ / 2;
+    const at::ScalarType kv = k_buf.scalar_type();
     TORCH_CHECK(k_buf.dim() == 4 && k_buf.is_contiguous() && v_buf.is_contiguous() &&
                     v_buf.sizes() == k_buf.sizes() && k_buf.size(0) == L &&
                     k_buf.size(2) == Kh_ && k_buf.size(3) == D_ && !k_buf.is_cuda() &&
-                    k_buf.scalar_type() == dtype_ && v_buf.scalar_type() == dtype_,
+                    v_buf.scalar_type() == kv &&
+                    (kv == dtype_ || (dtype_ == at::kFloat && (kv == at::kBFloat16 || kv == at::kHalf))),
                 "decode_layers: k_buf / v_buf [", L, ", S, ", Kh_, ", ", D_,
-                "] contiguous on the CPU, of the embedding's dtype");
+                "] contiguous on the CPU, of the embedding's dtype (fp32 activations: or bf16 / fp16)");
     TORCH_CHECK(rows5.dim() == 2 && rows5.size(0) == 5 && rows5.scalar_type() == at::kLong &&
                     rows5.is_contiguous() && cos.scalar_type() == at::kFloat &&
                     sin.scalar_type() == at::kFloat && cos.dim() == 2 &&
@@ -227,8 +239,10 @@ class DecodePlan : public torch::CustomClassHolder {
     const Step s{N, cs_.data(), sn_.data(), req_to_token.data_ptr<int32_t>(),
                  req_to_token.size(1), ids + 2 * N, ids + 4 * N, lens_.data()};
     at::Tensor h = at::empty({N, C_}, embed_.options());
-    if (dtype_ == at::kFloat) return step<float>(ids, k_buf, v_buf, s, h, head);
-    return step<c10::BFloat16>(ids, k_buf, v_buf, s, h, head);
+    if (dtype_ == at::kBFloat16) return step<c10::BFloat16, c10::BFloat16>(ids, k_buf, v_buf, s, h, head);
+    if (kv == at::kBFloat16) return step<float, c10::BFloat16>(ids, k_buf, v_buf, s, h, head);
+    if (kv == at::kHalf) return step<float, c10::Half>(ids, k_buf, v_buf, s, h, head);
+    return step<float, float>(ids, k_buf, v_buf, s, h, head);
   }
 
  private:
@@ -350,8 +364,8 @@ class DecodePlan : public torch::CustomClassHolder {
     }
   }
 
-  template <typename T>
-  void layer(Layer& l, T* kb, T* vb, const Step& s, const Rows<T>& r) {
+  template <typename T, typename KV>
+  void layer(Layer& l, KV* kb, KV* vb, const Step& s, const Rows<T>& r) {
     const int64_t N = s.N, C = C_, D = D_;
     rms_rows(r.x, static_cast<const T*>(l.attn_norm), r.h, N, C, eps_);
     multiply<T>(l.qkv, r.h, N, std::array<T*, 3>{r.q, r.k, r.v}.data(), r.f_in, r.f_out);
@@ -373,15 +387,15 @@ class DecodePlan : public torch::CustomClassHolder {
     add_rows(r.x, r.d, N * C);
   }
 
-  template <typename T>
+  template <typename T, typename KV>
   at::Tensor step(const int64_t* ids, const at::Tensor& k_buf, const at::Tensor& v_buf,
                   const Step& s, at::Tensor& h, const c10::List<Opt>& head) {
     const int64_t N = s.N, C = C_, per = k_buf.stride(0);
     const Rows<T> r = rows<T>(N);
     const T* e = embed_.data_ptr<T>();
     for (int64_t n = 0; n < N; ++n) std::memcpy(r.x + n * C, e + ids[n] * C, C * sizeof(T));
-    T *kb = k_buf.data_ptr<T>(), *vb = v_buf.data_ptr<T>();
-    for (size_t l = 0; l < layers_.size(); ++l) layer<T>(layers_[l], kb + l * per, vb + l * per, s, r);
+    KV *kb = k_buf.data_ptr<KV>(), *vb = v_buf.data_ptr<KV>();
+    for (size_t l = 0; l < layers_.size(); ++l) layer<T, KV>(layers_[l], kb + l * per, vb + l * per, s, r);
     rms_rows(r.x, static_cast<const T*>(norm_), h.data_ptr<T>(), N, C, eps_);
     return head.size() == 0 ? h : logits<T>(h, head, r);
   }

@@ -78,6 +78,13 @@ def test_quantize_int8_is_in_the_report(ckpt):
     assert json.loads(r.stdout)["model"]["quantize"] == "int8"
 
 
+def test_a_16_bit_kv_cache_is_in_the_report(ckpt):
+    r = runner.invoke(app, ["serve-bench", str(ckpt), *FAST, "--kv-cache-dtype", "float16",
+                            "--compare-backends", "torch_native"])
+    assert r.exit_code == 0, r.output
+    assert "KV cache float16" in r.stdout
+
+
 def test_one_table_one_column_per_backend():
     base = {"completed": 3, "failed": 0, "duration": 1.0, "mean_ttft_ms": 5.0,
             "prefix_cache_hit_rate": 0.5, "request_goodput": None}
@@ -110,6 +117,7 @@ def test_one_table_one_column_per_backend():
     (["--input-len", "200"], "exceed the context of 128"),
     (["--workload", "nope.jsonl"], "workload 'nope.jsonl': no such file"),
     (["--quantize", "int3"], "--quantize 'int3': use none or int8, int4"),
+    (["--kv-cache-dtype", "fp8"], "'fp8': use auto, float32, bfloat16 or float16"),
 ])
 def test_bad_options_exit_2(ckpt, args, why):
     r = runner.invoke(app, ["serve-bench", str(ckpt), *FAST, *args])

@@ -23,6 +23,7 @@ runner = CliRunner()
     (["/no/such/dir", "--port", "70000"], "--port"),
     (["/no/such/dir", "--api-key", ""], "--api-key"),
     (["/no/such/dir", "--quantize", "int3"], "--quantize 'int3': use none or int8, int4"),
+    (["/no/such/dir", "--kv-cache-dtype", "fp8"], "'fp8': use auto, float32, bfloat16 or float16"),
     (["/no/such/dir", "--lora", "sql"], "--lora 'sql': expected NAME=DIR"),
     (["/no/such/dir", "--lora", "a=/x", "--lora", "a=/y"], "--lora a: given twice"),
     (["/no/such/dir", "--max-loras", "0"], "--max-loras 0: must be >= 1"),

@@ -64,9 +64,9 @@ def naive_logprobs(model, prompt, output):
 
 
 def paged_engine(model, decode="auto", page_size=4, tokens=1024, rows=8, radix=True,
-                 max_context=None, speculative=None):
+                 max_context=None, speculative=None, kv_dtype=None):
     cache = CacheConfig(page_size=page_size, max_kv_tokens=tokens, max_requests=rows,
-                        radix=radix, max_context=max_context)
+                        radix=radix, max_context=max_context, dtype=kv_dtype)
     return Engine(model, None, cache, scheduler_config=SchedulerConfig(max_step_tokens=2048),
                   decode=decode, speculative=speculative)
 

@@ -27,6 +27,7 @@ from .conftest import (
     EAGER_CASES,
     assert_equals_full_recompute,
     assert_equals_the_eager_path,
+    assert_same_outputs,
     random_prompts,
     small_config,
 )
@@ -75,6 +76,21 @@ def test_verify_rows_equal_the_ragged_forward(model):
     prompts = [p * 3 for p in random_prompts((8, 5, 11), seed=8)]
     eng.generate(prompts, SamplingParams.greedy(16, ignore_eos=True))
     assert max(seen) > 0 and min(seen) == 0  # verify steps and plain ones
+
+
+@pytest.mark.parametrize("kv", ["float16", "bfloat16"])
+def test_a_16_bit_kv_pool_under_fp32_activations(model, kv):
+    """fp32 activations over a 16-bit KV pool (llama.cpp's default cache is f16): the native
+    step writes each K/V row rounded to the pool's dtype and attends in fp32 — the eager
+    path's tokens and log-probabilities, prefix pages read back from the pool."""
+    prompts = random_prompts((5, 17, 33, 1, 40, 9), seed=5)
+    prompts = [prompts[2][:20] + p for p in prompts]
+    params = SamplingParams.greedy(NEW, logprobs=True)
+    eng = engine(model, kv_dtype=kv)
+    assert_same_outputs(eng.generate(prompts, params),
+                        engine(model, "eager", kv_dtype=kv).generate(prompts, params))
+    assert eng.stats().decode == "native" and eng.pool.storage.k.dtype == getattr(torch, kv)
+    assert eng.stats().pool.prefix_hit_rate > 0
 
 
 def test_the_plan_sees_weights_updated_in_place():

@@ -185,8 +185,9 @@ def _extend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: torch.Tensor,
             vb: torch.Tensor, e: _ExtendPlan) -> torch.Tensor:
     """One request's T query tokens q [T, H, D] -> [T, H, D]."""
     if e.slots is not None:  # cached prefix: read every position back from the pool
-        k = kb.index_select(0, e.slots).to(q.dtype)  # (kv_len, K, D)
-        v = vb.index_select(0, e.slots).to(q.dtype)
+        k, v = kb.index_select(0, e.slots), vb.index_select(0, e.slots)  # (kv_len, K, D)
+    # the pool's values (rounded where its dtype is narrower), attended in q's dtype
+    k, v = k.to(q.dtype), v.to(q.dtype)
     # 4-D (a batch of one): torch's CPU flash kernel takes only 4-D inputs, and 3-D ones
     # fall to the math path, which materialises every score (3.6x slower at 512 tokens)
     out = F.scaled_dot_product_attention(
