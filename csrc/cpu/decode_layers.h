@@ -113,7 +113,6 @@ constexpr const char* kSlotNames[] = {
 static_assert(sizeof(kSlotNames) / sizeof(kSlotNames[0]) == kSlots && DOWN_SCALE == kSlots - 1,
               "one name per slot");
 
-
 struct Step {  // one call's rows
   int64_t N;
   const float *cos, *sin;  // [N, D/2]: each row's RoPE factors
