@@ -90,7 +90,8 @@ def _own_code(model: nn.Module) -> str | None:
 def unsupported(model: nn.Module, pool: PagePool, kernels: fast_path.DecodeKernels | None
                 ) -> str | None:
     """Why the native step cannot run this model on this pool, or None."""
-    if kernels is None or getattr(kernels, "decode_layers", None) is None:
+    if kernels is None or None in (getattr(kernels, "decode_layers", None),
+                                   getattr(kernels, "decode_plan", None)):
         return "no CPU decode kernels"
     if (why := _own_code(model)) is not None:
         return why
