@@ -50,7 +50,6 @@ scaling comes in through the model's own tables. A feature not listed here sends
 engine to another path, never to a wrong answer."""
 
 
-
 KV_DTYPES = {torch.float32: (torch.float32, torch.bfloat16, torch.float16),
              torch.bfloat16: (torch.bfloat16,)}
 """The KV pool dtypes decode_layers takes under each activation dtype: fp32 activations
@@ -60,7 +59,8 @@ fp32."""
 
 def _linear(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(weight or quantized values, their scales or None, bias or None) of a plain, int8 or
-    int4 layer (decode_layers.h's `products` tells the formats apart by the values' dtype)."""
+    int4 layer (decode_gemv.cpp's `make_product` tells the formats apart by the values'
+    dtype)."""
     if type(m) is nn.Linear:
         return m.weight, None, m.bias
     return m.qweight, m.scale, m.bias
