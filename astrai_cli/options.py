@@ -84,22 +84,20 @@ NumSpeculativeTokens = Annotated[int, typer.Option(
     "(with --speculative or --speculative-model).")]
 MaxContext = Annotated[int | None, typer.Option(
     "--max-context", help="Context length (default: the model's max_seq_len).")]
-def _kv_cache_dtype(value: str) -> str:
+
+
+def _kv_cache_dtype(value: str) -> str | None:
+    """CacheConfig.dtype of a --kv-cache-dtype value (None: the model's)."""
     if value not in ("auto", "float32", "bfloat16", "float16"):
         raise typer.BadParameter(f"{value!r}: use auto, float32, bfloat16 or float16")
-    return value
+    return None if value == "auto" else value
 
 
-KvCacheDtype = Annotated[str, typer.Option(
+KvCacheDtype = Annotated[str | None, typer.Option(
     "--kv-cache-dtype", metavar="auto|float32|bfloat16|float16", callback=_kv_cache_dtype,
     help="The KV cache's dtype (auto: the model's). A 16-bit cache under fp32 or int8 / int4 "
     "weights halves its memory and the bytes each decode step reads (llama.cpp's default "
     "cache is f16).")]
-
-
-def kv_cache_dtype(value: str) -> str | None:
-    """CacheConfig.dtype of a --kv-cache-dtype value (None: the model's)."""
-    return None if value == "auto" else value
 
 
 def speculative_config(method: str, model: Path | None, k: int) -> Any:

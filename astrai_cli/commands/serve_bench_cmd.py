@@ -21,7 +21,6 @@ from astrai_cli.options import (
     KvCacheDtype,
     MaxContext,
     checkpoint_path,
-    kv_cache_dtype,
     threads_option,
     use_threads,
     warn_dtype,
@@ -230,7 +229,7 @@ def register(app: typer.Typer) -> None:
             cache=CacheConfig.from_dict(dict(
                 page_size=page_size, max_kv_tokens=max_kv_tokens, max_requests=max_requests,
                 radix=not no_radix, max_context=max_context,
-                dtype=kv_cache_dtype(kv_dtype))),
+                dtype=kv_dtype)),
             scheduler=SchedulerConfig.from_dict(dict(max_step_tokens=max_step_tokens)),
             base_url=base_url, endpoint=endpoint, model=model, api_key=api_key,
         )

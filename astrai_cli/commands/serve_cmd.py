@@ -22,7 +22,6 @@ from astrai_cli.options import (
     KvCacheDtype,
     MaxContext,
     checkpoint_path,
-    kv_cache_dtype,
     threads_option,
     use_threads,
     warn_dtype,
@@ -139,7 +138,7 @@ def register(app: typer.Typer) -> None:
             tool_call_parser=tool_call_parser,
             cache=CacheConfig.from_dict(dict(page_size=page_size, max_kv_tokens=max_kv_tokens,
                                              max_context=max_context,
-                                             dtype=kv_cache_dtype(kv_dtype))),
+                                             dtype=kv_dtype)),
             scheduler=SchedulerConfig.from_dict(dict(max_step_tokens=max_step_tokens)),
             ui=ui, reasoning_parser=reasoning_parser, response_store=ResponseStoreConfig(response_store_max, response_store_bytes,
                                                       response_store_ttl))

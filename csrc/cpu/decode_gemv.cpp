@@ -67,7 +67,7 @@
 #define ASTRAI_STR(x) ASTRAI_STR_(x)  // the namespace as a string (decode_layers' schema)
 
 // The Fortran sgemv of the BLAS torch links (MKL in the x86 wheels), where it exports one: the
-// native decode step calls it for a lone fp32 row (decode_layers.h `blas_gemv`). Weak: absent,
+// native decode step calls it for a lone fp32 row (decode_layers.h `sgemv_call`). Weak: absent,
 // the step keeps at::linear.
 extern "C" void sgemv_(const char* trans, const int* m, const int* n, const float* alpha,
                        const float* a, const int* lda, const float* x, const int* incx,
@@ -937,6 +937,17 @@ void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
 
 enum class Fmt { F32, BF16, I8, I4 };
 
+// The format of weights of dtype t: int4 values are packed in uint8; None for another dtype.
+std::optional<Fmt> fmt_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return Fmt::F32;
+    case at::kBFloat16: return Fmt::BF16;
+    case at::kChar: return Fmt::I8;
+    case at::kByte: return Fmt::I4;
+    default: return std::nullopt;
+  }
+}
+
 // The matrices one activation multiplies (q, k, v; gate, up; a lone one), checked and turned
 // into Mats once: the ops below make one per call, the native decode step one per product of
 // the model when its plan is made (decode_layers.h), so a step's products touch no tensor.
@@ -970,9 +981,9 @@ Product make_product(int64_t K, const std::vector<at::Tensor>& ws, const std::ve
   p.K = K;
   p.ws = ws;
   p.biases = biases.empty() ? std::vector<Opt>(ws.size()) : biases;
-  p.fmt = t == at::kByte ? Fmt::I4 : t == at::kChar ? Fmt::I8 : t == at::kBFloat16 ? Fmt::BF16 : Fmt::F32;
-  TORCH_CHECK(t == at::kByte || t == at::kChar || t == at::kBFloat16 || t == at::kFloat, op,
-              ": weights fp32, bf16, int8 or int4 (uint8), got ", t);
+  const std::optional<Fmt> fmt = fmt_of(t);
+  TORCH_CHECK(fmt.has_value(), op, ": weights fp32, bf16, int8 or int4 (uint8), got ", t);
+  p.fmt = *fmt;
   const bool scaled = p.fmt == Fmt::I8 || p.fmt == Fmt::I4;
   TORCH_CHECK(scales.size() == (scaled ? ws.size() : 0) &&
                   std::all_of(scales.begin(), scales.end(), [](const Opt& s) { return s.has_value(); }),
@@ -1067,14 +1078,15 @@ std::vector<at::Tensor> many(const at::Tensor& x, at::TensorList ws, const at::T
   TORCH_CHECK(x.dim() >= 1 && !x.is_cuda() &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               op, ": x must be a fp32 or bf16 CPU tensor [..., K]");
+  TORCH_CHECK(!ws.empty(), op, ": no weights");
+  const std::optional<Fmt> fmt = fmt_of(ws[0].scalar_type());
+  TORCH_CHECK(fmt && std::find(allowed.begin(), allowed.end(), *fmt) != allowed.end(), op,
+              ": weights must be ", formats, ", got ", ws[0].scalar_type());
   std::vector<Opt> sc;
   if (scales != nullptr)
     for (const at::Tensor& s : *scales) sc.push_back(s);
-  TORCH_CHECK(!scales || scales->size() == ws.size(), op, ": one scale per weight");
   const int64_t K = x.size(-1);
-  Product p = make_product(K, ws.vec(), sc, opt_vector(biases), op);
-  TORCH_CHECK(std::find(allowed.begin(), allowed.end(), p.fmt) != allowed.end(), op,
-              ": weights must be ", formats, ", got ", ws[0].scalar_type());
+  Product p = make_product(K, ws.vec(), sc, opt_vector(biases), op);  // one scale per weight
   const at::Tensor x2 = rows_f32(x, K);
   const int64_t M = x2.size(0);
   std::vector<at::Tensor> outs;
