@@ -217,59 +217,15 @@ inline float to_f(int8_t v) { return static_cast<float>(v); }
 inline float to_f(c10::Half v) { return static_cast<float>(v); }
 
 // -- float-weight tiles ---------------------------------------------------------------------
-// Weight rows a lone activation row reads side by side (dot_rows4): 4 on an Intel CPU, whose
-// stream prefetchers follow 4 short streams (fp32, one decode row, 2304 x 768 matrices,
-// 2 threads, Xeon Ice Lake: 0.95x a streaming sum's bandwidth against 0.79x one row at a
-// time; engine tg128 1.05x, 20 interleaved rounds), 1 elsewhere (an AMD EPYC Zen 4 read
-// 4 side by side, with software prefetch, at 0.5–0.6x the bandwidth of one sequential stream).
-int cpu_side_rows() {
-  __builtin_cpu_init();  // may run before libgcc's own constructor
-  return __builtin_cpu_is("intel") ? 4 : 1;
-}
-std::atomic<int> g_side_rows{cpu_side_rows()};  // set_side_rows changes it (tests: both reads)
-inline int side_rows() { return g_side_rows.load(std::memory_order_relaxed); }
-
-// sums[r] = Σ_k x[k] · W[r, k] for the 4 rows r < 4, read side by side: each activation
-// vector loaded once for the 4 rows. Each row's sum is the same sequence as dot_tile<1>'s
-// (two accumulators over 2·VL steps, then one VL step, then the tail), so a row's result does
-// not depend on which of the two reads it. Out of line: inlined into float_rows beside the
-// other tiles, it cost the 4-row tile 0.85x its bandwidth (GCC 12, the Xeon).
-template <typename W>
-__attribute__((noinline)) void dot_rows4(const float* x, const W* w, int64_t ldw, int64_t K, float* sums) {
-  vf a0[4], a1[4];
-  for (int i = 0; i < 4; ++i) a0[i] = a1[i] = vzero();
-  int64_t k = 0;
-  for (; k + 2 * VL <= K; k += 2 * VL) {
-    const vf x0 = vload(x + k), x1 = vload(x + k + VL);
-    for (int i = 0; i < 4; ++i) {
-      a0[i] = vfma(wload(w + i * ldw + k), x0, a0[i]);
-      a1[i] = vfma(wload(w + i * ldw + k + VL), x1, a1[i]);
-    }
-  }
-  if (k + VL <= K) {
-    const vf x0 = vload(x + k);
-    for (int i = 0; i < 4; ++i) a0[i] = vfma(wload(w + i * ldw + k), x0, a0[i]);
-    k += VL;
-  }
-  for (int i = 0; i < 4; ++i) {
-    float s = vsum(vadd(a0[i], a1[i]));
-    for (int64_t t = k; t < K; ++t) s += x[t] * to_f(w[i * ldw + t]);
-    sums[i] = s;
-  }
-}
-
 // sums[m * RT + r] = Σ_k x[m, k] · W[r, k] for m < MBv, r < R. The R rows are read one after
 // another, so each thread reads its weights as one sequential stream, which the CPU's stream
 // prefetchers follow (R rows read side by side are R short streams: 0.7x the bandwidth,
-// measured on an AMD EPYC; a lone activation row on an Intel CPU reads 4 side by side,
-// side_rows); two accumulators per activation row hide the FMA latency.
+// measured on an AMD EPYC; on an Intel CPU a decode step's rows read several tiles at once,
+// over_tile_streams); two accumulators per activation row hide the FMA latency.
 template <int MBv, typename W>
 inline void dot_tile(int R, const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t K,
                      float* sums) {
-  int r = 0;
-  if (MBv == 1 && side_rows() == 4)
-    for (; r + 4 <= R; r += 4) dot_rows4(x, w + r * ldw, ldw, K, sums + r);
-  for (; r < R; ++r) {
+  for (int r = 0; r < R; ++r) {
     const W* wr = w + r * ldw;
     vf a0[MBv], a1[MBv];
     for (int m = 0; m < MBv; ++m) a0[m] = a1[m] = vzero();
@@ -329,14 +285,17 @@ __attribute__((noinline)) void wide_group(int mb, int R, const float* x, int64_t
   }
 }
 
-// out[m, n] = sums · scale[n] + bias[n]; scale and bias may be null.
+// out[m, n] = sums · scale[n] + bias[n]; scale and bias may be null. Both: one fused
+// multiply-add, written out (the compiler may fuse a product and a sum in one inlined copy and
+// not in another, and a row's bits would hang on its caller).
 inline void store(const float* sums, int mb, int R, int64_t n0, const float* scale,
                   const float* bias, float* out, int64_t ldo) {
   for (int m = 0; m < mb; ++m)
     for (int r = 0; r < R; ++r) {
       float v = sums[m * RT + r];
-      if (scale) v *= scale[n0 + r];
-      if (bias) v += bias[n0 + r];
+      if (scale && bias) v = std::fma(v, scale[n0 + r], bias[n0 + r]);
+      else if (scale) v *= scale[n0 + r];
+      else if (bias) v += bias[n0 + r];
       out[m * ldo + n0 + r] = v;
     }
 }
@@ -349,7 +308,7 @@ struct Mat {
   const float* scale;  // per-row scale (int8), group scales (int4 rows) or null
   const float* bias;   // or null
   float* out;          // [M, N]
-  const uint16_t* scale16 = nullptr;  // int4 in 16-row tiles (q4t_tile): their fp16 scales
+  const uint16_t* scale16 = nullptr;  // int4 in 16-row tiles (q4t_tiles): their fp16 scales
 };
 
 // Row tiles of every matrix split over torch's threads; each thread streams a contiguous
@@ -375,6 +334,53 @@ inline void over_tiles(const std::vector<Mat>& mats, int64_t K, Body body, bool 
   else work_share::parallel(first.back(), grain, tiles);
 }
 
+// Read streams a thread's piece of a decode product is cut into (over_tile_streams): 4 on an
+// Intel CPU, whose L2 stream prefetcher keeps more lines in flight for several streams than
+// for one (a streaming read of 256 KB-4 MB matrices in 16 pieces over 2 threads, each piece
+// read as 4 runs taken a 256-byte turn each: 1.25-1.35x the bytes per second of one run
+// with a 2 KB software prefetch, Xeon Ice Lake, 2 vCPUs), 1 elsewhere (not measured: an AMD
+// EPYC read 4 adjacent rows side by side at 0.5-0.6x).
+int cpu_streams() {
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel") ? 4 : 1;
+}
+std::atomic<int> g_streams{cpu_streams()};  // set_streams changes it (tests: every count)
+inline int streams() { return g_streams.load(std::memory_order_relaxed); }
+
+// A tile of a product: its matrix, first row and row count.
+struct TileRef {
+  const Mat* mat;
+  int64_t n0;
+  int R;
+};
+
+// The tiles of every matrix in over_tiles' pieces, each piece cut into up to S runs of
+// consecutive tiles (as equal as can be) read together: body(tiles, n) gets the j-th tile
+// of each run still holding one (n <= S), so a thread reads S streams of weights at once.
+template <typename Body>
+inline void over_tile_streams(const std::vector<Mat>& mats, int64_t K, int S, Body body) {
+  std::vector<int64_t> first(mats.size() + 1, 0);
+  for (size_t i = 0; i < mats.size(); ++i) first[i + 1] = first[i] + (mats[i].N + RT - 1) / RT;
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, RT * K));
+  const auto ref = [&](int64_t t) {
+    size_t i = 0;
+    while (t >= first[i + 1]) ++i;
+    const int64_t n0 = (t - first[i]) * RT;
+    return TileRef{&mats[i], n0, static_cast<int>(std::min<int64_t>(RT, mats[i].N - n0))};
+  };
+  work_share::parallel(first.back(), grain, [&](int64_t t0, int64_t t1) {
+    const int64_t L = t1 - t0, runs = std::min<int64_t>(S, L);
+    const int64_t base = L / runs, extra = L % runs;  // the first `extra` runs hold one more
+    TileRef set[8];
+    for (int64_t j = 0; j < base + (extra > 0); ++j) {
+      int n = 0;
+      for (int64_t r = 0, start = t0; r < runs; start += base + (r < extra), ++r)
+        if (j < base + (r < extra)) set[n++] = ref(start + j);
+      body(set, n);
+    }
+  });
+}
+
 // One tile of a float-weight product, every activation row: groups of near equal size (9
 // rows are 5 + 4, not 8 + 1). Out of line: inlined into over_tiles' lambda, the 2- and 3-row
 // tiles ran 15-25% slower (GCC 12, AMD EPYC Zen 4).
@@ -393,8 +399,103 @@ __attribute__((noinline)) void float_rows(const Mat& mat, int64_t n0, int R, con
   }
 }
 
+// S weight rows (anywhere: wr[s]) against activation rows [0, MBv): out[s][m · RT], each
+// row's sum the sequence dot_tile gives it (two accumulators over 2·VL steps, one VL step,
+// the tail), so a row's result does not depend on which rows share its pass.
+template <int MBv, int S, typename W>
+__attribute__((noinline)) void dot_streams(const float* x, int64_t ldx, const W* const* wr,
+                                           int64_t K, float* const* out) {
+  vf a0[MBv][S], a1[MBv][S];
+  for (int m = 0; m < MBv; ++m)
+    for (int i = 0; i < S; ++i) a0[m][i] = a1[m][i] = vzero();
+  int64_t k = 0;
+  for (; k + 2 * VL <= K; k += 2 * VL) {
+    vf x0[MBv], x1[MBv];
+    for (int m = 0; m < MBv; ++m) {
+      x0[m] = vload(x + m * ldx + k);
+      x1[m] = vload(x + m * ldx + k + VL);
+    }
+    for (int i = 0; i < S; ++i) {
+      const vf w0 = wload(wr[i] + k), w1 = wload(wr[i] + k + VL);
+      for (int m = 0; m < MBv; ++m) {
+        a0[m][i] = vfma(w0, x0[m], a0[m][i]);
+        a1[m][i] = vfma(w1, x1[m], a1[m][i]);
+      }
+    }
+  }
+  if (k + VL <= K) {
+    for (int i = 0; i < S; ++i) {
+      const vf w0 = wload(wr[i] + k);
+      for (int m = 0; m < MBv; ++m) a0[m][i] = vfma(w0, vload(x + m * ldx + k), a0[m][i]);
+    }
+    k += VL;
+  }
+  for (int m = 0; m < MBv; ++m)
+    for (int i = 0; i < S; ++i) {
+      float s = vsum(vadd(a0[m][i], a1[m][i]));
+      for (int64_t t = k; t < K; ++t) s += x[m * ldx + t] * to_f(wr[i][t]);
+      out[i][m * RT] = s;
+    }
+}
+
+// Tiles a float-weight decode pass reads together, for mb activation rows: up to 4 rows, all
+// the streams (4 rows against 4 streams spill accumulators, and still read 1.38x the bytes
+// per second of 2 streams, 12 layers of the 125m shape, 2 threads, Xeon Ice Lake); beyond,
+// one tile at a time (float_rows).
+inline int float_streams_for(int64_t mb) { return mb <= 4 ? streams() : 1; }
+
+template <int MBv, typename W>
+inline void dot_streams_n(int n, const float* x, int64_t ldx, const W* const* wr, int64_t K,
+                          float* const* out) {
+  switch (n) {
+    case 4: return dot_streams<MBv, 4>(x, ldx, wr, K, out);
+    case 3: return dot_streams<MBv, 3>(x, ldx, wr, K, out);
+    case 2: return dot_streams<MBv, 2>(x, ldx, wr, K, out);
+    default: return dot_streams<MBv, 1>(x, ldx, wr, K, out);
+  }
+}
+
+// n tiles (over_tile_streams) against activation rows [0, mb), mb <= 4, a row of each at a
+// time: sums[s][m · RT + r].
+template <typename W>
+void float_streams(int mb, int n, const TileRef* tiles, const float* x, int64_t K,
+                   float* const* sums) {
+  int rows = 0;
+  for (int s = 0; s < n; ++s) rows = std::max(rows, tiles[s].R);
+  for (int r = 0; r < rows; ++r) {
+    const W* wr[4];
+    float* out[4];
+    int k = 0;
+    for (int s = 0; s < n; ++s)
+      if (r < tiles[s].R) {
+        const Mat& mat = *tiles[s].mat;
+        wr[k] = static_cast<const W*>(mat.w) + (tiles[s].n0 + r) * mat.ldw;
+        out[k++] = sums[s] + r;
+      }
+    switch (mb) {
+      case 4: dot_streams_n<4>(k, x, K, wr, K, out); break;
+      case 3: dot_streams_n<3>(k, x, K, wr, K, out); break;
+      case 2: dot_streams_n<2>(k, x, K, wr, K, out); break;
+      default: dot_streams_n<1>(k, x, K, wr, K, out);
+    }
+  }
+}
+
 template <typename W>
 void gemv_float_weights(const float* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
+  if (float_streams_for(M) > 1) {  // a decode step's rows: several tiles a pass
+    over_tile_streams(mats, K, float_streams_for(M), [&](const TileRef* tiles, int n) {
+      float sums[4][MB * RT];
+      float* out[4] = {sums[0], sums[1], sums[2], sums[3]};
+      float_streams<W>(static_cast<int>(M), n, tiles, x, K, out);
+      for (int s = 0; s < n; ++s) {
+        const Mat& mat = *tiles[s].mat;
+        store(sums[s], static_cast<int>(M), tiles[s].R, tiles[s].n0, mat.scale, mat.bias,
+              mat.out, mat.N);
+      }
+    });
+    return;
+  }
   over_tiles(mats, K,
              [&](const Mat& mat, int64_t n0, int R) { float_rows<W>(mat, n0, R, x, M, K); });
 }
@@ -457,7 +558,7 @@ constexpr bool kBf16Dot = false;
 // them, 2 in 256 bits and 4 in 512 (q4_span).
 constexpr int64_t G4 = 32;
 constexpr int Q4S = VL == 16 ? 4 * G4 : 2 * G4;
-constexpr int Q4T = 16;  // rows of a tile of int4 weights in tiles (q4t_tile)
+constexpr int Q4T = 16;  // rows of a tile of int4 weights in tiles (q4t_tiles)
 
 // -- int8 × int8 (quantized activations) ----------------------------------------------------
 // Activations per row m and block b of QK values: s = max|x| / 127, xq = round(x / s) (int8,
@@ -570,17 +671,18 @@ inline void q8_block(const int8_t* const* xr, const float* const* sr, const int8
   }
 }
 
+// R weight rows (anywhere: wr[r]) against activation rows [m0, m0 + MBv):
+// out[r][m · RT]. Each row's arithmetic is one sequence whatever rows share its tile.
 template <int MBv, int R>
-inline void q8_tile(const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw, int64_t K,
-                    float* sums) {
+__attribute__((noinline)) void q8_tile_rows(const QuantAct& qa, int64_t m0,
+                                            const int8_t* const* wr, int64_t K,
+                                            float* const* out) {
   const int8_t* xr[MBv];
   const float* sr[MBv];
-  const int8_t* wr[R];
   for (int m = 0; m < MBv; ++m) {
     xr[m] = qa.q.data() + (m0 + m) * qa.Kp;
     sr[m] = qa.s.data() + (m0 + m) * qa.nb;
   }
-  for (int r = 0; r < R; ++r) wr[r] = w + r * ldw;
   __m512 accf[MBv][R];
   for (int m = 0; m < MBv; ++m)
     for (int r = 0; r < R; ++r) accf[m][r] = _mm512_setzero_ps();
@@ -589,7 +691,51 @@ inline void q8_tile(const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw
   if (full < qa.nb) q8_block<MBv, R, true>(xr, sr, wr, full, K, accf);
   for (int m = 0; m < MBv; ++m)
     for (int r = 0; r < R; ++r)
-      sums[m * RT + r] = _mm512_reduce_add_ps(accf[m][r]) - qa.c[m0 + m];
+      out[r][m * RT] = _mm512_reduce_add_ps(accf[m][r]) - qa.c[m0 + m];
+}
+
+template <int MBv, int R>
+inline void q8_tile(const QuantAct& qa, int64_t m0, const int8_t* w, int64_t ldw, int64_t K,
+                    float* sums) {
+  const int8_t* wr[R];
+  float* out[R];
+  for (int r = 0; r < R; ++r) {
+    wr[r] = w + r * ldw;
+    out[r] = sums + r;
+  }
+  q8_tile_rows<MBv, R>(qa, m0, wr, K, out);
+}
+
+template <int MBv>
+inline void q8_stream_rows(int n, const QuantAct& qa, int64_t m0, const int8_t* const* wr,
+                           int64_t K, float* const* out) {
+  switch (n) {
+    case 4: return q8_tile_rows<MBv, 4>(qa, m0, wr, K, out);
+    case 3: return q8_tile_rows<MBv, 3>(qa, m0, wr, K, out);
+    case 2: return q8_tile_rows<MBv, 2>(qa, m0, wr, K, out);
+    default: return q8_tile_rows<MBv, 1>(qa, m0, wr, K, out);
+  }
+}
+
+// n tiles (over_tile_streams) against activation rows [m0, m0 + mb), mb <= 2, read together
+// a row of each at a time: sums[s][m · RT + r].
+inline void q8_streams(int mb, int n, const TileRef* tiles, const QuantAct& qa, int64_t m0,
+                       int64_t K, float* const* sums) {
+  int rows = 0;
+  for (int s = 0; s < n; ++s) rows = std::max(rows, tiles[s].R);
+  for (int r = 0; r < rows; ++r) {
+    const int8_t* wr[4];
+    float* out[4];
+    int k = 0;
+    for (int s = 0; s < n; ++s)
+      if (r < tiles[s].R) {
+        const Mat& mat = *tiles[s].mat;
+        wr[k] = static_cast<const int8_t*>(mat.w) + (tiles[s].n0 + r) * mat.ldw;
+        out[k++] = sums[s] + r;
+      }
+    if (mb == 2) q8_stream_rows<2>(k, qa, m0, wr, K, out);
+    else q8_stream_rows<1>(k, qa, m0, wr, K, out);
+  }
 }
 constexpr int MBQ = 2, MBP = 2;
 
@@ -911,6 +1057,24 @@ void gemv_q8_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
 #endif
   quantize_act(x, M, K, qa);  // once for every matrix of the call
   const QuantAct& q = qa;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  if (M <= 2 * MBQ && streams() > 1) {  // a decode step's rows: several tiles a pass
+    over_tile_streams(mats, K, streams(), [&](const TileRef* tiles, int n) {
+      float sums[4][MB * RT];
+      float* out[4] = {sums[0], sums[1], sums[2], sums[3]};
+      for (int64_t m0 = 0; m0 < M; m0 += MBQ) {
+        const int mb = static_cast<int>(std::min<int64_t>(MBQ, M - m0));
+        q8_streams(mb, n, tiles, q, m0, K, out);
+        for (int s = 0; s < n; ++s) {
+          const Mat& mat = *tiles[s].mat;
+          store(sums[s], mb, tiles[s].R, tiles[s].n0, mat.scale, mat.bias,
+                mat.out + m0 * mat.N, mat.N);
+        }
+      }
+    });
+    return;
+  }
+#endif
   const bool pairs = M > PAIRS_FROM;
   for (int64_t mc = 0; mc < M; mc += MC) {
     const int64_t mend = std::min(M, mc + MC);
@@ -969,7 +1133,7 @@ const float* f32_vector(const Opt& t, int64_t n, const char* what, Product& p) {
 }
 
 // `op`'s product of K-wide activations with ws: fp32 or bf16 [N, K]; int8 [N, K] with fp32
-// per-row scales; int4 [N, K/2] uint8 with fp32 scales [N, K/32], or in tiles (q4t_tile)
+// per-row scales; int4 [N, K/2] uint8 with fp32 scales [N, K/32], or in tiles (q4t_tiles)
 // [N/16, K/32, 256] uint8 with fp16 scales [N/16, K/32, 16]. scales: one per weight (int8,
 // int4) or empty; biases: one per weight (or None), or empty.
 Product make_product(int64_t K, const std::vector<at::Tensor>& ws, const std::vector<Opt>& scales,
@@ -1136,7 +1300,7 @@ std::vector<at::Tensor> gemv_q8_many(const at::Tensor& x, at::TensorList qs,
 }
 
 // x [..., K] against int4 weights: q [N, K/2] uint8 (the layout below) with scale [N, K/32]
-// fp32, or in tiles (q4t_tile): q [N/16, K/32, 256] uint8 with scale [N/16, K/32, 16] fp16.
+// fp32, or in tiles (q4t_tiles): q [N/16, K/32, 256] uint8 with scale [N/16, K/32, 16] fp16.
 std::vector<at::Tensor> gemv_q4_many(const at::Tensor& x, at::TensorList qs,
                                      at::TensorList scales, const OptList& biases) {
   return many(x, qs, &scales, biases, "gemv_q4", {Fmt::I4}, "int4 (uint8)", false);
@@ -1407,121 +1571,156 @@ inline __m512i q4t_dot(__m512i acc, __m512i u, const int8_t* x) {
 #endif
 }
 
-// One tile (w: its groups, d: its scales) against activation rows [m0, m0 + MBv) quantized
-// in gemv_q4's pairs (quantize_act), cg [M][K / G4] their groups' -8 · Σ xq:
-// sums[m · RT + r].
-template <int MBv>
-__attribute__((noinline)) void q4t_tile(const QuantAct& qa, const int32_t* cg, int64_t m0,
-                                        const uint8_t* w, const uint16_t* d, int64_t K,
-                                        float* sums) {
+// S tiles (w[s]: its groups, d[s]: its scales), read together a group at a time, against
+// activation rows [m0, m0 + MBv) quantized in gemv_q4's pairs (quantize_act), cg [M][K / G4]
+// their groups' -8 · Σ xq: sums[s][m · RT + r]. Each tile's arithmetic is the one-tile
+// sequence, so a row's result does not depend on which tiles share its pass.
+template <int MBv, int S>
+__attribute__((noinline)) void q4t_tiles(const QuantAct& qa, const int32_t* cg, int64_t m0,
+                                         const uint8_t* const* w, const uint16_t* const* d,
+                                         int64_t K, float* const* sums) {
   static_assert(QK == Q4S, "an activation block is one span of 4 groups");
   const int64_t G = K / G4;
   const __m512i low = _mm512_set1_epi8(0x0F);
   const ActRows<MBv> a(qa, m0);
   const int32_t* C[MBv];
   for (int m = 0; m < MBv; ++m) C[m] = cg + (m0 + m) * G;
-  __m512 acc[MBv], accb[MBv];
-  for (int m = 0; m < MBv; ++m) acc[m] = accb[m] = _mm512_setzero_ps();
+  __m512 acc[S][MBv], accb[S][MBv];
+  for (int s = 0; s < S; ++s)
+    for (int m = 0; m < MBv; ++m) acc[s][m] = accb[s][m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
-    const uint8_t* p = w + g * (Q4T * 16);
-    __m512i lo[4], hi[4];
-    for (int i = 0; i < 4; ++i) {
-      if (QPF) _mm_prefetch(reinterpret_cast<const char*>(p) + 64 * i + QPF, _MM_HINT_T0);
-      const __m512i bytes = _mm512_loadu_si512(p + 64 * i);
-      lo[i] = _mm512_and_si512(bytes, low);
-#if defined(__AVX512VNNI__)
-      hi[i] = _mm512_andnot_si512(low, bytes);
-#else
-      hi[i] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
-#endif
-    }
-    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + g * Q4T)));
     const int64_t xo = q4t_x(g);
-    for (int m = 0; m < MBv; ++m) {
-      const int8_t* x = a.X[m] + xo;
-      __m512i l = _mm512_set1_epi32(C[m][g]), h = _mm512_setzero_si512();
+    for (int s = 0; s < S; ++s) {
+      const uint8_t* p = w[s] + g * (Q4T * 16);
+      __m512i lo[4], hi[4];
       for (int i = 0; i < 4; ++i) {
-        l = q4t_dot(l, lo[i], x + 4 * i);
-        h = q4t_dot(h, hi[i], x + Q4S / 2 + 4 * i);
-      }
+        if (QPF) _mm_prefetch(reinterpret_cast<const char*>(p) + 64 * i + QPF, _MM_HINT_T0);
+        const __m512i bytes = _mm512_loadu_si512(p + 64 * i);
+        lo[i] = _mm512_and_si512(bytes, low);
 #if defined(__AVX512VNNI__)
-      h = _mm512_srai_epi32(h, 4);
+        hi[i] = _mm512_andnot_si512(low, bytes);
+#else
+        hi[i] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
 #endif
-      accb[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(l, h)), dv, accb[m]);
+      }
+      const __m512 dv = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d[s] + g * Q4T)));
+      for (int m = 0; m < MBv; ++m) {
+        const int8_t* x = a.X[m] + xo;
+        __m512i l = _mm512_set1_epi32(C[m][g]), h = _mm512_setzero_si512();
+        for (int i = 0; i < 4; ++i) {
+          l = q4t_dot(l, lo[i], x + 4 * i);
+          h = q4t_dot(h, hi[i], x + Q4S / 2 + 4 * i);
+        }
+#if defined(__AVX512VNNI__)
+        h = _mm512_srai_epi32(h, 4);
+#endif
+        accb[s][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(l, h)), dv, accb[s][m]);
+      }
     }
     if (g % (QK / G4) == QK / G4 - 1 || g == G - 1)
-      for (int m = 0; m < MBv; ++m) {
-        acc[m] = _mm512_fmadd_ps(accb[m], _mm512_set1_ps(a.S[m][g / (QK / G4)]), acc[m]);
-        accb[m] = _mm512_setzero_ps();
-      }
+      for (int s = 0; s < S; ++s)
+        for (int m = 0; m < MBv; ++m) {
+          acc[s][m] = _mm512_fmadd_ps(accb[s][m], _mm512_set1_ps(a.S[m][g / (QK / G4)]), acc[s][m]);
+          accb[s][m] = _mm512_setzero_ps();
+        }
   }
-  for (int m = 0; m < MBv; ++m) _mm512_storeu_ps(sums + m * RT, acc[m]);
+  for (int s = 0; s < S; ++s)
+    for (int m = 0; m < MBv; ++m) _mm512_storeu_ps(sums[s] + m * RT, acc[s][m]);
 }
 #else
-template <int MBv>
-__attribute__((noinline)) void q4t_tile(const QuantAct& qa, const int32_t* cg, int64_t m0,
-                                        const uint8_t* w, const uint16_t* d, int64_t K,
-                                        float* sums) {
+template <int MBv, int S>
+__attribute__((noinline)) void q4t_tiles(const QuantAct& qa, const int32_t* cg, int64_t m0,
+                                         const uint8_t* const* w, const uint16_t* const* d,
+                                         int64_t K, float* const* sums) {
   const int64_t G = K / G4;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const ActRows<MBv> a(qa, m0);
   const int32_t* C[MBv];
   for (int m = 0; m < MBv; ++m) C[m] = cg + (m0 + m) * G;
-  __m256 acc[MBv][2];
-  for (int m = 0; m < MBv; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  __m256 acc[S][MBv][2];
+  for (int s = 0; s < S; ++s)
+    for (int m = 0; m < MBv; ++m) acc[s][m][0] = acc[s][m][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
-    const uint8_t* p = w + g * (Q4T * 16);
-    if (QPF)
-      for (int i = 0; i < 4; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(p) + 64 * i + QPF, _MM_HINT_T0);
     const int64_t xo = q4t_x(g);
-    for (int h = 0; h < 2; ++h) {  // rows 8h..8h + 7
-      __m256i lo[4], hi[4];
-      for (int i = 0; i < 4; ++i) {
-        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * i + 32 * h));
-        lo[i] = _mm256_and_si256(bytes, low);
-        hi[i] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
-      }
-      const __m256 dv = _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(d + g * Q4T + 8 * h)));
-      for (int m = 0; m < MBv; ++m) {
-        const int8_t* x = a.X[m] + xo;
-        __m256i s16 = _mm256_setzero_si256();
+    for (int s = 0; s < S; ++s) {
+      const uint8_t* p = w[s] + g * (Q4T * 16);
+      if (QPF)
+        for (int i = 0; i < 4; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(p) + 64 * i + QPF, _MM_HINT_T0);
+      for (int h = 0; h < 2; ++h) {  // rows 8h..8h + 7
+        __m256i lo[4], hi[4];
         for (int i = 0; i < 4; ++i) {
-          int32_t xl, xh;
-          std::memcpy(&xl, x + 4 * i, 4);
-          std::memcpy(&xh, x + Q4S / 2 + 4 * i, 4);
-          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[i], _mm256_set1_epi32(xl)));
-          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[i], _mm256_set1_epi32(xh)));
+          const __m256i bytes =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * i + 32 * h));
+          lo[i] = _mm256_and_si256(bytes, low);
+          hi[i] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
         }
-        const __m256i lanes = _mm256_add_epi32(_mm256_madd_epi16(s16, ones),
-                                               _mm256_set1_epi32(C[m][g]));
-        const __m256 sc = _mm256_mul_ps(dv, _mm256_set1_ps(a.S[m][g / (QK / G4)]));
-        acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), sc, acc[m][h]);
+        const __m256 dv = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(d[s] + g * Q4T + 8 * h)));
+        for (int m = 0; m < MBv; ++m) {
+          const int8_t* x = a.X[m] + xo;
+          __m256i s16 = _mm256_setzero_si256();
+          for (int i = 0; i < 4; ++i) {
+            int32_t xl, xh;
+            std::memcpy(&xl, x + 4 * i, 4);
+            std::memcpy(&xh, x + Q4S / 2 + 4 * i, 4);
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[i], _mm256_set1_epi32(xl)));
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[i], _mm256_set1_epi32(xh)));
+          }
+          const __m256i lanes = _mm256_add_epi32(_mm256_madd_epi16(s16, ones),
+                                                 _mm256_set1_epi32(C[m][g]));
+          const __m256 sc = _mm256_mul_ps(dv, _mm256_set1_ps(a.S[m][g / (QK / G4)]));
+          acc[s][m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), sc, acc[s][m][h]);
+        }
       }
     }
   }
-  for (int m = 0; m < MBv; ++m) {
-    _mm256_storeu_ps(sums + m * RT, acc[m][0]);
-    _mm256_storeu_ps(sums + m * RT + 8, acc[m][1]);
-  }
+  for (int s = 0; s < S; ++s)
+    for (int m = 0; m < MBv; ++m) {
+      _mm256_storeu_ps(sums[s] + m * RT, acc[s][m][0]);
+      _mm256_storeu_ps(sums[s] + m * RT + 8, acc[s][m][1]);
+    }
 }
 #endif
 
-inline void q4t_rows(int mb, const QuantAct& qa, const int32_t* cg, int64_t m0, const Mat& mat,
-                     int64_t n0, int64_t K, float* sums) {
-  const int64_t tile = n0 / Q4T;
-  const uint8_t* w = static_cast<const uint8_t*>(mat.w) + tile * (K / G4) * (Q4T * 16);
-  const uint16_t* d = mat.scale16 + tile * (K / G4) * Q4T;
+// Activation rows a pass of int4 tiles takes with S tiles together (their accumulators stay
+// in registers): 4 tiles up to 2 rows, 2 up to 4.
+inline int q4t_streams(int64_t rows) { return std::min<int>(streams(), rows <= 2 ? 4 : 2); }
+
+template <int MBv>
+inline void q4t_set_rows(int n, const QuantAct& qa, const int32_t* cg, int64_t m0,
+                         const uint8_t* const* w, const uint16_t* const* d, int64_t K,
+                         float* const* sums) {
+  switch (n) {
+    case 4: if constexpr (MBv <= 2) return q4t_tiles<MBv, 4>(qa, cg, m0, w, d, K, sums); break;
+    case 3: if constexpr (MBv <= 2) return q4t_tiles<MBv, 3>(qa, cg, m0, w, d, K, sums); break;
+    case 2: return q4t_tiles<MBv, 2>(qa, cg, m0, w, d, K, sums);
+    default: return q4t_tiles<MBv, 1>(qa, cg, m0, w, d, K, sums);
+  }
+  TORCH_CHECK(false, "q4t_set: ", n, " tiles with ", MBv, " rows");
+}
+
+// n tiles of int4 weights in tiles (at most q4t_streams(mb)) against activation rows
+// [m0, m0 + mb): sums[s][m · RT + r].
+inline void q4t_set(int mb, int n, const TileRef* tiles, const QuantAct& qa,
+                    const int32_t* cg, int64_t m0, int64_t K, float* const* sums) {
+  const uint8_t* w[4];
+  const uint16_t* d[4];
+  for (int s = 0; s < n; ++s) {
+    const int64_t tile = tiles[s].n0 / Q4T;
+    w[s] = static_cast<const uint8_t*>(tiles[s].mat->w) + tile * (K / G4) * (Q4T * 16);
+    d[s] = tiles[s].mat->scale16 + tile * (K / G4) * Q4T;
+  }
   switch (mb) {
-    case 4: return q4t_tile<4>(qa, cg, m0, w, d, K, sums);
-    case 3: return q4t_tile<3>(qa, cg, m0, w, d, K, sums);
-    case 2: return q4t_tile<2>(qa, cg, m0, w, d, K, sums);
-    default: return q4t_tile<1>(qa, cg, m0, w, d, K, sums);
+    case 4: return q4t_set_rows<4>(n, qa, cg, m0, w, d, K, sums);
+    case 3: return q4t_set_rows<3>(n, qa, cg, m0, w, d, K, sums);
+    case 2: return q4t_set_rows<2>(n, qa, cg, m0, w, d, K, sums);
+    default: return q4t_set_rows<1>(n, qa, cg, m0, w, d, K, sums);
   }
 }
 
-// The group offsets of q4t_tile from gemv_q4's pairs (c8: 4 per group of the AVX-512 span).
+// The group offsets of q4t_tiles from gemv_q4's pairs (c8: 4 per group of the AVX-512 span).
 void q4t_offsets(const QuantAct& qa, int64_t M, int64_t K, std::vector<int32_t>& cg) {
   const int64_t G = K / G4;
   cg.resize(M * G);
@@ -1603,14 +1802,32 @@ void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
   std::vector<int32_t>& cg = cg_;
   if (std::any_of(mats.begin(), mats.end(), [](const Mat& m) { return m.scale16 != nullptr; }))
     q4t_offsets(qa, M, K, cg);
+  if (!cg.empty() && M <= MB &&
+      std::all_of(mats.begin(), mats.end(), [](const Mat& m) { return m.scale16 != nullptr; })) {
+    // a decode step's rows, every matrix in tiles: several tiles a pass (over_tile_streams)
+    over_tile_streams(mats, K, q4t_streams(M), [&](const TileRef* tiles, int n) {
+      float sums[4][MB * RT];
+      float* out[4] = {sums[0], sums[1], sums[2], sums[3]};
+      q4t_set(static_cast<int>(M), n, tiles, q, cg.data(), 0, K, out);
+      for (int s = 0; s < n; ++s)
+        store(sums[s], static_cast<int>(M), tiles[s].R, tiles[s].n0, nullptr, tiles[s].mat->bias,
+              tiles[s].mat->out, tiles[s].mat->N);
+    });
+    return;
+  }
   for (int64_t mc = 0; mc < M; mc += MC) {
     const int64_t mend = std::min(M, mc + MC);
     over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
       float sums[MB * RT];
+      float* out[1] = {sums};
       for (int64_t m0 = mc; m0 < mend; m0 += MB) {
         const int mb = static_cast<int>(std::min<int64_t>(MB, mend - m0));
-        if (mat.scale16) q4t_rows(mb, q, cg.data(), m0, mat, n0, K, sums);
-        else q4_rows(mb, R, q, m0, mat, n0, K, sums);
+        if (mat.scale16) {
+          const TileRef tile{&mat, n0, R};
+          q4t_set(mb, 1, &tile, q, cg.data(), m0, K, out);
+        } else {
+          q4_rows(mb, R, q, m0, mat, n0, K, sums);
+        }
         store(sums, mb, R, n0, nullptr, mat.bias, mat.out + m0 * mat.N, mat.N);
       }
     }, M > TEAM_FROM);
@@ -1983,13 +2200,13 @@ at::Tensor first_argmax(const at::Tensor& x) {
 // AVX512-BF16 dots (1/0), the rows of a tile of int4 weights in tiles (0: rows only).
 std::vector<int64_t> info() { return {VL, kVnni ? 1 : 0, QK, kBf16Dot ? 1 : 0, Q4T}; }
 
-// Weight rows a lone activation row reads side by side from now on (dot_tile): 1 or 4, 0 this
-// CPU's choice (side_rows); returns the number in force. For tests and measurements: call it
-// between products, never during one.
-int64_t set_side_rows(int64_t rows) {
-  TORCH_CHECK(rows == 0 || rows == 1 || rows == 4, "set_side_rows: 0, 1 or 4, got ", rows);
-  g_side_rows.store(rows ? static_cast<int>(rows) : cpu_side_rows());
-  return side_rows();
+// Read streams a decode product's thread takes at once from now on (over_tile_streams): 1 to
+// 4, 0 this CPU's choice (cpu_streams); returns the number in force. For tests and
+// measurements: call it between products, never during one.
+int64_t set_streams(int64_t n) {
+  TORCH_CHECK(n >= 0 && n <= 4, "set_streams: 0 to 4, got ", n);
+  g_streams.store(n ? static_cast<int>(n) : cpu_streams());
+  return streams();
 }
 
 // decode_layers' per-block weight order by name: astrai/infer/native_step.py packs each
@@ -2021,7 +2238,7 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.def("dequant_q4(Tensor q, Tensor scale) -> Tensor");
   m.def("info() -> int[]", &info);
   m.def("slot_names() -> str[]", &slot_names);
-  m.def("set_side_rows(int rows) -> int", &set_side_rows);
+  m.def("set_streams(int n) -> int", &set_streams);
   m.impl("gemv", c10::DispatchKey::CPU, &gemv);
   m.impl("gemv_int8", c10::DispatchKey::CPU, &gemv_int8);
   m.impl("gemv_q8", c10::DispatchKey::CPU, &gemv_q8);

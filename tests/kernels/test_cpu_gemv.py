@@ -188,35 +188,6 @@ def test_a_rows_result_is_bit_identical_alone_and_batched(ops, op):
     assert torch.allclose(many_rows, alone, rtol=1e-5, atol=1e-5 * alone.abs().max().item())
 
 
-@pytest.mark.parametrize("wfmt", ["fp32", "bf16", "int8"])
-def test_a_lone_row_gets_the_same_bits_reading_weight_rows_side_by_side(ops, wfmt):
-    """One activation row reads its weight rows one after another (AMD) or 4 side by side
-    (Intel: set_side_rows); both take each row's sum in the order a batched row takes it, so
-    a row's bits do not depend on the CPU's choice, and both are right."""
-    o, _ = ops
-    g = torch.Generator().manual_seed(5)
-    K, N = 300, 37  # tiles of 16 rows: 4 groups of 4 side by side and a remainder; K off 32
-    x, w = torch.randn(3, K, generator=g), torch.randn(N, K, generator=g)
-    if wfmt == "int8":
-        q, s = quantize_rows(w)
-        f, args, wd = o.gemv_int8, (q, s, None), dequantize_rows(q, s)
-    else:
-        wt = w.bfloat16() if wfmt == "bf16" else w
-        f, args, wd = o.gemv, (wt, None), wt.float()
-    batched = f(x, *args)
-    try:
-        outs = []
-        for rows in (1, 4):
-            assert o.set_side_rows(rows) == rows
-            outs.append(torch.cat([f(x[i:i + 1], *args) for i in range(3)]))
-    finally:
-        o.set_side_rows(0)
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], batched)
-    check(outs[1], x.double() @ wd.double().T, bound(x, wd) + 1e-6)
-    with pytest.raises(RuntimeError, match="0, 1 or 4"):
-        o.set_side_rows(3)
-
-
 def test_first_argmax_is_torchs_first_maximum(ops):
     """The greedy pick of the kernels: each row's first maximal index, as torch's
     max(dim=-1) gives it — ties to the first, a NaN counted as the maximum, -inf rows, and
@@ -408,3 +379,78 @@ def test_the_avx512_paths_without_vnni_and_bf16():
                        cwd=Path(__file__).parents[2], env=env, capture_output=True, text=True,
                        timeout=1200)
     assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("wfmt", ["fp32", "bf16", "int8 weights", "int8", "int4"])
+def test_decode_products_read_as_several_streams_give_the_same_bits(ops, wfmt):
+    """A decode product reads each thread's piece as 1 to 4 streams of tiles (set_streams;
+    Intel: 4): each row's arithmetic is the one-row sequence, so every count gives the same
+    bits, for every decode row count and matrices of uneven tile counts (a last tile short of
+    16 rows, a K off the vector length), float weights the bits of a 6-row batch (which
+    reads one tile at a time), and the results are right."""
+    from astrai.model.quant4 import quantize_groups, tile_rows
+
+    o, info = ops
+    g = torch.Generator().manual_seed(9)
+    K = 96 if wfmt == "int4" else 200
+    shapes = (16 * 23, 16 * 6, 16 * 9) if wfmt == "int4" else (16 * 23 + 5, 16 * 6, 7)
+    ws = [torch.randn(n, K, generator=g) for n in shapes]
+    biases = [torch.randn(n, generator=g) for n in shapes]
+    if wfmt == "int4":
+        mats = [quantize_groups(w) for w in ws]
+        tiled = [tile_rows(q, d) for q, d in mats]
+
+        def product(x):
+            return o.gemv_q4_many(x, [t for t, _ in tiled], [s for _, s in tiled], biases)
+
+        def reference(x):  # the row layout, checked against references above
+            return o.gemv_q4_many(x, [q for q, _ in mats], [d for _, d in mats], biases)
+    elif wfmt == "int8":
+        mats = [quantize_rows(w) for w in ws]
+
+        def product(x):
+            return o.gemv_q8_many(x, [q for q, _ in mats], [s for _, s in mats], biases)
+
+        def reference(x):
+            return [x @ dequantize_rows(q, s).T + b for (q, s), b in zip(mats, biases)]
+    elif wfmt == "int8 weights":  # fp32 activations against int8 weights (gemv_int8)
+        mats = [quantize_rows(w) for w in ws]
+
+        def product(x):
+            return o.gemv_int8_many(x, [q for q, _ in mats], [s for _, s in mats], biases)
+
+        def reference(x):
+            return [(x.double() @ dequantize_rows(q, s).double().T + b).float()
+                    for (q, s), b in zip(mats, biases)]
+    else:
+        wt = [w.bfloat16() if wfmt == "bf16" else w for w in ws]
+
+        def product(x):
+            return o.gemv_many(x, wt, biases)
+
+        def reference(x):
+            return [(x.double() @ w.double().T + b).float() for w, b in zip(wt, biases)]
+    x6 = torch.randn(6, K, generator=g)
+    six = product(x6)
+    for m in (1, 2, 3, 4):
+        x = x6[:m]
+        outs = []
+        try:
+            for n in (1, 2, 3, 4):
+                assert o.set_streams(n) == n
+                outs.append(product(x))
+        finally:
+            o.set_streams(0)
+        for got in outs[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(got, outs[0])), m
+        if wfmt in ("fp32", "bf16", "int8 weights"):
+            assert all(torch.equal(a, b[:m]) for a, b in zip(outs[0], six)), m
+        for ref, got, w in zip(reference(x), outs[-1], ws):
+            if wfmt == "int4":
+                check(got, ref, 1e-5 * ref.abs().max() + 1e-4)
+            elif wfmt == "int8":
+                check(got, ref, 2e-2 * ref.abs().max())
+            else:
+                check(got, ref, bound(x, w.float()) + 1e-5)
+    with pytest.raises(RuntimeError, match="0 to 4"):
+        o.set_streams(5)
