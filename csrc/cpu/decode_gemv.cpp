@@ -99,6 +99,13 @@ constexpr int PF = ASTRAI_PF;
 // the AVX-512 VNNI int8 product's one decode row 1.11x its bandwidth (12 layers of the 125m
 // shape) and engine tg128 1.11x (20 interleaved rounds) on a Xeon Ice Lake.
 constexpr int QPF = ASTRAI_QPF;
+#ifndef ASTRAI_FPF
+#define ASTRAI_FPF 1024
+#endif
+// The same for float weights read as several streams (dot_streams): 1024 bytes ahead read
+// 1.06-1.12x (one row) and 1.15x (4 rows) the bytes per second of none (12 layers of the
+// 125m shape, fp32, 2 threads, Xeon Ice Lake; 2048: 1.12x one row).
+constexpr int FPF = ASTRAI_FPF;
 #ifdef ASTRAI_PF_NTA
 #define PF_HINT _MM_HINT_NTA
 #elif defined(ASTRAI_PF_T1)
@@ -334,15 +341,17 @@ inline void over_tiles(const std::vector<Mat>& mats, int64_t K, Body body, bool 
   else work_share::parallel(first.back(), grain, tiles);
 }
 
-// Read streams a thread's piece of a decode product is cut into (over_tile_streams): 4 on an
-// Intel CPU, whose L2 stream prefetcher keeps more lines in flight for several streams than
-// for one (a streaming read of 256 KB-4 MB matrices in 16 pieces over 2 threads, each piece
-// read as 4 runs taken a 256-byte turn each: 1.25-1.35x the bytes per second of one run
-// with a 2 KB software prefetch, Xeon Ice Lake, 2 vCPUs), 1 elsewhere (not measured: an AMD
-// EPYC read 4 adjacent rows side by side at 0.5-0.6x).
+// Read streams a thread's piece of a decode product is cut into (over_tile_streams), at most:
+// 8 on an Intel CPU, whose L2 stream prefetcher keeps more lines in flight for several
+// streams than for one (a streaming read of 256 KB-4 MB matrices in 16 pieces over 2
+// threads, each piece read as 4 runs taken a 256-byte turn each: 1.25-1.35x the bytes per
+// second of one run with a 2 KB software prefetch, Xeon Ice Lake, 2 vCPUs), 1 elsewhere (not
+// measured: an AMD EPYC read 4 adjacent rows side by side at 0.5-0.6x). A product takes as
+// many as its accumulators allow: 8 for one fp32 row, 4 or 2 otherwise.
+constexpr int kMaxStreams = 8;
 int cpu_streams() {
   __builtin_cpu_init();
-  return __builtin_cpu_is("intel") ? 4 : 1;
+  return __builtin_cpu_is("intel") ? kMaxStreams : 1;
 }
 std::atomic<int> g_streams{cpu_streams()};  // set_streams changes it (tests: every count)
 inline int streams() { return g_streams.load(std::memory_order_relaxed); }
@@ -371,7 +380,7 @@ inline void over_tile_streams(const std::vector<Mat>& mats, int64_t K, int S, Bo
   work_share::parallel(first.back(), grain, [&](int64_t t0, int64_t t1) {
     const int64_t L = t1 - t0, runs = std::min<int64_t>(S, L);
     const int64_t base = L / runs, extra = L % runs;  // the first `extra` runs hold one more
-    TileRef set[8];
+    TileRef set[kMaxStreams];
     for (int64_t j = 0; j < base + (extra > 0); ++j) {
       int n = 0;
       for (int64_t r = 0, start = t0; r < runs; start += base + (r < extra), ++r)
@@ -416,6 +425,9 @@ __attribute__((noinline)) void dot_streams(const float* x, int64_t ldx, const W*
       x1[m] = vload(x + m * ldx + k + VL);
     }
     for (int i = 0; i < S; ++i) {
+      if constexpr (sizeof(W) * 2 * VL >= 64)  // once a cache line
+        for (int l = 0; l < static_cast<int>(sizeof(W) * 2 * VL / 64); ++l)
+          _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k) + 64 * l + FPF, _MM_HINT_T0);
       const vf w0 = wload(wr[i] + k), w1 = wload(wr[i] + k + VL);
       for (int m = 0; m < MBv; ++m) {
         a0[m][i] = vfma(w0, x0[m], a0[m][i]);
@@ -438,21 +450,28 @@ __attribute__((noinline)) void dot_streams(const float* x, int64_t ldx, const W*
     }
 }
 
-// Tiles a float-weight decode pass reads together, for mb activation rows: up to 4 rows, all
-// the streams (4 rows against 4 streams spill accumulators, and still read 1.38x the bytes
-// per second of 2 streams, 12 layers of the 125m shape, 2 threads, Xeon Ice Lake); beyond,
-// one tile at a time (float_rows).
-inline int float_streams_for(int64_t mb) { return mb <= 4 ? streams() : 1; }
+// Tiles a float-weight decode pass reads together, for mb activation rows: one row, all the
+// streams; up to 4 rows, up to 4 (4 rows against 4 streams spill accumulators, and still read
+// 1.38x the bytes per second of 2 streams, 12 layers of the 125m shape, 2 threads, Xeon Ice
+// Lake); beyond, one tile at a time (float_rows).
+inline int float_streams_for(int64_t mb) {
+  return mb == 1 ? streams() : mb <= 4 ? std::min(4, streams()) : 1;
+}
 
 template <int MBv, typename W>
 inline void dot_streams_n(int n, const float* x, int64_t ldx, const W* const* wr, int64_t K,
                           float* const* out) {
   switch (n) {
+    case 8: if constexpr (MBv == 1) return dot_streams<1, 8>(x, ldx, wr, K, out); break;
+    case 7: if constexpr (MBv == 1) return dot_streams<1, 7>(x, ldx, wr, K, out); break;
+    case 6: if constexpr (MBv == 1) return dot_streams<1, 6>(x, ldx, wr, K, out); break;
+    case 5: if constexpr (MBv == 1) return dot_streams<1, 5>(x, ldx, wr, K, out); break;
     case 4: return dot_streams<MBv, 4>(x, ldx, wr, K, out);
     case 3: return dot_streams<MBv, 3>(x, ldx, wr, K, out);
     case 2: return dot_streams<MBv, 2>(x, ldx, wr, K, out);
     default: return dot_streams<MBv, 1>(x, ldx, wr, K, out);
   }
+  TORCH_CHECK(false, "dot_streams: ", n, " rows with ", MBv, " activation rows");
 }
 
 // n tiles (over_tile_streams) against activation rows [0, mb), mb <= 4, a row of each at a
@@ -463,8 +482,8 @@ void float_streams(int mb, int n, const TileRef* tiles, const float* x, int64_t 
   int rows = 0;
   for (int s = 0; s < n; ++s) rows = std::max(rows, tiles[s].R);
   for (int r = 0; r < rows; ++r) {
-    const W* wr[4];
-    float* out[4];
+    const W* wr[kMaxStreams];
+    float* out[kMaxStreams];
     int k = 0;
     for (int s = 0; s < n; ++s)
       if (r < tiles[s].R) {
@@ -485,8 +504,9 @@ template <typename W>
 void gemv_float_weights(const float* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
   if (float_streams_for(M) > 1) {  // a decode step's rows: several tiles a pass
     over_tile_streams(mats, K, float_streams_for(M), [&](const TileRef* tiles, int n) {
-      float sums[4][MB * RT];
-      float* out[4] = {sums[0], sums[1], sums[2], sums[3]};
+      float sums[kMaxStreams][MB * RT];
+      float* out[kMaxStreams];
+      for (int s = 0; s < kMaxStreams; ++s) out[s] = sums[s];
       float_streams<W>(static_cast<int>(M), n, tiles, x, K, out);
       for (int s = 0; s < n; ++s) {
         const Mat& mat = *tiles[s].mat;
@@ -1059,7 +1079,7 @@ void gemv_q8_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
   const QuantAct& q = qa;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   if (M <= 2 * MBQ && streams() > 1) {  // a decode step's rows: several tiles a pass
-    over_tile_streams(mats, K, streams(), [&](const TileRef* tiles, int n) {
+    over_tile_streams(mats, K, std::min(4, streams()), [&](const TileRef* tiles, int n) {
       float sums[4][MB * RT];
       float* out[4] = {sums[0], sums[1], sums[2], sums[3]};
       for (int64_t m0 = 0; m0 < M; m0 += MBQ) {
@@ -2204,7 +2224,7 @@ std::vector<int64_t> info() { return {VL, kVnni ? 1 : 0, QK, kBf16Dot ? 1 : 0, Q
 // 4, 0 this CPU's choice (cpu_streams); returns the number in force. For tests and
 // measurements: call it between products, never during one.
 int64_t set_streams(int64_t n) {
-  TORCH_CHECK(n >= 0 && n <= 4, "set_streams: 0 to 4, got ", n);
+  TORCH_CHECK(n >= 0 && n <= kMaxStreams, "set_streams: 0 to ", kMaxStreams, ", got ", n);
   g_streams.store(n ? static_cast<int>(n) : cpu_streams());
   return streams();
 }

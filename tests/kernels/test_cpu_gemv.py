@@ -383,8 +383,8 @@ def test_the_avx512_paths_without_vnni_and_bf16():
 
 @pytest.mark.parametrize("wfmt", ["fp32", "bf16", "int8 weights", "int8", "int4"])
 def test_decode_products_read_as_several_streams_give_the_same_bits(ops, wfmt):
-    """A decode product reads each thread's piece as 1 to 4 streams of tiles (set_streams;
-    Intel: 4): each row's arithmetic is the one-row sequence, so every count gives the same
+    """A decode product reads each thread's piece as 1 to 8 streams of tiles (set_streams;
+    Intel: 8, as many as a product's accumulators allow): each row's arithmetic is the one-row sequence, so every count gives the same
     bits, for every decode row count and matrices of uneven tile counts (a last tile short of
     16 rows, a K off the vector length), float weights the bits of a 6-row batch (which
     reads one tile at a time), and the results are right."""
@@ -436,7 +436,7 @@ def test_decode_products_read_as_several_streams_give_the_same_bits(ops, wfmt):
         x = x6[:m]
         outs = []
         try:
-            for n in (1, 2, 3, 4):
+            for n in (1, 2, 3, 4, 5, 8):
                 assert o.set_streams(n) == n
                 outs.append(product(x))
         finally:
@@ -452,5 +452,5 @@ def test_decode_products_read_as_several_streams_give_the_same_bits(ops, wfmt):
                 check(got, ref, 2e-2 * ref.abs().max())
             else:
                 check(got, ref, bound(x, w.float()) + 1e-5)
-    with pytest.raises(RuntimeError, match="0 to 4"):
-        o.set_streams(5)
+    with pytest.raises(RuntimeError, match="0 to 8"):
+        o.set_streams(9)
