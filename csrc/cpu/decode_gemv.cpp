@@ -379,6 +379,7 @@ inline void over_tile_streams(const std::vector<Mat>& mats, int64_t K, int S, Bo
   };
   work_share::parallel(first.back(), grain, [&](int64_t t0, int64_t t1) {
     const int64_t L = t1 - t0, runs = std::min<int64_t>(S, L);
+    if (L <= 0) return;
     const int64_t base = L / runs, extra = L % runs;  // the first `extra` runs hold one more
     TileRef set[kMaxStreams];
     for (int64_t j = 0; j < base + (extra > 0); ++j) {

@@ -154,7 +154,8 @@ inline void parallel(int64_t n, int64_t grain, const Body& body) {
   const int64_t pieces = std::min<int64_t>((n + std::max<int64_t>(1, grain) - 1) /
                                                std::max<int64_t>(1, grain), most);
   grain = (n + pieces - 1) / pieces;
-  if (threads <= 1 || pieces <= 1 || at::in_parallel_region()) {
+  const int64_t used = (n + grain - 1) / grain;  // 33 in 16 pieces of 3 fill 11: none empty
+  if (threads <= 1 || used <= 1 || at::in_parallel_region()) {
     body(0, n);
     return;
   }
@@ -163,7 +164,7 @@ inline void parallel(int64_t n, int64_t grain, const Body& body) {
   const std::function<void(int64_t)> piece = [&](int64_t i) {
     body(i * grain, std::min(n, (i + 1) * grain));
   };
-  pool_for(threads)->run(pieces, piece);
+  pool_for(threads)->run(used, piece);
 }
 
 }  // namespace work_share

@@ -454,3 +454,30 @@ def test_decode_products_read_as_several_streams_give_the_same_bits(ops, wfmt):
                 check(got, ref, bound(x, w.float()) + 1e-5)
     with pytest.raises(RuntimeError, match="0 to 8"):
         o.set_streams(9)
+
+
+@pytest.mark.parametrize("wfmt", ["fp32", "int8", "int4"])
+def test_tile_counts_that_leave_pieces_short_are_whole(ops, wfmt):
+    """A decode product of 33 or 50 tiles with K = 2048 (a tile a piece at least): 16 pieces
+    of 3 or 4 tiles would leave the last ones empty; every piece holds work, every row is
+    computed (the stream reader once divided by an empty piece's run count)."""
+    from astrai.model.quant4 import dequantize_groups, quantize_groups, tile_rows
+
+    o, _ = ops
+    g = torch.Generator().manual_seed(11)
+    K = 2048
+    for n in (16 * 33, 16 * 50):
+        w = torch.randn(n, K, generator=g)
+        x = torch.randn(1, K, generator=g)
+        if wfmt == "fp32":
+            got, wd = o.gemv_many(x, [w], [None])[0], w
+        elif wfmt == "int8":
+            q, s = quantize_rows(w)
+            got, wd = o.gemv_q8_many(x, [q], [s], [None])[0], dequantize_rows(q, s)
+        else:
+            q, d = quantize_groups(w)
+            t, s16 = tile_rows(q, d)
+            got, wd = o.gemv_q4_many(x, [t], [s16], [None])[0], dequantize_groups(q, d)
+        ref = x.double() @ wd.double().T
+        tol = bound(x, wd) + 1e-5 if wfmt == "fp32" else 2e-2 * ref.abs().max()
+        check(got, ref.float(), tol)
