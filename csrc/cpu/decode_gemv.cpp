@@ -363,6 +363,27 @@ struct TileRef {
   int R;
 };
 
+inline int most_rows(const TileRef* tiles, int n) {
+  int rows = 0;
+  for (int s = 0; s < n; ++s) rows = std::max(rows, tiles[s].R);
+  return rows;
+}
+
+// Row r of each of n tiles that has one: its weights wr[k] and result slot out[k] (sums[s] +
+// r); returns k, how many.
+template <typename W>
+inline int row_of_each(int r, int n, const TileRef* tiles, float* const* sums, const W** wr,
+                       float** out) {
+  int k = 0;
+  for (int s = 0; s < n; ++s)
+    if (r < tiles[s].R) {
+      const Mat& mat = *tiles[s].mat;
+      wr[k] = static_cast<const W*>(mat.w) + (tiles[s].n0 + r) * mat.ldw;
+      out[k++] = sums[s] + r;
+    }
+  return k;
+}
+
 // The tiles of every matrix in over_tiles' pieces, each piece cut into up to S runs of
 // consecutive tiles (as equal as can be) read together: body(tiles, n) gets the j-th tile
 // of each run still holding one (n <= S), so a thread reads S streams of weights at once.
@@ -480,18 +501,10 @@ inline void dot_streams_n(int n, const float* x, int64_t ldx, const W* const* wr
 template <typename W>
 void float_streams(int mb, int n, const TileRef* tiles, const float* x, int64_t K,
                    float* const* sums) {
-  int rows = 0;
-  for (int s = 0; s < n; ++s) rows = std::max(rows, tiles[s].R);
-  for (int r = 0; r < rows; ++r) {
+  for (int r = 0, rows = most_rows(tiles, n); r < rows; ++r) {
     const W* wr[kMaxStreams];
     float* out[kMaxStreams];
-    int k = 0;
-    for (int s = 0; s < n; ++s)
-      if (r < tiles[s].R) {
-        const Mat& mat = *tiles[s].mat;
-        wr[k] = static_cast<const W*>(mat.w) + (tiles[s].n0 + r) * mat.ldw;
-        out[k++] = sums[s] + r;
-      }
+    const int k = row_of_each(r, n, tiles, sums, wr, out);
     switch (mb) {
       case 4: dot_streams_n<4>(k, x, K, wr, K, out); break;
       case 3: dot_streams_n<3>(k, x, K, wr, K, out); break;
@@ -742,18 +755,10 @@ inline void q8_stream_rows(int n, const QuantAct& qa, int64_t m0, const int8_t* 
 // a row of each at a time: sums[s][m · RT + r].
 inline void q8_streams(int mb, int n, const TileRef* tiles, const QuantAct& qa, int64_t m0,
                        int64_t K, float* const* sums) {
-  int rows = 0;
-  for (int s = 0; s < n; ++s) rows = std::max(rows, tiles[s].R);
-  for (int r = 0; r < rows; ++r) {
+  for (int r = 0, rows = most_rows(tiles, n); r < rows; ++r) {
     const int8_t* wr[4];
     float* out[4];
-    int k = 0;
-    for (int s = 0; s < n; ++s)
-      if (r < tiles[s].R) {
-        const Mat& mat = *tiles[s].mat;
-        wr[k] = static_cast<const int8_t*>(mat.w) + (tiles[s].n0 + r) * mat.ldw;
-        out[k++] = sums[s] + r;
-      }
+    const int k = row_of_each(r, n, tiles, sums, wr, out);
     if (mb == 2) q8_stream_rows<2>(k, qa, m0, wr, K, out);
     else q8_stream_rows<1>(k, qa, m0, wr, K, out);
   }
