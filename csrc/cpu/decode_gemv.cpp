@@ -318,6 +318,32 @@ struct Mat {
   const uint16_t* scale16 = nullptr;  // int4 in 16-row tiles (q4t_tiles): their fp16 scales
 };
 
+// A tile of a product: its matrix, first row and row count.
+struct TileRef {
+  const Mat* mat;
+  int64_t n0;
+  int R;
+};
+
+// The row tiles of every matrix of a call, numbered across the matrices.
+struct TileIndex {
+  const std::vector<Mat>& mats;
+  std::vector<int64_t> first;  // first tile of each matrix, then the count
+  int64_t grain;               // tiles a piece takes at least
+  TileIndex(const std::vector<Mat>& m, int64_t K) : mats(m), first(m.size() + 1, 0) {
+    for (size_t i = 0; i < m.size(); ++i) first[i + 1] = first[i] + (m[i].N + RT - 1) / RT;
+    // a piece under ~32K weights costs a thread more to start than it saves
+    grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, RT * K));
+  }
+  int64_t count() const { return first.back(); }
+  TileRef at(int64_t t) const {
+    size_t i = 0;
+    while (t >= first[i + 1]) ++i;
+    const int64_t n0 = (t - first[i]) * RT;
+    return TileRef{&mats[i], n0, static_cast<int>(std::min<int64_t>(RT, mats[i].N - n0))};
+  }
+};
+
 // Row tiles of every matrix split over torch's threads; each thread streams a contiguous
 // slice of the weights. A decode step's few rows share the work through work_share.h; a
 // prefill's many (`team`) through torch's own OpenMP team, whose threads are the ones the
@@ -325,20 +351,15 @@ struct Mat {
 // still spinning for the cores (int8 prefill 0.8x on 2 cores).
 template <typename Body>
 inline void over_tiles(const std::vector<Mat>& mats, int64_t K, Body body, bool team = false) {
-  std::vector<int64_t> first(mats.size() + 1, 0);  // first tile of each matrix
-  for (size_t i = 0; i < mats.size(); ++i) first[i + 1] = first[i] + (mats[i].N + RT - 1) / RT;
-  // a piece under ~32K weights costs a thread more to start than it saves
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, RT * K));
+  const TileIndex index(mats, K);
   const auto tiles = [&](int64_t t0, int64_t t1) {
-    size_t i = 0;
     for (int64_t t = t0; t < t1; ++t) {
-      while (t >= first[i + 1]) ++i;
-      const int64_t n0 = (t - first[i]) * RT;
-      body(mats[i], n0, static_cast<int>(std::min<int64_t>(RT, mats[i].N - n0)));
+      const TileRef tile = index.at(t);
+      body(*tile.mat, tile.n0, tile.R);
     }
   };
-  if (team) at::parallel_for(0, first.back(), grain, tiles);
-  else work_share::parallel(first.back(), grain, tiles);
+  if (team) at::parallel_for(0, index.count(), index.grain, tiles);
+  else work_share::parallel(index.count(), index.grain, tiles);
 }
 
 // Read streams a thread's piece of a decode product is cut into (over_tile_streams), at most:
@@ -355,13 +376,6 @@ int cpu_streams() {
 }
 std::atomic<int> g_streams{cpu_streams()};  // set_streams changes it (tests: every count)
 inline int streams() { return g_streams.load(std::memory_order_relaxed); }
-
-// A tile of a product: its matrix, first row and row count.
-struct TileRef {
-  const Mat* mat;
-  int64_t n0;
-  int R;
-};
 
 inline int most_rows(const TileRef* tiles, int n) {
   int rows = 0;
@@ -389,27 +403,27 @@ inline int row_of_each(int r, int n, const TileRef* tiles, float* const* sums, c
 // of each run still holding one (n <= S), so a thread reads S streams of weights at once.
 template <typename Body>
 inline void over_tile_streams(const std::vector<Mat>& mats, int64_t K, int S, Body body) {
-  std::vector<int64_t> first(mats.size() + 1, 0);
-  for (size_t i = 0; i < mats.size(); ++i) first[i + 1] = first[i] + (mats[i].N + RT - 1) / RT;
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, RT * K));
-  const auto ref = [&](int64_t t) {
-    size_t i = 0;
-    while (t >= first[i + 1]) ++i;
-    const int64_t n0 = (t - first[i]) * RT;
-    return TileRef{&mats[i], n0, static_cast<int>(std::min<int64_t>(RT, mats[i].N - n0))};
-  };
-  work_share::parallel(first.back(), grain, [&](int64_t t0, int64_t t1) {
-    const int64_t L = t1 - t0, runs = std::min<int64_t>(S, L);
-    if (L <= 0) return;
+  const TileIndex index(mats, K);
+  work_share::parallel(index.count(), index.grain, [&](int64_t t0, int64_t t1) {
+    const int64_t L = t1 - t0, runs = std::min<int64_t>(S, L);  // pieces are never empty
     const int64_t base = L / runs, extra = L % runs;  // the first `extra` runs hold one more
     TileRef set[kMaxStreams];
     for (int64_t j = 0; j < base + (extra > 0); ++j) {
       int n = 0;
       for (int64_t r = 0, start = t0; r < runs; start += base + (r < extra), ++r)
-        if (j < base + (r < extra)) set[n++] = ref(start + j);
+        if (j < base + (r < extra)) set[n++] = index.at(start + j);
       body(set, n);
     }
   });
+}
+
+// store() of the sums of n tiles (sums[s]) for activation rows [m0, m0 + mb).
+inline void store_tiles(float* const* sums, int n, const TileRef* tiles, int mb, int64_t m0) {
+  for (int s = 0; s < n; ++s) {
+    const Mat& mat = *tiles[s].mat;
+    store(sums[s], mb, tiles[s].R, tiles[s].n0, mat.scale, mat.bias, mat.out + m0 * mat.N,
+          mat.N);
+  }
 }
 
 // One tile of a float-weight product, every activation row: groups of near equal size (9
@@ -522,11 +536,7 @@ void gemv_float_weights(const float* x, int64_t M, int64_t K, const std::vector<
       float* out[kMaxStreams];
       for (int s = 0; s < kMaxStreams; ++s) out[s] = sums[s];
       float_streams<W>(static_cast<int>(M), n, tiles, x, K, out);
-      for (int s = 0; s < n; ++s) {
-        const Mat& mat = *tiles[s].mat;
-        store(sums[s], static_cast<int>(M), tiles[s].R, tiles[s].n0, mat.scale, mat.bias,
-              mat.out, mat.N);
-      }
+      store_tiles(out, n, tiles, static_cast<int>(M), 0);
     });
     return;
   }
@@ -1091,11 +1101,7 @@ void gemv_q8_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
       for (int64_t m0 = 0; m0 < M; m0 += MBQ) {
         const int mb = static_cast<int>(std::min<int64_t>(MBQ, M - m0));
         q8_streams(mb, n, tiles, q, m0, K, out);
-        for (int s = 0; s < n; ++s) {
-          const Mat& mat = *tiles[s].mat;
-          store(sums[s], mb, tiles[s].R, tiles[s].n0, mat.scale, mat.bias,
-                mat.out + m0 * mat.N, mat.N);
-        }
+        store_tiles(out, n, tiles, mb, m0);
       }
     });
     return;
@@ -1828,16 +1834,14 @@ void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
   std::vector<int32_t>& cg = cg_;
   if (std::any_of(mats.begin(), mats.end(), [](const Mat& m) { return m.scale16 != nullptr; }))
     q4t_offsets(qa, M, K, cg);
-  if (!cg.empty() && M <= MB &&
+  if (M <= MB &&
       std::all_of(mats.begin(), mats.end(), [](const Mat& m) { return m.scale16 != nullptr; })) {
     // a decode step's rows, every matrix in tiles: several tiles a pass (over_tile_streams)
     over_tile_streams(mats, K, q4t_streams(M), [&](const TileRef* tiles, int n) {
       float sums[4][MB * RT];
       float* out[4] = {sums[0], sums[1], sums[2], sums[3]};
       q4t_set(static_cast<int>(M), n, tiles, q, cg.data(), 0, K, out);
-      for (int s = 0; s < n; ++s)
-        store(sums[s], static_cast<int>(M), tiles[s].R, tiles[s].n0, nullptr, tiles[s].mat->bias,
-              tiles[s].mat->out, tiles[s].mat->N);
+      store_tiles(out, n, tiles, static_cast<int>(M), 0);  // tiles carry no row scale
     });
     return;
   }
@@ -2227,7 +2231,7 @@ at::Tensor first_argmax(const at::Tensor& x) {
 std::vector<int64_t> info() { return {VL, kVnni ? 1 : 0, QK, kBf16Dot ? 1 : 0, Q4T}; }
 
 // Read streams a decode product's thread takes at once from now on (over_tile_streams): 1 to
-// 4, 0 this CPU's choice (cpu_streams); returns the number in force. For tests and
+// kMaxStreams (each product takes at most what it can), 0 this CPU's choice (cpu_streams); returns the number in force. For tests and
 // measurements: call it between products, never during one.
 int64_t set_streams(int64_t n) {
   TORCH_CHECK(n >= 0 && n <= kMaxStreams, "set_streams: 0 to ", kMaxStreams, ", got ", n);
