@@ -381,18 +381,21 @@ def test_the_avx512_paths_without_vnni_and_bf16():
     assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["pieces of tiles", "pieces of rows"])
 @pytest.mark.parametrize("wfmt", ["fp32", "bf16", "int8 weights", "int8", "int4"])
-def test_decode_products_read_as_several_streams_give_the_same_bits(ops, wfmt):
+def test_decode_products_read_as_several_streams_give_the_same_bits(ops, wfmt, wide):
     """A decode product reads each thread's piece as 1 to 8 streams of tiles (set_streams;
-    Intel: 8, as many as a product's accumulators allow): each row's arithmetic is the one-row sequence, so every count gives the same
-    bits, for every decode row count and matrices of uneven tile counts (a last tile short of
-    16 rows, a K off the vector length), float weights the bits of a 6-row batch (which
-    reads one tile at a time), and the results are right."""
+    Intel: 8, as many as a product's accumulators allow) — of rows where a piece holds fewer
+    tiles than streams (`wide`: K ~1K, 16 pieces of 1-2 tiles; int4 tiles stay whole): each
+    row's arithmetic is the one-row sequence, so every count gives the same bits, for every
+    decode row count and matrices of uneven tile counts (a last tile short of 16 rows, a K
+    off the vector length), float weights the bits of a 6-row batch (which reads one tile at
+    a time), and the results are right."""
     from astrai.model.quant4 import quantize_groups, tile_rows
 
     o, info = ops
     g = torch.Generator().manual_seed(9)
-    K = 96 if wfmt == "int4" else 200
+    K = (1056 if wide else 96) if wfmt == "int4" else (1040 if wide else 200)
     shapes = (16 * 23, 16 * 6, 16 * 9) if wfmt == "int4" else (16 * 23 + 5, 16 * 6, 7)
     ws = [torch.randn(n, K, generator=g) for n in shapes]
     biases = [torch.randn(n, generator=g) for n in shapes]
