@@ -2245,6 +2245,69 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_buf, const at::
 
 #include "decode_layers.h"
 
+// The index of r[0 .. V)'s first maximum (a NaN counts as the maximum: its first one), in one
+// pass: 4 × 8 lanes each keep their greatest value and its first index (a later equal value
+// does not replace it), then the lanes' greatest value is found and, of the lanes that hold
+// it, the least index. A second pass looked for the maximum's index one float at a time:
+// 26 µs for 32,000 logits (Xeon, warm), a few percent of a small model's decode step.
+inline int64_t first_max(const float* r, int64_t V) {
+  constexpr int64_t W = 32;  // floats a turn: 4 vectors of 8
+  int64_t i = 0;
+  float best = -INFINITY;
+  int64_t at = 0;
+  bool nan = false;
+  if (V >= W && V <= INT32_MAX) {
+    __m256 m[4], un = _mm256_setzero_ps();
+    __m256i idx[4];
+    const __m256i step = _mm256_set1_epi32(W);
+    __m256i cur[4];
+    for (int u = 0; u < 4; ++u) {
+      m[u] = _mm256_set1_ps(-INFINITY);
+      idx[u] = _mm256_set1_epi32(0);
+      cur[u] = _mm256_setr_epi32(8 * u, 8 * u + 1, 8 * u + 2, 8 * u + 3, 8 * u + 4, 8 * u + 5,
+                                 8 * u + 6, 8 * u + 7);
+    }
+    for (; i + W <= V; i += W) {
+      for (int u = 0; u < 4; ++u) {
+        const __m256 v = _mm256_loadu_ps(r + i + 8 * u);
+        const __m256 gt = _mm256_cmp_ps(v, m[u], _CMP_GT_OQ);
+        un = _mm256_or_ps(un, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        m[u] = _mm256_blendv_ps(m[u], v, gt);
+        idx[u] = _mm256_castps_si256(
+            _mm256_blendv_ps(_mm256_castsi256_ps(idx[u]), _mm256_castsi256_ps(cur[u]), gt));
+        cur[u] = _mm256_add_epi32(cur[u], step);
+      }
+    }
+    nan = _mm256_movemask_ps(un) != 0;
+    alignas(32) float mv[4][8];
+    alignas(32) int32_t iv[4][8];
+    for (int u = 0; u < 4; ++u) {
+      _mm256_store_ps(mv[u], m[u]);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(iv[u]), idx[u]);
+    }
+    for (int u = 0; u < 4; ++u)
+      for (int l = 0; l < 8; ++l) best = std::max(best, mv[u][l]);
+    at = V;
+    for (int u = 0; u < 4; ++u)
+      for (int l = 0; l < 8; ++l)
+        if (mv[u][l] == best) at = std::min<int64_t>(at, iv[u][l]);
+    if (at == V) at = 0;  // every value so far -inf (or NaN): index 0 holds the first -inf
+  } else if (V > 0) {
+    best = r[0];
+    nan = std::isnan(best);
+    i = 1;
+  }
+  for (; i < V && !nan; ++i) {  // the tail: later indices, so only a greater value wins
+    nan = std::isnan(r[i]);
+    if (r[i] > best) best = r[i], at = i;
+  }
+  if (nan) {
+    at = 0;
+    while (!std::isnan(r[at])) ++at;
+  }
+  return at;
+}
+
 // The index of each row's first maximum, x [B, V] fp32 -> [B] int64, as torch's max(dim=-1)
 // gives it (a NaN counts as the maximum: its first one). One thread: a greedy step's logits
 // are a few rows, and torch's reduction opens an OpenMP region whose spinning threads then
@@ -2258,33 +2321,7 @@ at::Tensor first_argmax(const at::Tensor& x) {
   at::Tensor out = at::empty({B}, xc.options().dtype(at::kLong));
   const float* px = xc.data_ptr<float>();
   int64_t* po = out.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    const float* r = px + b * V;
-    __m256 m = _mm256_set1_ps(-INFINITY);
-    __m256 nan = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= V; i += 8) {
-      const __m256 v = _mm256_loadu_ps(r + i);
-      m = _mm256_max_ps(m, v);
-      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    }
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, m);
-    float best = lanes[0];
-    for (int l = 1; l < 8; ++l) best = std::max(best, lanes[l]);
-    bool has_nan = _mm256_movemask_ps(nan) != 0;
-    for (; i < V; ++i) {
-      has_nan |= std::isnan(r[i]);
-      best = std::max(best, r[i]);
-    }
-    int64_t at = 0;
-    if (has_nan) {
-      while (!std::isnan(r[at])) ++at;
-    } else {
-      while (r[at] != best) ++at;
-    }
-    po[b] = at;
-  }
+  for (int64_t b = 0; b < B; ++b) po[b] = first_max(px + b * V, V);
   return out;
 }
 

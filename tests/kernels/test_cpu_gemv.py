@@ -190,12 +190,19 @@ def test_a_rows_result_is_bit_identical_alone_and_batched(ops, op):
 
 def test_first_argmax_is_torchs_first_maximum(ops):
     """The greedy pick of the kernels: each row's first maximal index, as torch's
-    max(dim=-1) gives it — ties to the first, a NaN counted as the maximum, -inf rows, and
-    rows no multiple of a vector long."""
+    max(dim=-1) gives it — ties to the first (across the kernel's lanes too), a NaN counted
+    as the maximum, -inf rows, -0.0 before 0.0, the maximum in the tail past the last full
+    turn, and rows no multiple of a vector long."""
     o, _ = ops
     g = torch.Generator().manual_seed(5)
-    for V in (1, 7, 8, 33, 32000):
-        x = torch.randn(6, V, generator=g)
+    for V in (1, 7, 8, 33, 64, 100, 32000):
+        x = torch.randn(9, V, generator=g)
+        x[6] = 0.0
+        x[6, 0] = -0.0
+        x[7, -1] = 10.0  # past the last turn of 32 where V is no multiple of it
+        x[8] = x[8].abs().clamp(max=0.5)
+        x[8, V - 1 - (V - 1) % 8] = 0.75  # one maximum late in a lane ...
+        x[8, V // 2] = 0.75  # ... and the first one earlier in another
         x[1] = x[1].round()  # many ties
         x[2] = float("-inf")
         x[3, V // 2] = float("nan")
