@@ -399,10 +399,11 @@ inline int row_of_each(int r, int n, const TileRef* tiles, float* const* sums, c
 }
 
 // The piece t0 .. t1 of `index` (fewer than S tiles) as up to S runs of consecutive rows (as
-// equal as can be), each a list of tiles of up to RT rows within one matrix:
-// lists[r][0 .. len[r]); returns the number of runs.
-inline int row_runs(const TileIndex& index, int64_t t0, int64_t t1, int S,
-                    TileRef (*lists)[kMaxStreams + 1], int* len) {
+// equal as can be), each the one or two tiles (parts of tiles, within one matrix) its rows
+// lie in: a run holds at most RT rows (fewer than S tiles of RT rows in S runs), so it meets
+// at most two tiles. lists[r][0 .. len[r]); returns the number of runs.
+inline int row_runs(const TileIndex& index, int64_t t0, int64_t t1, int S, TileRef (*lists)[2],
+                    int* len) {
   int64_t rows = 0;
   for (int64_t t = t0; t < t1; ++t) rows += index.at(t).R;
   const int runs = static_cast<int>(std::min<int64_t>(S, rows));
@@ -439,7 +440,7 @@ inline void over_tile_streams(const std::vector<Mat>& mats, int64_t K, int S, Bo
     const int64_t L = t1 - t0;  // pieces are never empty
     TileRef set[kMaxStreams];
     if (rows && L < S) {
-      TileRef lists[kMaxStreams][kMaxStreams + 1];
+      TileRef lists[kMaxStreams][2];
       int len[kMaxStreams];
       const int runs = row_runs(index, t0, t1, S, lists, len);
       for (int j = 0; j < *std::max_element(len, len + runs); ++j) {
@@ -2115,10 +2116,12 @@ constexpr int64_t KV_PASS = 64;
 // pass's rows are scattered over the pool at the row stride, which the hardware prefetchers
 // do not follow, so read one by one they cost a memory latency each.
 template <typename T>
-void fetch_rows(const T* b, const int32_t* slots, int64_t n, int64_t row, int64_t off, int64_t cols) {
+void fetch_rows(const T* b, const int32_t* slots, int64_t n, int64_t row, int64_t off,
+                int64_t cols) {
   const uintptr_t bytes = static_cast<uintptr_t>(cols) * sizeof(T);
   for (int64_t j = 0; j < n; ++j) {
-    const uintptr_t p = reinterpret_cast<uintptr_t>(b + static_cast<int64_t>(slots[j]) * row + off);
+    const uintptr_t p =
+        reinterpret_cast<uintptr_t>(b + static_cast<int64_t>(slots[j]) * row + off);
     for (uintptr_t line = p & ~uintptr_t{63}; line < p + bytes; line += 64)
       _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
   }
@@ -2156,7 +2159,8 @@ void attend_piece(const float* qf, const T* kb, const T* vb, const int32_t* slot
   std::fill(acc, acc + nkv * G * D, 0.f);
   for (int64_t j0 = 0; j0 < L; j0 += KV_PASS) {
     const int64_t n = std::min(KV_PASS, L - j0);
-    if (j0 + n < L) fetch_rows(vb, slots + j0 + n, std::min(L - j0 - n, KV_PASS), row, h0 * D, nkv * D);
+    if (j0 + n < L)
+      fetch_rows(vb, slots + j0 + n, std::min(L - j0 - n, KV_PASS), row, h0 * D, nkv * D);
     for (int64_t i = 0; i < nkv * G; ++i)
       weigh_values(sc + i * L + j0, vb, slots + j0, n, row, (h0 + i / G) * D, D, acc + i * D);
   }
