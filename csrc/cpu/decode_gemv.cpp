@@ -443,7 +443,8 @@ inline void over_tile_streams(const std::vector<Mat>& mats, int64_t K, int S, Bo
       TileRef lists[kMaxStreams][2];
       int len[kMaxStreams];
       const int runs = row_runs(index, t0, t1, S, lists, len);
-      for (int j = 0; j < *std::max_element(len, len + runs); ++j) {
+      const int most = *std::max_element(len, len + runs);
+      for (int j = 0; j < most; ++j) {
         int n = 0;
         for (int r = 0; r < runs; ++r)
           if (j < len[r]) set[n++] = lists[r][j];
@@ -2291,11 +2292,10 @@ inline int64_t first_max(const float* r, int64_t V) {
     }
     for (int u = 0; u < 4; ++u)
       for (int l = 0; l < 8; ++l) best = std::max(best, mv[u][l]);
-    at = V;
+    at = V;  // lowered below: some lane holds `best` (no lane keeps a NaN)
     for (int u = 0; u < 4; ++u)
       for (int l = 0; l < 8; ++l)
         if (mv[u][l] == best) at = std::min<int64_t>(at, iv[u][l]);
-    if (at == V) at = 0;  // every value so far -inf (or NaN): index 0 holds the first -inf
   } else if (V > 0) {
     best = r[0];
     nan = std::isnan(best);
