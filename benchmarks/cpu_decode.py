@@ -3,12 +3,17 @@
     python benchmarks/cpu_decode.py            # the full run: ~40 min at 2 threads, 25 of
                                                # them training the quality model (AMD EPYC)
     python benchmarks/cpu_decode.py --quick    # 125m only, 3 rounds, no contention
+    python benchmarks/cpu_decode.py --isa avx2 # both tools on their AVX2 code (an AVX-512
+                                               # machine standing in for one without it)
 
 llama.cpp: `llama-bench` and `llama-batched-bench` built from the llama.cpp vendored in
 llama-cpp-python 0.3.36's sdist at first use (benchmarks/llama_bench_build.py; cached under
-~/.cache/astrai/), CPU backend, `-DGGML_NATIVE=ON`, run on GGUFs that `astrai export --format
-gguf` writes from the same checkpoint astrai runs (cpu_decode_llama.py). astrai: the engine
-chat/serve build, measured the way those tools measure (cpu_decode_astrai.py).
+~/.cache/astrai/), CPU backend, run on GGUFs that `astrai export --format gguf` writes from
+the same checkpoint astrai runs (cpu_decode_llama.py). astrai: the engine chat/serve build,
+measured the way those tools measure (cpu_decode_astrai.py). Instruction path (`--isa`):
+`native`, each tool's best for this CPU (llama.cpp `-DGGML_NATIVE=ON`, astrai's best build);
+`avx2`, both on AVX2 + FMA code only (llama.cpp `-DGGML_NATIVE=OFF` with AVX-512 off, astrai
+`ASTRAI_CPU_ISA=avx2`), the code a CPU without AVX-512 runs (bf16 ↔ bf16 skipped).
 
 Figures: pp512 and tg128 with one request, and with 4 concurrent requests (512-token prompts,
 then 128 tokens each, decoded together) on the smaller shape; tokens/s. Shapes (random weights,
@@ -131,17 +136,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quality-checkpoint", type=Path, default=None,
                     help="a quickstart checkpoint already trained (skips the training)")
     ap.add_argument("--no-quality", action="store_true")
+    ap.add_argument("--isa", choices=("native", "avx2"), default="native",
+                    help="native: each tool's best code for this CPU; avx2: both on AVX2 + FMA")
     a = ap.parse_args(argv)
     rounds = a.rounds or (3 if a.quick else 5)
     steps = a.quality_steps or (100 if a.quick else 300)
     torch.set_num_threads(a.threads)
+    if a.isa == "avx2":  # before astrai's kernels load; the quality run's subprocesses inherit it
+        os.environ["ASTRAI_CPU_ISA"] = "avx2"
     log = lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)
     load_before = os.getloadavg()
     from llama_bench_build import llama_tools
 
     log("llama.cpp tools (built once, cached)")
-    tools = llama_tools()
-    bf16 = has_bf16_hardware()
+    tools = llama_tools(isa=a.isa)
+    bf16 = has_bf16_hardware() and a.isa == "native"
     with tempfile.TemporaryDirectory(prefix="cpu_decode_") as tmp:
         work = Path(tmp)
         quality = None

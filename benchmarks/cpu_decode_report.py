@@ -20,7 +20,7 @@ SETTINGS = {"b1": "1 request", "b1-4k": "1 request, 4 KiB pages", "b4": "4 concu
             "contended": "1 request + 1 busy process"}
 
 
-def cpu_lines(threads: int, load_before: tuple, bf16: bool) -> list[str]:
+def cpu_lines(threads: int, load_before: tuple, bf16: bool, isa_path: str) -> list[str]:
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
     model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
                   if ln.startswith("model name")), platform.processor())
@@ -39,10 +39,15 @@ def cpu_lines(threads: int, load_before: tuple, bf16: bool) -> list[str]:
              "and serve do); llama.cpp mmaps the GGUF (4 KiB pages of the page cache); the "
              "'4 KiB pages' rows run astrai with its weights left in ordinary pages")
     bf = ("bf16: this CPU has bf16 instructions (avx512_bf16/amx_bf16): bf16 ↔ bf16 runs"
-          if bf16 else "bf16 ↔ bf16: skipped (this CPU has no avx512_bf16/amx_bf16)")
+          if bf16 else "bf16 ↔ bf16: skipped (this CPU has no avx512_bf16/amx_bf16)"
+          if isa_path == "native" else "bf16 ↔ bf16: skipped (--isa avx2)")
+    path = ("instruction path: native (llama.cpp -DGGML_NATIVE=ON, astrai's best build)"
+            if isa_path == "native" else
+            "instruction path: AVX2 + FMA on both (--isa avx2: llama.cpp -DGGML_NATIVE=OFF "
+            "-DGGML_AVX2=ON -DGGML_AVX512=OFF, astrai ASTRAI_CPU_ISA=avx2)")
     return [f"date {now}, astrai commit {commit or '?'}, torch {torch.__version__}",
             f"CPU {model}, {os.cpu_count()} logical cores; ISA: {isa}",
-            f"threads {threads} (both tools); astrai CPU decode kernels: {kern}",
+            f"threads {threads} (both tools); astrai CPU decode kernels: {kern}", path,
             f"read bandwidth (streaming sum, {threads} threads, 1 GiB): {bw:.1f} GB/s",
             f"load average before: {' '.join(f'{x:.2f}' for x in load_before)}",
             pages, bf]
@@ -143,7 +148,7 @@ def report(a, shapes, res, quality, bf16, load_before, targets) -> bool:
     """Print everything; True where a token check failed (the run's exit status)."""
     for s in shapes.values():
         s.remeasure()
-    print("\n".join(cpu_lines(a.threads, load_before, bf16)))
+    print("\n".join(cpu_lines(a.threads, load_before, bf16, a.isa)))
     for s in shapes.values():
         if s.llama_conditions:
             print(f"llama-bench ({s.name}): {s.llama_conditions}")

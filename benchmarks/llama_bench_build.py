@@ -3,11 +3,17 @@
 The source is the llama.cpp that llama-cpp-python's sdist vendors (the same llama.cpp the
 installed llama-cpp-python wraps, so the tokens and perplexity taken through the Python
 binding and the speed taken through llama-bench come from one version). Built with the CPU
-backend only (`-DGGML_NATIVE=ON`: the instruction sets of the machine it runs on, as a
-user building llama.cpp for their own CPU gets; no CUDA, no curl), targets `llama-bench`
-and `llama-batched-bench` (several sequences at once), `-j 2`, into ~/.cache/astrai/llama.cpp-<llama-cpp-python version>/.
+backend only, no CUDA, no curl, targets `llama-bench` and `llama-batched-bench` (several
+sequences at once), `-j 2`, into ~/.cache/astrai/llama.cpp-<llama-cpp-python version>/, for
+one of two instruction paths:
 
-    python benchmarks/llama_bench_build.py         # prints the binaries' paths
+- `native` (`-DGGML_NATIVE=ON`, into build/): the instruction sets of the machine it runs
+  on, as a user building llama.cpp for their own CPU gets;
+- `avx2` (`-DGGML_NATIVE=OFF` with AVX, AVX2, FMA, F16C and BMI2 on and AVX-512 off, into
+  build-avx2/): the code a CPU without AVX-512 runs (an AMD Zen 3, most desktop Intels),
+  so an AVX-512 machine can set it beside astrai's AVX2 build (`ASTRAI_CPU_ISA=avx2`).
+
+    python benchmarks/llama_bench_build.py [native|avx2]   # prints the binaries' paths
 """
 
 from __future__ import annotations
@@ -20,10 +26,14 @@ from pathlib import Path
 
 LLAMA_CPP_PYTHON = "0.3.36"
 TARGETS = ("llama-bench", "llama-batched-bench")
-CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DGGML_CUDA=OFF",
+CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_CUDA=OFF",
                "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF", "-DLLAMA_CURL=OFF",
                "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF")
+ISA_FLAGS = {"native": ("-DGGML_NATIVE=ON",),
+             "avx2": ("-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
+                      "-DGGML_F16C=ON", "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF")}
+BUILD_DIRS = {"native": "build", "avx2": "build-avx2"}
 
 
 def cache_dir(version: str = LLAMA_CPP_PYTHON) -> Path:
@@ -45,18 +55,20 @@ def _source(root: Path, version: str) -> Path:
     return src
 
 
-def llama_tools(version: str = LLAMA_CPP_PYTHON) -> dict[str, Path]:
-    """{target: path} of the built tools (building what is missing: minutes at -j 2)."""
+def llama_tools(version: str = LLAMA_CPP_PYTHON, isa: str = "native") -> dict[str, Path]:
+    """{target: path} of the tools built for instruction path `isa` (module docstring),
+    building what is missing: minutes at -j 2."""
     root = cache_dir(version)
-    build = root / "build"
+    build = root / BUILD_DIRS[isa]
     paths = {t: build / "bin" / t for t in TARGETS}
     if all(p.is_file() and os.access(p, os.X_OK) for p in paths.values()):
         return paths
     root.mkdir(parents=True, exist_ok=True)
     src = _source(root, version)
-    log = root / "build.log"
+    log = root / f"{BUILD_DIRS[isa]}.log"
     with log.open("w") as out:
-        for cmd in (["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS],
+        for cmd in (["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS,
+                     *ISA_FLAGS[isa]],
                     ["cmake", "--build", str(build), "--target", *TARGETS, "-j", "2"]):
             r = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
             if r.returncode != 0:
@@ -66,4 +78,5 @@ def llama_tools(version: str = LLAMA_CPP_PYTHON) -> dict[str, Path]:
 
 
 if __name__ == "__main__":
-    print("\n".join(str(p) for p in llama_tools().values()))
+    print("\n".join(str(p) for p in llama_tools(isa=sys.argv[1] if len(sys.argv) > 1
+                                                 else "native").values()))

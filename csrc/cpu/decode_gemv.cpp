@@ -1760,6 +1760,73 @@ __attribute__((noinline)) void q4t_tiles(const QuantAct& qa, const int32_t* cg, 
       _mm256_storeu_ps(sums[s] + m * RT + 8, acc[s][m][1]);
     }
 }
+
+// A tile against activation rows [m0, m0 + MBv) on AVX2 where the rows are many (the
+// products of gemv_q4's MC loop: a prefill): rows 8h..8h + 7 over the whole K, then the
+// other 8, each group's arithmetic that of q4t_tiles (the same bits). q4t_tiles takes both
+// halves a group at a time, as a decode row's one read of its weights wants, but its 2 · MBv
+// accumulators beside 8 unpacked vectors outgrow AVX2's 16 registers and the compiler keeps
+// them on the stack; here MBv accumulators, MBv int16 sums and one vector of bytes at a time
+// fit (the 125m shape's int4 products at 512 rows: 1.5x the multiply-adds a second, 2 threads,
+// Xeon Ice Lake running the AVX2 build).
+template <int MBv>
+__attribute__((noinline)) void q4t_prefill(const QuantAct& qa, const int32_t* cg, int64_t m0,
+                                           const uint8_t* w, const uint16_t* d, int64_t K,
+                                           float* sums) {
+  const int64_t G = K / G4;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const ActRows<MBv> a(qa, m0);
+  const int32_t* C[MBv];
+  for (int m = 0; m < MBv; ++m) C[m] = cg + (m0 + m) * G;
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[MBv];
+    for (int m = 0; m < MBv; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t xo = q4t_x(g);
+      const uint8_t* p = w + g * (Q4T * 16) + 32 * h;
+      __m256i s16[MBv];
+      for (int m = 0; m < MBv; ++m) s16[m] = _mm256_setzero_si256();
+      for (int i = 0; i < 4; ++i) {
+        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * i));
+        const __m256i lo = _mm256_and_si256(bytes, low);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+        for (int m = 0; m < MBv; ++m) {
+          int32_t xl, xh;
+          std::memcpy(&xl, a.X[m] + xo + 4 * i, 4);
+          std::memcpy(&xh, a.X[m] + xo + Q4S / 2 + 4 * i, 4);
+          s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
+          s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+          asm("" : "+x"(s16[m]));  // summed in order, in a register: reassociated, they spill
+        }
+      }
+      const __m256 dv =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + g * Q4T + 8 * h)));
+      for (int m = 0; m < MBv; ++m) {
+        const __m256i lanes = _mm256_add_epi32(_mm256_madd_epi16(s16[m], ones),
+                                               _mm256_set1_epi32(C[m][g]));
+        const __m256 sc = _mm256_mul_ps(dv, _mm256_set1_ps(a.S[m][g / (QK / G4)]));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), sc, acc[m]);
+      }
+    }
+    for (int m = 0; m < MBv; ++m) _mm256_storeu_ps(sums + m * RT + 8 * h, acc[m]);
+  }
+}
+
+// q4t_prefill on the tile from row n0 of `mat` (int4 in tiles), mb <= MB rows.
+inline void q4t_prefill_rows(int mb, const Mat& mat, int64_t n0, const QuantAct& qa,
+                             const int32_t* cg, int64_t m0, int64_t K, float* sums) {
+  static_assert(MB == 4, "q4t_prefill_rows dispatches 1 to 4 rows");
+  const int64_t t = n0 / Q4T;
+  const uint8_t* w = static_cast<const uint8_t*>(mat.w) + t * (K / G4) * (Q4T * 16);
+  const uint16_t* d = mat.scale16 + t * (K / G4) * Q4T;
+  switch (mb) {
+    case 4: return q4t_prefill<4>(qa, cg, m0, w, d, K, sums);
+    case 3: return q4t_prefill<3>(qa, cg, m0, w, d, K, sums);
+    case 2: return q4t_prefill<2>(qa, cg, m0, w, d, K, sums);
+    default: return q4t_prefill<1>(qa, cg, m0, w, d, K, sums);
+  }
+}
+
 #endif
 
 // Activation rows a pass of int4 tiles takes with S tiles together (their accumulators stay
@@ -1895,12 +1962,16 @@ void gemv_q4_impl(const float* x, int64_t M, int64_t K, const std::vector<Mat>& 
     const int64_t mend = std::min(M, mc + MC);
     over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
       float sums[MB * RT];
-      float* out[1] = {sums};
       for (int64_t m0 = mc; m0 < mend; m0 += MB) {
         const int mb = static_cast<int>(std::min<int64_t>(MB, mend - m0));
         if (mat.scale16) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
           const TileRef tile{&mat, n0, R};
+          float* out[1] = {sums};
           q4t_set(mb, 1, &tile, q, cg.data(), m0, K, out);
+#else
+          q4t_prefill_rows(mb, mat, n0, q, cg.data(), m0, K, sums);
+#endif
         } else {
           q4_rows(mb, R, q, m0, mat, n0, K, sums);
         }
