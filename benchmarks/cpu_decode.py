@@ -142,8 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     rounds = a.rounds or (3 if a.quick else 5)
     steps = a.quality_steps or (100 if a.quick else 300)
     torch.set_num_threads(a.threads)
-    if a.isa == "avx2":  # before astrai's kernels load; the quality run's subprocesses inherit it
+    # before astrai's kernels load (the quality run's subprocesses inherit it): native is the
+    # best build for this CPU whatever the shell set
+    if a.isa == "avx2":
         os.environ["ASTRAI_CPU_ISA"] = "avx2"
+    else:
+        os.environ.pop("ASTRAI_CPU_ISA", None)
     log = lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)
     load_before = os.getloadavg()
     from llama_bench_build import llama_tools

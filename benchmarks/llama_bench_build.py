@@ -78,5 +78,9 @@ def llama_tools(version: str = LLAMA_CPP_PYTHON, isa: str = "native") -> dict[st
 
 
 if __name__ == "__main__":
-    print("\n".join(str(p) for p in llama_tools(isa=sys.argv[1] if len(sys.argv) > 1
-                                                 else "native").values()))
+    isa = sys.argv[1] if len(sys.argv) > 1 else "native"
+    if isa not in ISA_FLAGS:
+        print(f"llama_bench_build.py: unknown instruction path {isa!r}: use "
+              f"{' or '.join(ISA_FLAGS)}", file=sys.stderr)
+        sys.exit(2)
+    print("\n".join(str(p) for p in llama_tools(isa=isa).values()))
