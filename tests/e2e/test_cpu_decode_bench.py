@@ -146,7 +146,7 @@ def test_report_prints_machine_table_ratios_contention_and_fails_on_unequal_toke
     res.errors[Job("125m", "llama.cpp", "fp32", "b4")] = "llama-batched-bench exited with -6"
     res.pp[Job("125m", "astrai", "fp32", "b4")] = [900.0]
     res.tg[Job("125m", "astrai", "fp32", "b4")] = [150.0]
-    a = argparse.Namespace(threads=2, rounds=3, quick=True, seed=0)
+    a = argparse.Namespace(threads=2, rounds=3, quick=True, seed=0, isa="native")
     q = {"checkpoint": "ck", "tokens_scored": 10, "bytes": 40,
          "fp32": {"bpb": 2.0, "tokens": [[1, 2]]}, "int8": {"bpb": 2.0, "tokens": [[1, 2]]},
          "int4": {"bpb": 2.0, "tokens": [[1, 2]]},
@@ -158,11 +158,17 @@ def test_report_prints_machine_table_ratios_contention_and_fails_on_unequal_toke
     assert "read bandwidth (streaming sum, 2 threads, 1 GiB): 20.0 GB/s" in out
     assert "load average before: 0.50 0.40 0.30" in out and "load average after:" in out
     assert "bf16 ↔ bf16: skipped" in out and "llama-bench (125m): n_threads=2" in out
+    assert "instruction path: native (llama.cpp -DGGML_NATIVE=ON" in out
     assert re.search(r"\n  llama\.cpp f32 +4 concurrent +BROKEN: llama-batched-bench exited", out)
     assert re.search(r"\n  astrai fp32 +1 request +300\.0 \[290\.0–310\.0\] +60\.0 \[58\.0–62\.0\]", out)
     assert "tg128 1 request: astrai fp32 / llama.cpp f32 = 60.0 / 50.0 = 1.20" in out
     assert "4 concurrent: astrai fp32 / llama.cpp f32: no ratio (BROKEN: llama-batched" in out
     assert "contention 125m tg128 astrai fp32: 30.0 / 60.0 idle = 0.50 (target ≥ 0.4) PASS" in out
     assert "contention 125m tg128 llama.cpp f32: 10.0 / 50.0 idle = 0.20" in out
+    a.isa = "avx2"  # both tools on their AVX2 code: said in the header, bf16 skipped for it
+    assert not report.report(a, {"125m": s}, res, q, False, (0.5, 0.4, 0.3), cpu_decode.TARGETS)
+    out = capsys.readouterr().out
+    assert "instruction path: AVX2 + FMA on both (--isa avx2: llama.cpp -DGGML_NATIVE=OFF" in out
+    assert "bf16 ↔ bf16: skipped (--isa avx2)" in out
     q["f32"]["tokens"] = [[1, 3]]
     assert report.report(a, {"125m": s}, res, q, False, (0, 0, 0), cpu_decode.TARGETS)
