@@ -1637,6 +1637,14 @@ inline int64_t q4t_x(int64_t g) {
   return (g / (Q4S / G4)) * Q4S + 16 * (g % (Q4S / G4));
 }
 
+// The bytes and the scales of the tile holding row n0 of `mat` (int4 in tiles).
+inline const uint8_t* q4t_bytes(const Mat& mat, int64_t n0, int64_t K) {
+  return static_cast<const uint8_t*>(mat.w) + n0 / Q4T * (K / G4) * (Q4T * 16);
+}
+inline const uint16_t* q4t_scales(const Mat& mat, int64_t n0, int64_t K) {
+  return mat.scale16 + n0 / Q4T * (K / G4) * Q4T;
+}
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 inline __m512i q4t_dot(__m512i acc, __m512i u, const int8_t* x) {
   int32_t x4;
@@ -1816,9 +1824,8 @@ __attribute__((noinline)) void q4t_prefill(const QuantAct& qa, const int32_t* cg
 inline void q4t_prefill_rows(int mb, const Mat& mat, int64_t n0, const QuantAct& qa,
                              const int32_t* cg, int64_t m0, int64_t K, float* sums) {
   static_assert(MB == 4, "q4t_prefill_rows dispatches 1 to 4 rows");
-  const int64_t t = n0 / Q4T;
-  const uint8_t* w = static_cast<const uint8_t*>(mat.w) + t * (K / G4) * (Q4T * 16);
-  const uint16_t* d = mat.scale16 + t * (K / G4) * Q4T;
+  const uint8_t* w = q4t_bytes(mat, n0, K);
+  const uint16_t* d = q4t_scales(mat, n0, K);
   switch (mb) {
     case 4: return q4t_prefill<4>(qa, cg, m0, w, d, K, sums);
     case 3: return q4t_prefill<3>(qa, cg, m0, w, d, K, sums);
@@ -1853,9 +1860,8 @@ inline void q4t_set(int mb, int n, const TileRef* tiles, const QuantAct& qa,
   const uint8_t* w[4];
   const uint16_t* d[4];
   for (int s = 0; s < n; ++s) {
-    const int64_t tile = tiles[s].n0 / Q4T;
-    w[s] = static_cast<const uint8_t*>(tiles[s].mat->w) + tile * (K / G4) * (Q4T * 16);
-    d[s] = tiles[s].mat->scale16 + tile * (K / G4) * Q4T;
+    w[s] = q4t_bytes(*tiles[s].mat, tiles[s].n0, K);
+    d[s] = q4t_scales(*tiles[s].mat, tiles[s].n0, K);
   }
   switch (mb) {
     case 4: return q4t_set_rows<4>(n, qa, cg, m0, w, d, K, sums);
@@ -1881,9 +1887,9 @@ void q4t_offsets(const QuantAct& qa, int64_t M, int64_t K, std::vector<int32_t>&
 // A tile's weights as lane_product copies them (signed int8 [16][Kp], v = u - 8) and its
 // scales as fp32 [16][K / G4].
 void q4t_unpack(const Mat& mat, int64_t n0, int64_t K, int8_t* w, int64_t Kp, float* ds) {
-  const int64_t G = K / G4, tile = n0 / Q4T;
-  const uint8_t* q = static_cast<const uint8_t*>(mat.w) + tile * G * (Q4T * 16);
-  const uint16_t* d = mat.scale16 + tile * G * Q4T;
+  const int64_t G = K / G4;
+  const uint8_t* q = q4t_bytes(mat, n0, K);
+  const uint16_t* d = q4t_scales(mat, n0, K);
   const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
   alignas(64) int32_t v[8][Q4T];  // [lo 0..3, hi 0..3][row]: 4 values each
   for (int64_t g = 0; g < G; ++g) {
