@@ -125,6 +125,25 @@ def test_leading_dims_bf16_activations_and_strided_weights(ops):
     torch.testing.assert_close(got, ref, rtol=2 ** -7, atol=1e-2)
 
 
+@pytest.mark.parametrize("M,K,N", SHAPES)
+def test_bf16_activations_match_torch_and_each_row_alone(ops, M, K, N):
+    """bf16 activations against bf16 weights (vdpbf16ps where the CPU has AVX512-BF16: groups
+    of up to 4 rows, two accumulators a row, steps of 64 then 32 then a scalar tail): the fp32
+    sums of the bf16 values within fp32 rounding, rounded once to bf16, and each row the bits
+    it gets alone."""
+    o, _ = ops
+    g = torch.Generator().manual_seed(M * 1000 + K + N + 7)
+    x = torch.randn(M, K, generator=g).bfloat16()
+    w = torch.randn(N, K, generator=g).bfloat16()
+    got = o.gemv(x, w, None)
+    assert got.dtype == torch.bfloat16
+    ref = x.double() @ w.double().T
+    err = (got.double() - ref).abs()
+    assert bool((err <= bound(x.float(), w.float()) + 2 ** -8 * ref.abs()).all()), err.max()
+    alone = torch.cat([o.gemv(x[i:i + 1], w, None) for i in range(M)])
+    assert torch.equal(got, alone)
+
+
 @pytest.mark.parametrize("shape", [(1, 1, 768), (3, 5), (2, 1, 4, 64), (1, 1, 1)])
 def test_rms_norm_matches_the_model_norm(ops, shape):
     o, _ = ops
