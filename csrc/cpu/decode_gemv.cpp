@@ -97,7 +97,9 @@ constexpr int PF = ASTRAI_PF;
 // (int4) the decode steps per second of none, one request, 125m, 2 threads, on an AMD EPYC
 // (Zen 3) VM (1024: 1.10x / 1.11x; 4096: 1.05x / 1.15x), and nothing measurable with four;
 // the AVX-512 VNNI int8 product's one decode row 1.11x its bandwidth (12 layers of the 125m
-// shape) and engine tg128 1.11x (20 interleaved rounds) on a Xeon Ice Lake.
+// shape) and engine tg128 1.11x (20 interleaved rounds) on a Xeon Ice Lake. On an AMD EPYC
+// Zen 4 the int4 tiles keep it (none: 1b engine tg128 0.95x) and the VNNI int8 product goes
+// without (g_q8_prefetch).
 constexpr int QPF = ASTRAI_QPF;
 #ifndef ASTRAI_FPF
 #define ASTRAI_FPF 1024
