@@ -474,6 +474,18 @@ inline void store_tiles(float* const* sums, int n, const TileRef* tiles, int mb,
   }
 }
 
+// Activation rows [0, M) in groups of near equal size, at most `most` rows each (9 rows in
+// groups of up to 8 are 5 + 4, not 8 + 1): body(m0, mb) for each group in order.
+template <typename Body>
+inline void near_equal_groups(int64_t M, int most, Body body) {
+  const int64_t groups = (M + most - 1) / most;
+  for (int64_t g = 0, m0 = 0; g < groups; ++g) {
+    const int mb = static_cast<int>(M / groups + (g < M % groups));
+    body(m0, mb);
+    m0 += mb;
+  }
+}
+
 // One tile of a float-weight product, every activation row: groups of near equal size (9
 // rows are 5 + 4, not 8 + 1). Out of line: inlined into over_tiles' lambda, the 2- and 3-row
 // tiles ran 15-25% slower (GCC 12, AMD EPYC Zen 4).
@@ -482,14 +494,11 @@ __attribute__((noinline)) void float_rows(const Mat& mat, int64_t n0, int R, con
                                           int64_t M, int64_t K) {
   float sums[MBF * RT];
   const W* w = static_cast<const W*>(mat.w) + n0 * mat.ldw;
-  const int64_t groups = (M + MBF - 1) / MBF;
-  for (int64_t g = 0, m0 = 0; g < groups; ++g) {
-    const int mb = static_cast<int>(M / groups + (g < M % groups));
+  near_equal_groups(M, MBF, [&](int64_t m0, int mb) {
     if (mb > MB) wide_group(mb, R, x + m0 * K, K, w, mat.ldw, K, sums);
     else dot_group(mb, R, x + m0 * K, K, w, mat.ldw, K, sums);
     store(sums, mb, R, n0, mat.scale, mat.bias, mat.out + m0 * mat.N, mat.N);
-    m0 += mb;
-  }
+  });
 }
 
 // S weight rows (anywhere: wr[s]) against activation rows [0, MBv): out[s][m · RT], each
@@ -656,10 +665,8 @@ void gemv_bf16_dot(const c10::BFloat16* x, int64_t M, int64_t K, const std::vect
   over_tiles(mats, K, [&](const Mat& mat, int64_t n0, int R) {
     float sums[MB * RT];
     const c10::BFloat16* w = static_cast<const c10::BFloat16*>(mat.w) + n0 * mat.ldw;
-    // groups of near equal size, up to 4 rows (a tile's weights read once for 4 requests)
-    const int64_t groups = (M + 3) / 4;
-    for (int64_t g = 0, m0 = 0; g < groups; ++g) {
-      const int mb = static_cast<int>(M / groups + (g < M % groups));
+    // up to 4 rows a group (a tile's weights read once for 4 requests)
+    near_equal_groups(M, 4, [&](int64_t m0, int mb) {
       switch (mb) {
         case 4: bf16_rows<4>(R, x + m0 * K, K, w, mat.ldw, K, sums); break;
         case 3: bf16_rows<3>(R, x + m0 * K, K, w, mat.ldw, K, sums); break;
@@ -667,8 +674,7 @@ void gemv_bf16_dot(const c10::BFloat16* x, int64_t M, int64_t K, const std::vect
         default: bf16_rows<1>(R, x + m0 * K, K, w, mat.ldw, K, sums);
       }
       store(sums, mb, R, n0, mat.scale, mat.bias, mat.out + m0 * mat.N, mat.N);
-      m0 += mb;
-    }
+    });
   });
 }
 #else
