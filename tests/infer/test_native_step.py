@@ -154,7 +154,12 @@ def test_native_step_in_bf16():
     params = SamplingParams.greedy(6, logprobs=True)
     eng = engine(model)
     assert eng.stats().decode == "native"
+    native_run, logits = eng.decode_path.fast.run, []
+    eng.decode_path.fast.run = lambda batch: logits.append(native_run(batch)) or logits[-1]
     a, b = eng.generate(prompts, params), engine(model, "eager").generate(prompts, params)
+    # fp32 logits holding the bf16 head's values, as the eager path's .float() gives them
+    assert logits and all(x.dtype == torch.float32 for x in logits)
+    assert all(torch.equal(x, x.bfloat16().float()) for x in logits)
     for x, y in zip(a, b):
         assert x.token_ids[0] == y.token_ids[0]  # the prefill's token: no native step yet
         n = next((i for i, (s, t) in enumerate(zip(x.token_ids, y.token_ids)) if s != t),
