@@ -144,6 +144,29 @@ def test_bf16_activations_match_torch_and_each_row_alone(ops, M, K, N):
     assert torch.equal(got, alone)
 
 
+@pytest.mark.parametrize("K", [64, 96, 768, 801])
+def test_bf16_rows_alone_keep_their_bits_where_the_order_shows(ops, K):
+    """Each row's bits alone and in groups of 2 to 4, on sums whose fp32 rounding shows in
+    bf16: terms over 2⁻¹⁰..2¹⁰ that cancel to a small rest, so a different order of the same
+    additions moves the result by many bf16 steps (a row alone takes its own code path)."""
+    o, _ = ops
+    g = torch.Generator().manual_seed(K)
+    half = K // 2
+    scale = 2.0 ** torch.randint(-10, 11, (half,), generator=g)
+    x = torch.randn(4, half, generator=g) * scale
+    w = torch.randn(24, half, generator=g) * scale
+    noise = torch.randn(24, K - half, generator=g) * 1e-3
+    x = torch.cat([x, x, x[:, :K - 2 * half]], dim=1).bfloat16()
+    w = (torch.cat([w, -w, w[:, :K - 2 * half]], dim=1) + torch.cat(
+        [torch.zeros(24, half), noise], dim=1)).bfloat16()
+    alone = torch.cat([o.gemv(x[i:i + 1], w, None) for i in range(4)])
+    for m in (2, 3, 4):
+        assert torch.equal(o.gemv(x[:m], w, None), alone[:m])
+    # the data cancels: each sum is far below its terms' magnitude (float64, exact here)
+    assert bool(((x.double() @ w.double().T).abs()
+                 < 1e-3 * (x.double().abs() @ w.double().abs().T)).all())
+
+
 @pytest.mark.parametrize("shape", [(1, 1, 768), (3, 5), (2, 1, 4, 64), (1, 1, 1)])
 def test_rms_norm_matches_the_model_norm(ops, shape):
     o, _ = ops
