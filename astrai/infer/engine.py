@@ -119,7 +119,8 @@ class Engine:
                                        is not None else decode, self.scheduler.max_running)
         """How every step runs: native | graphs | static | eager (astrai.infer.decode_path)."""
         self.sampler = Sampler(p.device, seed,
-                               kernels.first_argmax if kernels is not None else None)
+                               kernels.first_argmax if kernels is not None else None,
+                               one_thread=kernels is not None)
         self.speculator = make_speculator(self, speculative, draft_model)
         self.intake = Intake(tokenizer, cfg.vocab_size, self.max_context, sched.prompt_overflow)
         self.streams = Streams()

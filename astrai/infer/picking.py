@@ -40,6 +40,12 @@ def pick_tokens(sampler: Sampler, speculator: Speculator | None, logits: torch.T
     proposals kept and the token after them. The plain rows sample together (with the
     grammar masks begun before the forward: constrained rows never speculate, so they are
     all plain); each speculating chunk's 1 + k rows are verified."""
+    with sampler.drawing():
+        return _pick_tokens(sampler, speculator, logits, chunks, masks)
+
+
+def _pick_tokens(sampler: Sampler, speculator: Speculator | None, logits: torch.Tensor,
+                 chunks: list[Chunk], masks: Future | None) -> list[list[Pick] | Exception]:
     if not any(c.draft for c in chunks):
         picks = sample_rows(sampler, logits, [c.req for c in chunks], masks)
         return [[p] if isinstance(p, Pick) else p for p in picks]
