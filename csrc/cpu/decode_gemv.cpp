@@ -658,7 +658,7 @@ inline void bf16_tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* 
 // takes the same products and additions, so the bits are the tile's (a row alone gets what it
 // gets in a group). One request's decode, 125m bf16, 2 cores of an AMD EPYC Zen 4, engine
 // tg128 in interleaved rounds: 1.06-1.09x the steps per second of the 512-bit tile (its
-// weights read as fp32 through the float tiles: 1.03-1.10x, other bits).
+// weights read as fp32 through the float tiles: 1.03-1.12x, other bits).
 inline void bf16_one(const c10::BFloat16* x, const c10::BFloat16* w, int64_t K, float* sums) {
   __m256 a0l = _mm256_setzero_ps(), a0h = a0l, a1l = a0l, a1h = a0l;
   const auto pairs = [](const c10::BFloat16* p) {
@@ -683,6 +683,7 @@ inline void bf16_one(const c10::BFloat16* x, const c10::BFloat16* w, int64_t K, 
   for (; k < K; ++k) s += static_cast<float>(x[k]) * static_cast<float>(w[k]);
   sums[0] = s;
 }
+
 // R rows one after another (a sequential stream, as dot_tile reads them).
 template <int MBv>
 inline void bf16_rows(int R, const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* w,
