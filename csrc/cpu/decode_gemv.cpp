@@ -608,14 +608,15 @@ void gemv_float_weights(const float* x, int64_t M, int64_t K, const std::vector<
 constexpr bool kBf16Dot = true;
 // Two accumulators a row (steps of 64 pairs, then one of 32, then the scalar tail), where one
 // chain of vdpbf16ps waited its latency each step, and groups of up to 4 activation rows
-// (gemv_bf16_dot; 2 before). Each row's sum is that sequence whatever rows share its tile.
-// With 2 to 4 activation rows a step's weights are asked for 1 KB ahead. 125m bf16, 2 cores,
-// AMD EPYC Zen 4, engine tg128, interleaved rounds: one request 1.06x, 4 requests 1.08x the
-// steps per second of one accumulator in pairs of rows, then the prefetch 1.25x of none (2 KB
-// 1.19x; one row 1.02x, so it reads without).
+// (gemv_bf16_dot; 2 before). Each row's sum is that sequence whatever rows share its tile;
+// one row alone takes it in 256-bit halves (bf16_one). A step's weights are asked for 1 KB
+// ahead. 125m bf16, 2 cores, AMD EPYC Zen 4, engine tg128, interleaved rounds: one request
+// 1.06x, 4 requests 1.08x the steps per second of one accumulator in pairs of rows, then the
+// prefetch 1.25x of none (2 KB 1.19x; one row 1.02x, so bf16_one reads without).
 template <int MBv, int R>
 inline void bf16_tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* w, int64_t ldw,
                       int64_t K, float* sums) {
+  static_assert(MBv >= 2, "one activation row: bf16_one");
   __m512 a0[MBv][R], a1[MBv][R];
   for (int m = 0; m < MBv; ++m)
     for (int r = 0; r < R; ++r) a0[m][r] = a1[m][r] = _mm512_setzero_ps();
@@ -628,9 +629,8 @@ inline void bf16_tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* 
       x1[m] = pairs(x + m * ldx + k + 32);
     }
     for (int r = 0; r < R; ++r) {
-      if (MBv > 1)  // both lines of the step's weights, 1 KB ahead (above)
-        for (int l = 0; l < 2; ++l)
-          _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + k) + 64 * l + 1024, _MM_HINT_T0);
+      for (int l = 0; l < 2; ++l)  // both lines of the step's weights, 1 KB ahead (above)
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + k) + 64 * l + 1024, _MM_HINT_T0);
       const __m512bh w0 = pairs(w + r * ldw + k), w1 = pairs(w + r * ldw + k + 32);
       for (int m = 0; m < MBv; ++m) {
         a0[m][r] = _mm512_dpbf16_ps(a0[m][r], x0[m], w0);
@@ -654,11 +654,11 @@ inline void bf16_tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* 
     }
 }
 
-// bf16_tile<1, 1>'s sum for one activation row, in 256-bit halves of its vectors: each lane
-// takes the same products and additions, so the bits are the tile's (a row alone gets what it
-// gets in a group). One request's decode, 125m bf16, 2 cores of an AMD EPYC Zen 4, engine
-// tg128 in interleaved rounds: 1.06-1.09x the steps per second of the 512-bit tile (its
-// weights read as fp32 through the float tiles: 1.03-1.12x, other bits).
+// The sum bf16_tile gives each of its rows, for one activation row, in 256-bit halves of its
+// vectors: each lane takes the same products and additions, so the bits are the tile's (a row
+// alone gets what it gets in a group). One request's decode, 125m bf16, 2 cores of an AMD
+// EPYC Zen 4, engine tg128 in interleaved rounds: 1.06-1.09x the steps per second of the
+// 512-bit tile (its weights read as fp32 through the float tiles: 1.03-1.12x, other bits).
 inline void bf16_one(const c10::BFloat16* x, const c10::BFloat16* w, int64_t K, float* sums) {
   __m256 a0l = _mm256_setzero_ps(), a0h = a0l, a1l = a0l, a1h = a0l;
   const auto pairs = [](const c10::BFloat16* p) {
@@ -688,11 +688,9 @@ inline void bf16_one(const c10::BFloat16* x, const c10::BFloat16* w, int64_t K, 
 template <int MBv>
 inline void bf16_rows(int R, const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* w,
                       int64_t ldw, int64_t K, float* sums) {
-  if constexpr (MBv == 1) {
-    for (int r = 0; r < R; ++r) bf16_one(x, w + r * ldw, K, sums + r);
-    return;
-  }
-  for (int r = 0; r < R; ++r) bf16_tile<MBv, 1>(x, ldx, w + r * ldw, ldw, K, sums + r);
+  for (int r = 0; r < R; ++r)
+    if constexpr (MBv == 1) bf16_one(x, w + r * ldw, K, sums + r);
+    else bf16_tile<MBv, 1>(x, ldx, w + r * ldw, ldw, K, sums + r);
 }
 
 void gemv_bf16_dot(const c10::BFloat16* x, int64_t M, int64_t K, const std::vector<Mat>& mats) {
