@@ -43,6 +43,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/linear.h>
 #include <c10/util/BFloat16.h>
 #include <torch/custom_class.h>
@@ -51,11 +52,14 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <type_traits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "work_share.h"
@@ -101,6 +105,22 @@ constexpr int PF = ASTRAI_PF;
 // Zen 4 the int4 tiles keep it (none: 1b engine tg128 0.95x) and the VNNI int8 product goes
 // without (g_q8_prefetch).
 constexpr int QPF = ASTRAI_QPF;
+// The int4 tiles' prefetches on an AMD CPU are non-temporal: a line fetched from memory by
+// PREFETCHNTA is not kept in the L2 and L3 when it leaves the L1, so a step's weights do not
+// push out what the next step reads again (the K/V cache, activations, the interpreter
+// between steps). 125m int4, one request, 2 cores of an AMD EPYC Zen 4, engine tg128 in
+// interleaved rounds: 1.07-1.11x the steps per second of PREFETCHT0 (4 requests 1.01x, the
+// 1b shape, whose steps are longer, 1.02x). The VNNI int8 product, which reads without
+// software prefetch there, lost with either hint (0.91x).
+bool q4_nta() {
+  __builtin_cpu_init();
+  return __builtin_cpu_is("amd");
+}
+const bool g_q4_nta = q4_nta();
+inline void fetch_q4(const uint8_t* p) {
+  if (g_q4_nta) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_NTA);
+  else _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+}
 #ifndef ASTRAI_FPF
 #define ASTRAI_FPF 1024
 #endif
@@ -1759,7 +1779,7 @@ __attribute__((noinline)) void q4t_tiles(const QuantAct& qa, const int32_t* cg, 
       const uint8_t* p = w[s] + g * (Q4T * 16);
       __m512i lo[4], hi[4];
       for (int i = 0; i < 4; ++i) {
-        if (QPF) _mm_prefetch(reinterpret_cast<const char*>(p) + 64 * i + QPF, _MM_HINT_T0);
+        if (QPF) fetch_q4(p + 64 * i + QPF);
         const __m512i bytes = _mm512_loadu_si512(p + 64 * i);
         lo[i] = _mm512_and_si512(bytes, low);
 #if defined(__AVX512VNNI__)
@@ -1811,8 +1831,7 @@ __attribute__((noinline)) void q4t_tiles(const QuantAct& qa, const int32_t* cg, 
     for (int s = 0; s < S; ++s) {
       const uint8_t* p = w[s] + g * (Q4T * 16);
       if (QPF)
-        for (int i = 0; i < 4; ++i)
-          _mm_prefetch(reinterpret_cast<const char*>(p) + 64 * i + QPF, _MM_HINT_T0);
+        for (int i = 0; i < 4; ++i) fetch_q4(p + 64 * i + QPF);
       for (int h = 0; h < 2; ++h) {  // rows 8h..8h + 7
         __m256i lo[4], hi[4];
         for (int i = 0; i < 4; ++i) {
@@ -2507,6 +2526,37 @@ int64_t set_streams(int64_t n) {
   return streams();
 }
 
+// The work-sharing loop over n items in pieces of at least `grain`, for tests: [2, n] int64,
+// row 0 how many times item i ran (once), row 1 whether the calling thread ran it. The first
+// piece each worker runs sleeps stall_us first, as a thread the OS deschedules mid-piece.
+at::Tensor share_probe(int64_t n, int64_t grain, int64_t stall_us) {
+  TORCH_CHECK(n >= 1 && grain >= 1 && stall_us >= 0, "share_probe: n, grain >= 1, stall_us >= 0");
+  std::vector<std::atomic<int64_t>> runs(n);
+  at::Tensor out = at::zeros({2, n}, at::kLong);
+  int64_t* by_caller = out.data_ptr<int64_t>() + n;
+  const std::thread::id caller = std::this_thread::get_id();
+  std::mutex mu;
+  std::vector<std::thread::id> stalled;
+  work_share::parallel(n, grain, [&](int64_t i0, int64_t i1) {
+    const std::thread::id me = std::this_thread::get_id();
+    const bool mine = me == caller;
+    if (!mine && stall_us > 0) {
+      std::unique_lock<std::mutex> lk(mu);
+      if (std::find(stalled.begin(), stalled.end(), me) == stalled.end()) {
+        stalled.push_back(me);
+        lk.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(stall_us));
+      }
+    }
+    for (int64_t i = i0; i < i1; ++i) {
+      runs[i].fetch_add(1);
+      by_caller[i] = mine;
+    }
+  });
+  for (int64_t i = 0; i < n; ++i) out.data_ptr<int64_t>()[i] = runs[i].load();
+  return out;
+}
+
 // decode_layers' per-block weight order by name: astrai/infer/native_step.py packs each
 // block's weights by these names, so the order lives here alone.
 std::vector<std::string> slot_names() {
@@ -2537,6 +2587,7 @@ TORCH_LIBRARY(ASTRAI_CPU_NS, m) {
   m.def("info() -> int[]", &info);
   m.def("slot_names() -> str[]", &slot_names);
   m.def("set_streams(int n) -> int", &set_streams);
+  m.def("share_probe(int n, int grain, int stall_us) -> Tensor", &share_probe);
   m.impl("gemv", c10::DispatchKey::CPU, &gemv);
   m.impl("gemv_int8", c10::DispatchKey::CPU, &gemv_int8);
   m.impl("gemv_q8", c10::DispatchKey::CPU, &gemv_q8);
