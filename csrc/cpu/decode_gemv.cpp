@@ -105,22 +105,6 @@ constexpr int PF = ASTRAI_PF;
 // Zen 4 the int4 tiles keep it (none: 1b engine tg128 0.95x) and the VNNI int8 product goes
 // without (g_q8_prefetch).
 constexpr int QPF = ASTRAI_QPF;
-// The int4 tiles' prefetches on an AMD CPU are non-temporal: a line fetched from memory by
-// PREFETCHNTA is not kept in the L2 and L3 when it leaves the L1, so a step's weights do not
-// push out what the next step reads again (the K/V cache, activations, the interpreter
-// between steps). 125m int4, one request, 2 cores of an AMD EPYC Zen 4, engine tg128 in
-// interleaved rounds: 1.07-1.11x the steps per second of PREFETCHT0 (4 requests 1.01x, the
-// 1b shape, whose steps are longer, 1.02x). The VNNI int8 product, which reads without
-// software prefetch there, lost with either hint (0.91x).
-bool q4_nta() {
-  __builtin_cpu_init();
-  return __builtin_cpu_is("amd");
-}
-const bool g_q4_nta = q4_nta();
-inline void fetch_q4(const uint8_t* p) {
-  if (g_q4_nta) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_NTA);
-  else _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
-}
 #ifndef ASTRAI_FPF
 #define ASTRAI_FPF 1024
 #endif
@@ -1779,7 +1763,7 @@ __attribute__((noinline)) void q4t_tiles(const QuantAct& qa, const int32_t* cg, 
       const uint8_t* p = w[s] + g * (Q4T * 16);
       __m512i lo[4], hi[4];
       for (int i = 0; i < 4; ++i) {
-        if (QPF) fetch_q4(p + 64 * i + QPF);
+        if (QPF) _mm_prefetch(reinterpret_cast<const char*>(p) + 64 * i + QPF, _MM_HINT_T0);
         const __m512i bytes = _mm512_loadu_si512(p + 64 * i);
         lo[i] = _mm512_and_si512(bytes, low);
 #if defined(__AVX512VNNI__)
@@ -1831,7 +1815,8 @@ __attribute__((noinline)) void q4t_tiles(const QuantAct& qa, const int32_t* cg, 
     for (int s = 0; s < S; ++s) {
       const uint8_t* p = w[s] + g * (Q4T * 16);
       if (QPF)
-        for (int i = 0; i < 4; ++i) fetch_q4(p + 64 * i + QPF);
+        for (int i = 0; i < 4; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(p) + 64 * i + QPF, _MM_HINT_T0);
       for (int h = 0; h < 2; ++h) {  // rows 8h..8h + 7
         __m256i lo[4], hi[4];
         for (int i = 0; i < 4; ++i) {
