@@ -15,6 +15,11 @@ from astrai.infer.request import Request
 from astrai.infer.structured import ConstraintError, fill_bitmask, matcher_error
 
 
+CANDIDATES = 1024
+"""The largest logits a row's draw looks at where its masks (top-k, top-p) keep no more
+(Sampler._draw_candidates); a top-p whose nucleus they do not hold draws from the whole row."""
+
+
 @dataclass
 class PenaltyState:
     """One request's running statistics for the penalties."""
@@ -197,6 +202,9 @@ class Sampler:
             torch.full((rows,), p.presence_penalty, **f32))
 
     def _draw(self, logits: torch.Tensor, reqs: list[Request], greedy: list[bool]) -> torch.Tensor:
+        drawn = self._draw_candidates(logits, reqs, greedy)
+        if drawn is not None:
+            return drawn
         ps = [r.params for r in reqs]
         probs = self.warp(logits, ps).softmax(dim=-1)
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
@@ -205,6 +213,39 @@ class Sampler:
                 g = torch.Generator(device=self.device).manual_seed(S.seed_for(p.seed, r.num_output))
                 noise[b].exponential_(generator=g)
         sampled = S.exponential_race(probs, noise)
+        if any(greedy):
+            g = torch.tensor(greedy, device=self.device)
+            sampled = torch.where(g, S.first_argmax(logits), sampled)
+        return sampled
+
+    def _draw_candidates(self, logits: torch.Tensor, reqs: list[Request],
+                         greedy: list[bool]) -> torch.Tensor | None:
+        """The draw over each row's candidates (S.candidates: its CANDIDATES largest logits)
+        where they hold what its masks keep, else None (the whole row's draw). Where every
+        sampling row has a top-k or a top-p the distribution is the same: the masks and the
+        exponential race over the candidates alone, instead of a sort and a noise value for
+        each of the V tokens of every row. A seeded row's noise goes to its kept tokens in
+        the order of their ids, one value each, so its draw does not depend on the batch."""
+        ps = [r.params for r in reqs]
+        f32 = {"dtype": torch.float32, "device": self.device}
+        x = S.apply_temperature(logits, torch.tensor([p.temperature for p in ps], **f32))
+        cand = S.candidates(
+            x, torch.tensor([1 if g else p.top_k for p, g in zip(ps, greedy)], device=self.device),
+            torch.tensor([1.0 if g else p.top_p for p, g in zip(ps, greedy)], **f32),
+            torch.tensor([0.0 if g else p.min_p for p, g in zip(ps, greedy)], **f32),
+            CANDIDATES)
+        if cand is None:
+            return None
+        ids, w = cand
+        probs = w.softmax(dim=-1)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        for b, (r, p) in enumerate(zip(reqs, ps)):
+            if p.seed is not None and not greedy[b]:
+                kept = (w[b] > S.NEG_INF).nonzero().flatten()
+                kept = kept[ids[b, kept].argsort()]  # by token id
+                g = torch.Generator(device=self.device).manual_seed(S.seed_for(p.seed, r.num_output))
+                noise[b, kept] = torch.empty(len(kept), **f32).exponential_(generator=g)
+        sampled = ids.gather(1, S.exponential_race(probs, noise)[:, None]).squeeze(1)
         if any(greedy):
             g = torch.tensor(greedy, device=self.device)
             sampled = torch.where(g, S.first_argmax(logits), sampled)

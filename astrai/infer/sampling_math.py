@@ -80,6 +80,48 @@ def min_p_mask(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < thresh, NEG_INF)
 
 
+def candidates(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+               min_p: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """What `top_k_mask`, `top_p_mask` and `min_p_mask` (in that order) leave of
+    temperature-scaled logits x [B, V], over each row's `cap` largest logits only: (ids, w)
+    [B, C], the candidate token ids and their logits (-inf where masked), C <= cap. None
+    when a row's kept set might reach past its candidates: a row with neither top-k nor
+    top-p (k <= 0, p >= 1), a top-k wider than `cap` or whose ties run past it, a top-p
+    whose mass the `cap` largest do not reach. The masks are the same arithmetic on fewer
+    tokens: the k-th largest value, the probabilities of the top-k set (of the whole row
+    where no top-k applies: its log-normalizer over V), each token's mass ranked above it."""
+    B, V = x.shape
+    k = torch.where((top_k <= 0) | (top_k > V), torch.full_like(top_k, V), top_k)
+    limited = k < V
+    if bool((~limited & (top_p >= 1.0)).any()) or int(torch.where(limited, k, 0).max()) > cap:
+        return None
+    C = min(V, cap if not bool(limited.all()) else int(k.max()))
+    log_z_row = None if bool(limited.all()) else x.logsumexp(dim=-1)  # the whole row's
+    if log_z_row is not None and bool(
+            (~limited & ((x.amax(dim=-1) - log_z_row).exp() * C < top_p)).any()):
+        return None  # C tokens of at most the top one's probability cannot reach p
+    w, ids = x.topk(C, dim=-1)  # (B, C) descending
+    kth = w.gather(1, (k.clamp(max=C) - 1).long()[:, None])  # the k-th largest (top-k rows)
+    if bool(((x >= kth).sum(dim=-1) > C)[limited].any()):
+        return None  # ties with the k-th largest run past the candidates
+    cols = torch.arange(C, device=x.device)[None]
+    w = w.masked_fill(limited[:, None] & (w < kth), NEG_INF)
+    # top-p over the top-k set (softmax of the masked row) or over the whole row
+    log_z = w.logsumexp(dim=-1)
+    if log_z_row is not None:
+        log_z = torch.where(limited, log_z, log_z_row)
+    probs = (w - log_z[:, None]).exp()
+    mass_before = probs.cumsum(dim=-1) - probs
+    nucleus = top_p < 1.0
+    if bool((nucleus & ~limited & (mass_before[:, -1] + probs[:, -1] < top_p)).any()):
+        return None  # the cap largest do not hold the nucleus
+    drop = (mass_before >= top_p[:, None]) & nucleus[:, None] & (cols > 0)
+    w = w.masked_fill(drop, NEG_INF)
+    # min-p: a kept token's probability against the top one's, exp(w - w_max)
+    low = (w - w[:, :1]).exp() < min_p[:, None]
+    return ids, w.masked_fill(low & (min_p[:, None] > 0), NEG_INF)
+
+
 def first_argmax(x: torch.Tensor) -> torch.Tensor:
     """The index of each row's first maximum, [B, V] -> [B], as argmax gives it; torch's
     max reduction returns the same index (documented: the first maximal value) and on a

@@ -12,9 +12,9 @@
 // finish it. A home range is one sequential stream of a product's weights, which the hardware
 // prefetchers follow across its pieces; pieces handed out one at a time from one counter
 // interleaved the threads piece by piece, every piece a new stream (AMD EPYC Zen 4, 125m, one
-// request, engine tg128, interleaved rounds: home ranges 1.05-1.14x the steps per second for
-// int4 and int8, 1.06x bf16, 1.09x fp32; one piece a thread, which gives the contention up,
-// 1.08-1.14x for int4).
+// request, engine tg128, interleaved rounds over three processes a build: home ranges 1.24x
+// the steps per second for int4, 1.10x int8, 1.03x bf16; fp32, at the read bandwidth's floor,
+// 1.01x; docs/kernels.md).
 //
 // Idle workers spin briefly for the next loop (a decode step's loops are microseconds apart),
 // then sleep on a condition variable: they never hold a core the caller or another process
