@@ -243,7 +243,8 @@ class Sampler:
             if p.seed is not None and not greedy[b]:
                 kept = (w[b] > S.NEG_INF).nonzero().flatten()
                 kept = kept[ids[b, kept].argsort()]  # by token id
-                g = torch.Generator(device=self.device).manual_seed(S.seed_for(p.seed, r.num_output))
+                seed = S.seed_for(p.seed, r.num_output)
+                g = torch.Generator(device=self.device).manual_seed(seed)
                 noise[b, kept] = torch.empty(len(kept), **f32).exponential_(generator=g)
         sampled = ids.gather(1, S.exponential_race(probs, noise)[:, None]).squeeze(1)
         if any(greedy):

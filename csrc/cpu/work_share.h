@@ -18,8 +18,9 @@
 //
 // Idle workers spin briefly for the next loop (a decode step's loops are microseconds apart),
 // yielding their core after the first microseconds, then sleep on a condition variable: they
-// never hold a core the caller or another process needs. The pool has at::get_num_threads() - 1 workers (--threads / torch.set_num_threads),
-// made on first use and again after a fork (the child has no threads).
+// never hold a core the caller or another process needs. The pool has at::get_num_threads() - 1
+// workers (--threads / torch.set_num_threads), made on first use and again after a fork (the
+// child has no threads).
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -55,9 +56,9 @@ inline int64_t range_start(int64_t n, int r, int parts) { return n * r / parts; 
 
 // An idle worker waits for the next loop with kPauses pauses (~50 µs on an AMD EPYC Zen 4: a
 // decode step's loops come sooner), then kYields calls to sched_yield (~0.2 ms where nothing
-// else wants the core, about the engine's Python between two steps), then sleeps. Yielding rather
-// than pausing gives the core to a thread that wants it: with one busy process beside a
-// 2-core decode (three threads for two cores) it is often the caller, whose step waits.
+// else wants the core, about the engine's Python between two steps), then sleeps. Yielding
+// rather than pausing gives the core to a thread that wants it: with one busy process beside
+// a 2-core decode (three threads for two cores) it is often the caller, whose step waits.
 // 125m int8, one request, engine tg128, 2 processes a build, interleaved: beside a busy
 // process 1.56x the tokens per second of 20,000 pauses; alone 1.04x.
 constexpr int kPauses = 2000, kYields = 450;
