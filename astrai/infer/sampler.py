@@ -202,17 +202,9 @@ class Sampler:
             torch.full((rows,), p.presence_penalty, **f32))
 
     def _draw(self, logits: torch.Tensor, reqs: list[Request], greedy: list[bool]) -> torch.Tensor:
-        drawn = self._draw_candidates(logits, reqs, greedy)
-        if drawn is not None:
-            return drawn
-        ps = [r.params for r in reqs]
-        probs = self.warp(logits, ps).softmax(dim=-1)
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)
-        for b, (r, p) in enumerate(zip(reqs, ps)):
-            if p.seed is not None and not greedy[b]:
-                g = torch.Generator(device=self.device).manual_seed(S.seed_for(p.seed, r.num_output))
-                noise[b].exponential_(generator=g)
-        sampled = S.exponential_race(probs, noise)
+        sampled = self._draw_candidates(logits, reqs, greedy)
+        if sampled is None:
+            sampled = self._draw_whole_rows(logits, reqs, greedy)
         if any(greedy):
             g = torch.tensor(greedy, device=self.device)
             sampled = torch.where(g, S.first_argmax(logits), sampled)
@@ -221,7 +213,8 @@ class Sampler:
     def _draw_candidates(self, logits: torch.Tensor, reqs: list[Request],
                          greedy: list[bool]) -> torch.Tensor | None:
         """The draw over each row's candidates (S.candidates: its CANDIDATES largest logits)
-        where they hold what its masks keep, else None (the whole row's draw). Where every
+        where they hold what its masks keep, else None (_draw_whole_rows); greedy rows' picks
+        are _draw's. Where every
         sampling row has a top-k or a top-p the distribution is the same: the masks and the
         exponential race over the candidates alone, instead of a sort and a noise value for
         each of the V tokens of every row. A seeded row's noise goes to its kept tokens in
@@ -246,8 +239,17 @@ class Sampler:
                 seed = S.seed_for(p.seed, r.num_output)
                 g = torch.Generator(device=self.device).manual_seed(seed)
                 noise[b, kept] = torch.empty(len(kept), **f32).exponential_(generator=g)
-        sampled = ids.gather(1, S.exponential_race(probs, noise)[:, None]).squeeze(1)
-        if any(greedy):
-            g = torch.tensor(greedy, device=self.device)
-            sampled = torch.where(g, S.first_argmax(logits), sampled)
-        return sampled
+        return ids.gather(1, S.exponential_race(probs, noise)[:, None]).squeeze(1)
+
+    def _draw_whole_rows(self, logits: torch.Tensor, reqs: list[Request],
+                         greedy: list[bool]) -> torch.Tensor:
+        """The draw over every token of each row: the masks, then the exponential race with a
+        noise value per token (a seeded row's from its own generator)."""
+        ps = [r.params for r in reqs]
+        probs = self.warp(logits, ps).softmax(dim=-1)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        for b, (r, p) in enumerate(zip(reqs, ps)):
+            if p.seed is not None and not greedy[b]:
+                g = torch.Generator(device=self.device).manual_seed(S.seed_for(p.seed, r.num_output))
+                noise[b].exponential_(generator=g)
+        return S.exponential_race(probs, noise)
