@@ -169,8 +169,16 @@ class Sampler:
         """Temperature, then the top-k, top-p and min-p masks of each row's params (`ps`,
         one per row) over penalised logits [B, V]; softmax of the result is what a row
         draws from."""
+        return self.masks(self.tempered(logits, ps), ps)
+
+    def tempered(self, logits: torch.Tensor, ps: list) -> torch.Tensor:
+        """Logits [B, V] divided by each row's temperature."""
+        t = torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=self.device)
+        return S.apply_temperature(logits, t)
+
+    def masks(self, x: torch.Tensor, ps: list) -> torch.Tensor:
+        """The top-k, top-p and min-p masks of each row's params over tempered logits x."""
         f32 = {"dtype": torch.float32, "device": self.device}
-        x = S.apply_temperature(logits, torch.tensor([p.temperature for p in ps], **f32))
         if any(p.top_k > 0 for p in ps):
             x = S.top_k_mask(x, torch.tensor([max(p.top_k, 0) for p in ps], device=self.device))
         if any(p.top_p < 1.0 for p in ps):
@@ -202,17 +210,18 @@ class Sampler:
             torch.full((rows,), p.presence_penalty, **f32))
 
     def _draw(self, logits: torch.Tensor, reqs: list[Request], greedy: list[bool]) -> torch.Tensor:
-        sampled = self._draw_candidates(logits, reqs, greedy)
+        x = self.tempered(logits, [r.params for r in reqs])  # once, for either draw
+        sampled = self._draw_candidates(x, reqs, greedy)
         if sampled is None:
-            sampled = self._draw_whole_rows(logits, reqs, greedy)
+            sampled = self._draw_whole_rows(x, reqs, greedy)
         if any(greedy):
             g = torch.tensor(greedy, device=self.device)
             sampled = torch.where(g, S.first_argmax(logits), sampled)
         return sampled
 
-    def _draw_candidates(self, logits: torch.Tensor, reqs: list[Request],
+    def _draw_candidates(self, x: torch.Tensor, reqs: list[Request],
                          greedy: list[bool]) -> torch.Tensor | None:
-        """The draw over each row's candidates (S.candidates: its CANDIDATES largest logits)
+        """The draw from tempered logits x [B, V] over each row's candidates (S.candidates: its CANDIDATES largest logits)
         where they hold what its masks keep, else None (_draw_whole_rows); greedy rows' picks
         are _draw's. Where every
         sampling row has a top-k or a top-p the distribution is the same: the masks and the
@@ -221,7 +230,6 @@ class Sampler:
         the order of their ids, one value each, so its draw does not depend on the batch."""
         ps = [r.params for r in reqs]
         f32 = {"dtype": torch.float32, "device": self.device}
-        x = S.apply_temperature(logits, torch.tensor([p.temperature for p in ps], **f32))
         cand = S.candidates(
             x, torch.tensor([1 if g else p.top_k for p, g in zip(ps, greedy)], device=self.device),
             torch.tensor([1.0 if g else p.top_p for p, g in zip(ps, greedy)], **f32),
@@ -241,12 +249,13 @@ class Sampler:
                 noise[b, kept] = torch.empty(len(kept), **f32).exponential_(generator=g)
         return ids.gather(1, S.exponential_race(probs, noise)[:, None]).squeeze(1)
 
-    def _draw_whole_rows(self, logits: torch.Tensor, reqs: list[Request],
+    def _draw_whole_rows(self, x: torch.Tensor, reqs: list[Request],
                          greedy: list[bool]) -> torch.Tensor:
-        """The draw over every token of each row: the masks, then the exponential race with a
-        noise value per token (a seeded row's from its own generator)."""
+        """The draw from tempered logits x [B, V] over every token of each row: the masks,
+        then the exponential race with a noise value per token (a seeded row's from its own
+        generator)."""
         ps = [r.params for r in reqs]
-        probs = self.warp(logits, ps).softmax(dim=-1)
+        probs = self.masks(x, ps).softmax(dim=-1)
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
         for b, (r, p) in enumerate(zip(reqs, ps)):
             if p.seed is not None and not greedy[b]:

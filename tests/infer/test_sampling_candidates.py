@@ -92,7 +92,8 @@ def test_the_draw_is_the_masked_softmax(params):
     sampler = Sampler("cpu", seed=0)
     rows = x.expand(n, V).contiguous()
     reqs = reqs_of([params] * n)
-    assert sampler._draw_candidates(rows, reqs, [False] * n) is not None  # the new path
+    tempered = sampler.tempered(rows, [params] * n)
+    assert sampler._draw_candidates(tempered, reqs, [False] * n) is not None  # the new path
     tokens = sampler._draw(rows, reqs, [False] * n)
     freq = torch.bincount(tokens, minlength=V).float() / n
     t = torch.tensor([params.temperature])
