@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop("ASTRAI_CPU_ISA", None)
     log = lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)
     load_before = os.getloadavg()
-    from llama_bench_build import llama_tools
+    from llama_bench_build import llama_binding, llama_tools
 
     log("llama.cpp tools (built once, cached)")
     tools = llama_tools(isa=a.isa)
@@ -161,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         if not a.no_quality:
             import cpu_decode_quality
 
+            log("llama-cpp-python for the quality columns (installed once)")
+            if (note := llama_binding()) is not None:
+                log(note)
             log(f"quality model: {a.quality_checkpoint or f'astrai quickstart --steps {steps}'}"
                 ", bits per byte, greedy tokens")
             quality = cpu_decode_quality.measure(work, steps, a.threads, a.quality_checkpoint)

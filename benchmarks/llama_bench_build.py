@@ -14,10 +14,15 @@ one of two instruction paths:
   so an AVX-512 machine can set it beside astrai's AVX2 build (`ASTRAI_CPU_ISA=avx2`).
 
     python benchmarks/llama_bench_build.py [native|avx2]   # prints the binaries' paths
+
+The quality columns read bits per byte and greedy tokens through the Python binding of the
+same llama.cpp; `llama_binding()` installs llama-cpp-python from the same sdist where it is
+missing (the library only, portable, as .ci/run builds it: minutes the first time).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -75,6 +80,41 @@ def llama_tools(version: str = LLAMA_CPP_PYTHON, isa: str = "native") -> dict[st
                 raise RuntimeError(f"building llama.cpp's tools failed ({' '.join(cmd[:3])}"
                                    f"...); see {log}")
     return paths
+
+
+BINDING_CMAKE_ARGS = ("-DLLAVA_BUILD=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF "
+                      "-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF "
+                      "-DGGML_OPENMP=OFF")
+"""The binding's build (.ci/run's): the library alone, portable, no OpenMP."""
+
+
+def llama_binding(version: str = LLAMA_CPP_PYTHON) -> str | None:
+    """Install llama-cpp-python `version` from the cached sdist where none is installed;
+    None when that version is there, else a line to print: another version found (used as
+    it is, never replaced), or why the install failed (the quality columns then say
+    BROKEN)."""
+    try:
+        have = importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        have = None
+    if have is not None:
+        return None if have == version else (
+            f"llama-cpp-python {have} is installed, not {version}: the quality columns use it")
+    root = cache_dir(version)
+    root.mkdir(parents=True, exist_ok=True)
+    _source(root, version)
+    sdist = root / f"llama_cpp_python-{version}.tar.gz"
+    constraints = Path(__file__).resolve().parent.parent / "constraints.txt"
+    log = root / "binding.log"
+    env = {**os.environ, "CMAKE_ARGS": BINDING_CMAKE_ARGS,
+           "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+    with log.open("w") as out:
+        r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", str(sdist),
+                            "-c", str(constraints)],
+                           stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
+    if r.returncode != 0:
+        return f"installing llama-cpp-python {version} failed (pip exited {r.returncode}); see {log}"
+    return None
 
 
 if __name__ == "__main__":
