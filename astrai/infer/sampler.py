@@ -221,10 +221,10 @@ class Sampler:
 
     def _draw_candidates(self, x: torch.Tensor, reqs: list[Request],
                          greedy: list[bool]) -> torch.Tensor | None:
-        """The draw from tempered logits x [B, V] over each row's candidates (S.candidates: its CANDIDATES largest logits)
-        where they hold what its masks keep, else None (_draw_whole_rows); greedy rows' picks
-        are _draw's. Where every
-        sampling row has a top-k or a top-p the distribution is the same: the masks and the
+        """The draw from tempered logits x [B, V] over each row's candidates (S.candidates:
+        its CANDIDATES largest logits) where they hold what its masks keep, else None
+        (_draw_whole_rows); greedy rows' picks are _draw's. Where every sampling row has a
+        top-k or a top-p the distribution is the same: the masks and the
         exponential race over the candidates alone, instead of a sort and a noise value for
         each of the V tokens of every row. A seeded row's noise goes to its kept tokens in
         the order of their ids, one value each, so its draw does not depend on the batch."""

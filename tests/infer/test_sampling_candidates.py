@@ -103,6 +103,28 @@ def test_the_draw_is_the_masked_softmax(params):
     torch.testing.assert_close(freq, want, atol=0.01, rtol=0)
 
 
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.5),
+    SamplingParams(temperature=2.0, min_p=0.05),
+])
+def test_the_whole_row_draw_is_the_tempered_softmax(params):
+    """Rows the candidates cannot serve (no top-k, no top-p) draw over the whole row: each
+    token's frequency over 40,000 draws within 0.01 of the tempered, masked softmax."""
+    V, n = 400, 40_000
+    x = logits(1, V, 4, scale=1.0)
+    sampler = Sampler("cpu", seed=0)
+    rows = x.expand(n, V).contiguous()
+    reqs = reqs_of([params] * n)
+    tempered = sampler.tempered(rows, [params] * n)
+    assert sampler._draw_candidates(tempered, reqs, [False] * n) is None  # the whole row
+    tokens = sampler._draw(rows, reqs, [False] * n)
+    freq = torch.bincount(tokens, minlength=V).float() / n
+    t = torch.tensor([params.temperature])
+    want = S.min_p_mask(S.apply_temperature(x, t), torch.tensor([params.min_p])).softmax(-1)[0]
+    assert freq[want == 0].sum() == 0
+    torch.testing.assert_close(freq, want, atol=0.01, rtol=0)
+
+
 def test_a_seeded_row_draws_the_same_whatever_its_batch():
     """A seeded row beside rows whose top-k (so the candidates' width) and seeds differ, and
     alone: the same token each time, for 50 seeds; other seeds give other tokens."""
