@@ -45,17 +45,22 @@ def cache_dir(version: str = LLAMA_CPP_PYTHON) -> Path:
     return Path.home() / ".cache" / "astrai" / f"llama.cpp-{version}"
 
 
-def _source(root: Path, version: str) -> Path:
-    """The vendored llama.cpp of llama-cpp-python's sdist, downloaded and unpacked once."""
-    src = root / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
-    if (src / "CMakeLists.txt").is_file():
-        return src
+def _sdist(root: Path, version: str) -> Path:
+    """llama-cpp-python's sdist, downloaded into `root` once."""
     sdist = root / f"llama_cpp_python-{version}.tar.gz"
     if not sdist.is_file():
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:",
                         "--no-deps", f"llama-cpp-python=={version}", "-d", str(root)],
                        check=True, capture_output=True)
-    with tarfile.open(sdist) as tar:
+    return sdist
+
+
+def _source(root: Path, version: str) -> Path:
+    """The vendored llama.cpp of llama-cpp-python's sdist, downloaded and unpacked once."""
+    src = root / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
+    if (src / "CMakeLists.txt").is_file():
+        return src
+    with tarfile.open(_sdist(root, version)) as tar:
         tar.extractall(root, filter="data")
     return src
 
@@ -102,8 +107,7 @@ def llama_binding(version: str = LLAMA_CPP_PYTHON) -> str | None:
             f"llama-cpp-python {have} is installed, not {version}: the quality columns use it")
     root = cache_dir(version)
     root.mkdir(parents=True, exist_ok=True)
-    _source(root, version)
-    sdist = root / f"llama_cpp_python-{version}.tar.gz"
+    sdist = _sdist(root, version)
     constraints = Path(__file__).resolve().parent.parent / "constraints.txt"
     log = root / "binding.log"
     env = {**os.environ, "CMAKE_ARGS": BINDING_CMAKE_ARGS,

@@ -79,48 +79,29 @@ def reqs_of(params):
                             prompt_len=1) for i, p in enumerate(params)]
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.8, top_k=20),
-    SamplingParams(temperature=1.3, top_p=0.7),
-    SamplingParams(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05),
+@pytest.mark.parametrize("params, by_candidates", [
+    (SamplingParams(temperature=0.8, top_k=20), True),
+    (SamplingParams(temperature=1.3, top_p=0.7), True),
+    (SamplingParams(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05), True),
+    (SamplingParams(temperature=0.5), False),  # no top-k, no top-p: the whole row
+    (SamplingParams(temperature=2.0, min_p=0.05), False),
 ])
-def test_the_draw_is_the_masked_softmax(params):
-    """40,000 rows of one distribution drawn at once: each token's frequency within 0.01 of
-    its probability under the whole-row masks (the old draw's distribution)."""
+def test_the_draw_is_the_masked_softmax(params, by_candidates):
+    """40,000 rows of one distribution drawn at once, over the candidates or (rows they
+    cannot serve) the whole row: each token's frequency within 0.01 of its probability
+    under the tempered whole-row masks."""
     V, n = 400, 40_000
     x = logits(1, V, 3, scale=2.0)
     sampler = Sampler("cpu", seed=0)
     rows = x.expand(n, V).contiguous()
     reqs = reqs_of([params] * n)
     tempered = sampler.tempered(rows, [params] * n)
-    assert sampler._draw_candidates(tempered, reqs, [False] * n) is not None  # the new path
+    assert (sampler._draw_candidates(tempered, reqs, [False] * n) is not None) == by_candidates
     tokens = sampler._draw(rows, reqs, [False] * n)
     freq = torch.bincount(tokens, minlength=V).float() / n
     t = torch.tensor([params.temperature])
     want = masked(S.apply_temperature(x, t), torch.tensor([params.top_k]),
                   torch.tensor([params.top_p]), torch.tensor([params.min_p])).softmax(-1)[0]
-    assert freq[want == 0].sum() == 0
-    torch.testing.assert_close(freq, want, atol=0.01, rtol=0)
-
-
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.5),
-    SamplingParams(temperature=2.0, min_p=0.05),
-])
-def test_the_whole_row_draw_is_the_tempered_softmax(params):
-    """Rows the candidates cannot serve (no top-k, no top-p) draw over the whole row: each
-    token's frequency over 40,000 draws within 0.01 of the tempered, masked softmax."""
-    V, n = 400, 40_000
-    x = logits(1, V, 4, scale=1.0)
-    sampler = Sampler("cpu", seed=0)
-    rows = x.expand(n, V).contiguous()
-    reqs = reqs_of([params] * n)
-    tempered = sampler.tempered(rows, [params] * n)
-    assert sampler._draw_candidates(tempered, reqs, [False] * n) is None  # the whole row
-    tokens = sampler._draw(rows, reqs, [False] * n)
-    freq = torch.bincount(tokens, minlength=V).float() / n
-    t = torch.tensor([params.temperature])
-    want = S.min_p_mask(S.apply_temperature(x, t), torch.tensor([params.min_p])).softmax(-1)[0]
     assert freq[want == 0].sum() == 0
     torch.testing.assert_close(freq, want, atol=0.01, rtol=0)
 
